@@ -1,0 +1,92 @@
+# Shared by scripts/*.sh: install what is missing, build and install pg_once, and run
+# throwaway PostgreSQL 15 clusters. Source it; do not run it.
+#
+# Everything here runs as root (as on our CI machines). PostgreSQL refuses to run as root,
+# so clusters are created and started as the `postgres` user under $PG_ONCE_WORK.
+
+set -euo pipefail
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PG_BIN=/usr/lib/postgresql/15/bin
+PG_CONFIG=$PG_BIN/pg_config
+PGRX_VERSION=0.18.1
+# Clusters live outside root's home so the postgres user can write them.
+PG_ONCE_WORK=${PG_ONCE_WORK:-/var/tmp/pg_once}
+# pgrx otherwise builds the extension with different linker flags than `cargo test`
+# does, which rebuilds every dependency twice.
+export CARGO_PGRX_DISABLE_GC_SECTIONS_WORKAROUND=1
+
+DEBIAN_PACKAGES=(sudo postgresql-15 postgresql-server-dev-15 libclang-dev clang
+                 pkg-config libssl-dev build-essential)
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+# Debian packages, cargo-pgrx and `cargo pgrx init`, each only when missing.
+ensure_toolchain() {
+    local missing=()
+    for p in "${DEBIAN_PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    if ((${#missing[@]})); then
+        say "installing Debian packages: ${missing[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+    if ! cargo pgrx --version 2>/dev/null | grep -q "$PGRX_VERSION"; then
+        say "installing cargo-pgrx $PGRX_VERSION (about 10 minutes, once)"
+        cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
+    fi
+    if ! grep -qs "^pg15 = \"$PG_CONFIG\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
+        say "cargo pgrx init --pg15 $PG_CONFIG"
+        cargo pgrx init --pg15 "$PG_CONFIG" >/dev/null
+    fi
+    mkdir -p "$PG_ONCE_WORK"
+    chown postgres "$PG_ONCE_WORK"
+}
+
+# Build pg_once (release) and install it into the system PostgreSQL 15.
+install_extension() {
+    say "building and installing pg_once"
+    (cd "$REPO_ROOT" && cargo pgrx install --release --pg-config "$PG_CONFIG" 2>&1 |
+        grep -E "error|warning: unused|Finished installing" >&2 || true)
+    test -f "$($PG_CONFIG --pkglibdir)/pg_once.so" || { echo "pg_once.so was not installed" >&2; exit 1; }
+}
+
+# cluster_start NAME PORT [postgresql.conf lines...]
+# A fresh cluster in $PG_ONCE_WORK/NAME, listening on 127.0.0.1:PORT and a socket in its
+# own directory, trust authentication, database "postgres" and superuser "postgres".
+cluster_start() {
+    local name=$1 port=$2; shift 2
+    local dir=$PG_ONCE_WORK/$name
+    cluster_stop "$name"
+    rm -rf "$dir"
+    runuser -u postgres -- mkdir -p "$dir"
+    runuser -u postgres -- "$PG_BIN/initdb" -D "$dir/data" -U postgres -A trust \
+        --no-sync -E UTF8 --locale=C.UTF-8 >/dev/null
+    {
+        echo "port = $port"
+        echo "listen_addresses = '127.0.0.1'"
+        echo "unix_socket_directories = '$dir'"
+        echo "max_connections = 300"
+        echo "shared_buffers = 256MB"
+        echo "fsync = off"                 # throwaway cluster: durability across OS crashes is not tested
+        echo "full_page_writes = off"
+        echo "log_min_messages = warning"
+        echo "log_line_prefix = '%m [%p] '"
+        for line in "$@"; do echo "$line"; done
+    } >>"$dir/data/postgresql.conf"
+    runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null
+}
+
+cluster_stop() {
+    local dir=$PG_ONCE_WORK/$1
+    if [ -f "$dir/data/postmaster.pid" ]; then
+        runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null 2>&1 || true
+    fi
+}
+
+# cluster_psql NAME PORT [psql args...]
+cluster_psql() {
+    local name=$1 port=$2; shift 2
+    "$PG_BIN/psql" -h "$PG_ONCE_WORK/$name" -p "$port" -U postgres -X -v ON_ERROR_STOP=1 "$@"
+}

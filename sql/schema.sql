@@ -1,0 +1,116 @@
+-- pg_once: the durable state. Hand-written; loaded first by CREATE EXTENSION.
+--
+-- Everything lives in schema "once" (created by CREATE EXTENSION from the control file).
+-- Nothing here is granted to PUBLIC: applications call the SECURITY DEFINER functions in
+-- functions.sql, which are the only writers of once.entries (see README, "Granting access").
+
+-- The four states of a key. A key with no row is "absent".
+CREATE TYPE once.key_state AS ENUM ('queued', 'running', 'done', 'failed');
+
+-- What one claim_key call decided. outcome is one of hit | claimed | wait | failed.
+CREATE TYPE once.claim AS (
+    outcome          text,         -- hit | claimed | wait | failed
+    token            bigint,       -- claimed: your fencing token; wait: the owner's
+    result           jsonb,        -- hit: the cached result
+    error            text,         -- failed: the last attempt's error
+    owner            text,         -- wait/claimed: who holds the claim
+    lease_expires_at timestamptz,  -- wait/claimed: when the owner's lease runs out
+    attempts         integer,      -- claims of this key since its last result
+    retry_at         timestamptz,  -- failed: when the key may be claimed again
+    expires_at       timestamptz   -- hit: when the result stops being served (NULL: never)
+);
+
+-- Fencing tokens come from one sequence, not from a per-key counter, so that a key whose row
+-- is deleted (invalidated, released, purged after expiry) can never hand out a token that a
+-- zombie owner still holds. CACHE 1 (the default) keeps tokens strictly increasing in the
+-- order claims happen, so a token is also a valid fencing token for external storage.
+CREATE SEQUENCE once.token_seq AS bigint CACHE 1;
+
+-- SHA-256 of a key. Keys may be up to 7,500 bytes, far beyond a btree entry's limit (~2,700
+-- bytes), so the primary key is the key's digest rather than the key itself. It is the
+-- server's own sha256(bytea), applied to the text's bytes (text and bytea share a layout);
+-- the C functions compute the digest with the same server function.
+CREATE FUNCTION once.key_hash(key text) RETURNS bytea
+    LANGUAGE internal IMMUTABLE STRICT PARALLEL SAFE
+    AS 'sha256_bytea';
+COMMENT ON FUNCTION once.key_hash(text) IS
+    'SHA-256 digest of a key: the primary key of once.entries. Look a key up with WHERE key_hash = once.key_hash(''...'').';
+
+CREATE TABLE once.entries (
+    key_hash         bytea GENERATED ALWAYS AS (once.key_hash(key)) STORED,
+    key              text NOT NULL,
+    state            once.key_state NOT NULL,
+    token            bigint NOT NULL,
+    owner            text,
+    owner_pid        integer,
+    owner_started    timestamptz,
+    lease_only       boolean NOT NULL DEFAULT false,
+    lease_expires_at timestamptz,
+    result           jsonb,
+    expires_at       timestamptz,
+    error            text,
+    errors           integer NOT NULL DEFAULT 0,
+    attempts         integer NOT NULL DEFAULT 0,
+    retry_at         timestamptz,
+    created_at       timestamptz NOT NULL DEFAULT clock_timestamp(),
+    claimed_at       timestamptz,
+    completed_at     timestamptz,
+    updated_at       timestamptz NOT NULL DEFAULT clock_timestamp(),
+    CONSTRAINT entries_pkey PRIMARY KEY (key_hash),
+    CONSTRAINT entries_key_length CHECK (octet_length(key) BETWEEN 1 AND 7500),
+    CONSTRAINT entries_running_has_owner CHECK (
+        state <> 'running' OR (owner_pid IS NOT NULL AND owner_started IS NOT NULL
+                               AND lease_expires_at IS NOT NULL)),
+    CONSTRAINT entries_done_has_result CHECK (state <> 'done' OR result IS NOT NULL)
+)
+-- Why these storage settings:
+-- * fillfactor 80 leaves room on each page so that an UPDATE which changes no indexed
+--   column is a HOT update: the new row version goes on the same page and no index entry
+--   is written. heartbeat_key (the write a long computation repeats) changes only the
+--   unindexed lease_expires_at and so is always HOT-eligible. A cache hit writes nothing.
+-- * claim and complete move a key into or out of the "running" partial index below, so
+--   they cannot be HOT; the primary key does not bloat from them because PostgreSQL 14+
+--   removes such duplicate versions bottom-up when a page fills, and the partial index
+--   only ever holds the few keys being computed right now.
+-- * a claim/complete cycle leaves two dead versions per key, so autovacuum is told to come
+--   at 2% dead rows instead of 20%, and never to sleep while cleaning this table.
+WITH (fillfactor = 80,
+      autovacuum_vacuum_scale_factor = 0.02,
+      autovacuum_vacuum_insert_scale_factor = 0.05,
+      autovacuum_analyze_scale_factor = 0.05,
+      autovacuum_vacuum_cost_delay = 0);
+
+COMMENT ON TABLE once.entries IS
+    'One row per key: its state (queued, running, done, failed), fencing token, owner, lease, result and error. Written only through the once.* functions.';
+
+-- The claims being computed right now, for reap_stale() and for finding a backend's claims.
+-- Small by construction: it holds only running keys.
+CREATE INDEX entries_running_idx ON once.entries (owner_pid) WHERE state = 'running';
+
+-- Results with a time to live, for purging once they expire.
+CREATE INDEX entries_expires_idx ON once.entries (expires_at) WHERE expires_at IS NOT NULL;
+
+-- Cached results and queue work survive pg_dump / pg_restore.
+SELECT pg_catalog.pg_extension_config_dump('once.entries', '');
+SELECT pg_catalog.pg_extension_config_dump('once.token_seq', '');
+
+-- Tell listeners on channel "once" that a key left the running state (completed, failed,
+-- released, reaped or invalidated). The payload is the key itself, passed to
+-- Async_Notify as a value; no SQL text is ever built from a key.
+CREATE FUNCTION once.notify_key_resolved() RETURNS trigger
+    LANGUAGE c
+    AS 'MODULE_PATHNAME', 'notify_key_resolved_wrapper';
+COMMENT ON FUNCTION once.notify_key_resolved() IS
+    'Trigger function: pg_notify(''once'', key) when a key leaves the running state.';
+
+CREATE TRIGGER entries_notify_resolved
+    AFTER UPDATE ON once.entries
+    FOR EACH ROW
+    WHEN (OLD.state = 'running' AND NEW.state <> 'running')
+    EXECUTE FUNCTION once.notify_key_resolved();
+
+CREATE TRIGGER entries_notify_deleted
+    AFTER DELETE ON once.entries
+    FOR EACH ROW
+    WHEN (OLD.state = 'running')
+    EXECUTE FUNCTION once.notify_key_resolved();

@@ -1,0 +1,158 @@
+//! Checks every SQL argument against the rules in DESIGN.md ("Bad input: a clear error,
+//! nothing changed") and turns it into a value the protocol can use. All checks run
+//! before any statement touches once.entries.
+
+use crate::errors;
+use pgrx::datum::{DatumWithOid, Interval};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+/// Longest key, in bytes. A key is also the NOTIFY payload, which must stay under 8,000
+/// bytes; 7,500 leaves room and is mirrored by the CHECK constraint on once.entries.
+pub const MAX_KEY_BYTES: usize = 7500;
+
+const SECOND: i128 = 1_000_000;
+const DAY: i128 = 86_400 * SECOND;
+/// Interval lengths are compared the way PostgreSQL compares intervals: a month is 30 days.
+const YEAR: i128 = 360 * DAY;
+
+/// A checked key and its SHA-256 digest (the primary key of once.entries).
+pub struct Key<'a> {
+    pub text: &'a str,
+    hash: pg_sys::Datum,
+}
+
+impl<'a> Key<'a> {
+    pub fn new(key: Option<&'a str>) -> Key<'a> {
+        let Some(text) = key else {
+            errors::null_argument("key", "Pass the cache key as text, e.g. a URL.");
+        };
+        if text.is_empty() {
+            errors::invalid_argument(
+                "key must not be empty".into(),
+                "Use a non-empty string that names what is being computed.",
+            );
+        }
+        if text.len() > MAX_KEY_BYTES {
+            errors::too_long(
+                format!("key is {} bytes long; the limit is {MAX_KEY_BYTES} bytes", text.len()),
+                "Keys are sent as NOTIFY payloads. Use a digest of long input as the key, e.g. encode(sha256(convert_to(url, 'UTF8')), 'hex').",
+            );
+        }
+        Key {
+            text,
+            hash: hash_key(text),
+        }
+    }
+
+    /// The key text as an SPI parameter.
+    pub fn text_param(&self) -> DatumWithOid<'static> {
+        self.text.to_owned().into()
+    }
+
+    /// The key's digest as an SPI parameter (bytea).
+    pub fn hash_param(&self) -> DatumWithOid<'static> {
+        // SAFETY: `hash` is a bytea varlena allocated in the current memory context, which
+        // outlives every SPI call made while this Key is alive.
+        unsafe { DatumWithOid::new(self.hash, pg_sys::BYTEAOID) }
+    }
+}
+
+/// SHA-256 of the key's bytes, computed by the same server function (sha256_bytea) that
+/// backs once.key_hash(text) and thus the generated key_hash column.
+fn hash_key(text: &str) -> pg_sys::Datum {
+    // SAFETY: sha256_bytea reads one varlena argument; text and bytea share that layout.
+    unsafe {
+        pgrx::fcinfo::direct_function_call_as_datum(pg_sys::sha256_bytea, &[text.into_datum()])
+            .expect("sha256 of a value is never NULL")
+    }
+}
+
+/// A fencing token handed out by claim_key or claim_next: positive, never NULL.
+pub fn token(token: Option<i64>) -> i64 {
+    match token {
+        None => errors::null_argument(
+            "token",
+            "Pass the token that claim_key returned with outcome 'claimed'.",
+        ),
+        Some(t) if t <= 0 => errors::invalid_argument(
+            format!("token must be positive, got {t}"),
+            "Pass the token that claim_key returned with outcome 'claimed'.",
+        ),
+        Some(t) => t,
+    }
+}
+
+/// How long a claim stays valid without a heartbeat: more than zero, at most one day.
+pub fn lease(lease: Option<Interval>) -> Interval {
+    let hint = "Use a lease a little longer than the time between two heartbeats, e.g. '30 seconds', and extend it with once.heartbeat_key.";
+    let Some(lease) = lease else {
+        errors::null_argument("lease", hint)
+    };
+    let micros = lease.as_micros();
+    if micros <= 0 {
+        errors::invalid_argument(format!("lease must be positive, got {lease}"), hint);
+    }
+    if micros > DAY {
+        errors::invalid_argument(format!("lease must be at most 1 day, got {lease}"), hint);
+    }
+    lease
+}
+
+/// How long claim_key may block: zero (do not wait) up to one day.
+pub fn wait(wait: Option<Interval>) -> i128 {
+    let hint =
+        "Use '0' to return at once, or how long the caller can afford to wait, e.g. '20 seconds'.";
+    let Some(wait) = wait else {
+        errors::null_argument("wait", hint)
+    };
+    let micros = wait.as_micros();
+    if micros < 0 {
+        errors::invalid_argument(format!("wait must not be negative, got {wait}"), hint);
+    }
+    if micros > DAY {
+        errors::invalid_argument(format!("wait must be at most 1 day, got {wait}"), hint);
+    }
+    micros
+}
+
+/// How long a result is served: NULL (forever) or more than zero, at most 100 years.
+pub fn ttl(ttl: Option<Interval>) -> Option<Interval> {
+    let hint = "Use NULL to keep the result until it is invalidated, or a positive interval such as '1 hour'.";
+    let ttl = ttl?;
+    let micros = ttl.as_micros();
+    if micros <= 0 {
+        errors::invalid_argument(format!("ttl must be positive or NULL, got {ttl}"), hint);
+    }
+    if micros > 100 * YEAR {
+        errors::invalid_argument(format!("ttl must be at most 100 years, got {ttl}"), hint);
+    }
+    Some(ttl)
+}
+
+/// How long a failure is served to callers before the key may be retried: 0 up to 1 year.
+pub fn retry_after(retry_after: Option<Interval>) -> Interval {
+    let hint = "Use '0' to let the next caller retry at once, or a delay such as '30 seconds' to share the failure meanwhile.";
+    let Some(retry_after) = retry_after else {
+        errors::null_argument("retry_after", hint)
+    };
+    let micros = retry_after.as_micros();
+    if micros < 0 {
+        errors::invalid_argument(
+            format!("retry_after must not be negative, got {retry_after}"),
+            hint,
+        );
+    }
+    if micros > YEAR {
+        errors::invalid_argument(
+            format!("retry_after must be at most 1 year, got {retry_after}"),
+            hint,
+        );
+    }
+    retry_after
+}
+
+/// A value that must be present (the result of complete_key, the error of fail_key).
+pub fn required<T>(value: Option<T>, name: &str, hint: &str) -> T {
+    value.unwrap_or_else(|| errors::null_argument(name, hint))
+}

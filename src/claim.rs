@@ -1,0 +1,430 @@
+//! The claim protocol: every read and write of once.entries.
+//!
+//! Each operation is one or two short statements, run as plans prepared once per backend.
+//! They never take a lock that outlives the caller's own (short) transaction, so a
+//! computation in progress holds no lock at all: its claim is a committed row with a token.
+//!
+//! Fencing: every write by an owner names the key *and* its token and the state
+//! `running`; a write whose token is no longer current matches no row and changes nothing.
+//! Two callers racing to claim the same key both write `WHERE token = <what I saw>`;
+//! the second one blocks on the first one's row lock, then finds the token changed and
+//! starts over, so a key never has two owners.
+
+use crate::args::Key;
+use crate::jsonb::Jsonb;
+use crate::liveness::{self, OwnerWatch};
+use crate::statements::{self, Statement};
+use pgrx::datum::{DatumWithOid, Interval, TimestampWithTimeZone};
+use pgrx::pg_sys::{self, PgOid};
+use pgrx::prelude::*;
+use std::ffi::CStr;
+
+const BYTEA: PgOid = PgOid::from_untagged(pg_sys::BYTEAOID);
+const TEXT: PgOid = PgOid::from_untagged(pg_sys::TEXTOID);
+const INT4: PgOid = PgOid::from_untagged(pg_sys::INT4OID);
+const INT8: PgOid = PgOid::from_untagged(pg_sys::INT8OID);
+const BOOL: PgOid = PgOid::from_untagged(pg_sys::BOOLOID);
+const TIMESTAMPTZ: PgOid = PgOid::from_untagged(pg_sys::TIMESTAMPTZOID);
+const INTERVAL: PgOid = PgOid::from_untagged(pg_sys::INTERVALOID);
+const JSONB: PgOid = PgOid::from_untagged(pg_sys::JSONBOID);
+
+/// What a claim attempt decided (the `outcome` of once.claim plus its details).
+pub enum Claim {
+    Hit {
+        token: i64,
+        result: Jsonb,
+        expires_at: Option<TimestampWithTimeZone>,
+        attempts: i32,
+    },
+    Claimed {
+        token: i64,
+        owner: String,
+        lease_expires_at: TimestampWithTimeZone,
+        attempts: i32,
+    },
+    Wait {
+        token: i64,
+        owner: Option<String>,
+        lease_expires_at: TimestampWithTimeZone,
+        attempts: i32,
+        /// The owning backend, when its exit ends the claim (not a lease-only claim).
+        owner_backend: Option<(i32, pg_sys::TimestampTz)>,
+    },
+    Failed {
+        token: i64,
+        error: Option<String>,
+        retry_at: Option<TimestampWithTimeZone>,
+        attempts: i32,
+    },
+}
+
+/// The row of a key as claim_key needs it, with the time tests done by the server clock.
+struct Entry {
+    state: String,
+    token: i64,
+    result: Option<Jsonb>,
+    expires_at: Option<TimestampWithTimeZone>,
+    error: Option<String>,
+    retry_at: Option<TimestampWithTimeZone>,
+    owner: Option<String>,
+    owner_pid: Option<i32>,
+    owner_started: Option<TimestampWithTimeZone>,
+    lease_only: bool,
+    lease_expires_at: Option<TimestampWithTimeZone>,
+    attempts: i32,
+    fresh: bool,
+    retry_later: bool,
+    lease_expired: bool,
+}
+
+static READ_ENTRY: Statement = Statement::new(
+    "SELECT state::text, token, result, expires_at, error, retry_at, owner, owner_pid,
+            owner_started, lease_only, lease_expires_at, attempts,
+            expires_at IS NULL OR expires_at > c.now,
+            coalesce(retry_at > c.now, false),
+            coalesce(lease_expires_at <= c.now, false)
+       FROM once.entries CROSS JOIN clock_timestamp() AS c(now)
+      WHERE key_hash = $1",
+    &[BYTEA],
+);
+
+static INSERT_CLAIM: Statement = Statement::new(
+    "INSERT INTO once.entries (key, state, token, owner, owner_pid, owner_started, lease_only,
+                               lease_expires_at, attempts, claimed_at)
+     VALUES ($1, 'running', nextval('once.token_seq'), $2, $3, $4, $5,
+             clock_timestamp() + $6, 1, clock_timestamp())
+     ON CONFLICT (key_hash) DO NOTHING
+     RETURNING token, lease_expires_at, attempts",
+    &[TEXT, TEXT, INT4, TIMESTAMPTZ, BOOL, INTERVAL],
+);
+
+// Claims a key that exists but may be claimed: expired result, failure whose retry time has
+// come, or a claim whose owner is gone ($9 says why; the takeover counts as an error).
+// `token = $2 AND state = $3` makes the claim conditional on nothing having changed since
+// the key was read.
+static TAKE_CLAIM: Statement = Statement::new(
+    "UPDATE once.entries
+        SET state = 'running', token = nextval('once.token_seq'),
+            owner = $4, owner_pid = $5, owner_started = $6, lease_only = $7,
+            lease_expires_at = clock_timestamp() + $8,
+            claimed_at = clock_timestamp(), updated_at = clock_timestamp(),
+            attempts = CASE WHEN state = 'done' THEN 1 ELSE attempts + 1 END,
+            errors = CASE WHEN state = 'done' THEN 0
+                          WHEN state = 'running' THEN errors + 1 ELSE errors END,
+            error = CASE WHEN state = 'done' THEN NULL
+                         WHEN state = 'running' THEN format('owner %s (token %s) is gone: %s; claim taken over', owner, token, $9)
+                         ELSE error END,
+            result = NULL, expires_at = NULL, retry_at = NULL
+      WHERE key_hash = $1 AND token = $2 AND state = $3::once.key_state
+     RETURNING token, lease_expires_at, attempts",
+    &[BYTEA, INT8, TEXT, TEXT, INT4, TIMESTAMPTZ, BOOL, INTERVAL, TEXT],
+);
+
+static COMPLETE: Statement = Statement::new(
+    "UPDATE once.entries
+        SET state = 'done', result = $3, expires_at = clock_timestamp() + $4,
+            completed_at = clock_timestamp(), updated_at = clock_timestamp(),
+            lease_expires_at = NULL, error = NULL, retry_at = NULL
+      WHERE key_hash = $1 AND token = $2 AND state = 'running'",
+    &[BYTEA, INT8, JSONB, INTERVAL],
+);
+
+static FAIL: Statement = Statement::new(
+    "UPDATE once.entries
+        SET state = 'failed', error = $3, errors = errors + 1,
+            retry_at = clock_timestamp() + $4, lease_expires_at = NULL,
+            updated_at = clock_timestamp()
+      WHERE key_hash = $1 AND token = $2 AND state = 'running'",
+    &[BYTEA, INT8, TEXT, INTERVAL],
+);
+
+static HEARTBEAT: Statement = Statement::new(
+    "UPDATE once.entries
+        SET lease_expires_at = clock_timestamp() + $3, updated_at = clock_timestamp()
+      WHERE key_hash = $1 AND token = $2 AND state = 'running'
+     RETURNING lease_expires_at",
+    &[BYTEA, INT8, INTERVAL],
+);
+
+// A released key becomes absent, so the next caller claims it as if it were cold. Tokens
+// come from a sequence, so deleting the row cannot make an old token valid again.
+static RELEASE: Statement = Statement::new(
+    "DELETE FROM once.entries WHERE key_hash = $1 AND token = $2 AND state = 'running'",
+    &[BYTEA, INT8],
+);
+
+static INVALIDATE: Statement =
+    Statement::new("DELETE FROM once.entries WHERE key_hash = $1", &[BYTEA]);
+
+// Claims whose owner is gone become `failed` with retry_at = now: claimable at once, the
+// error recorded and counted, waiters notified by the trigger. SKIP LOCKED: a reaper never
+// waits for anybody, so any number of them can run at the same time.
+static REAP_GONE_OWNERS: Statement = Statement::new(
+    "WITH gone AS (
+         SELECT key_hash,
+                CASE WHEN lease_expires_at <= clock_timestamp() THEN 'lease expired'
+                     ELSE 'backend exited' END AS why
+           FROM once.entries
+          WHERE state = 'running'
+            AND (lease_expires_at <= clock_timestamp()
+                 OR (NOT lease_only AND NOT once.backend_alive(owner_pid, owner_started)))
+            FOR UPDATE SKIP LOCKED)
+     UPDATE once.entries AS e
+        SET state = 'failed', errors = e.errors + 1, retry_at = clock_timestamp(),
+            error = format('owner %s (token %s) is gone: %s; claim reaped', e.owner, e.token, gone.why),
+            lease_expires_at = NULL, updated_at = clock_timestamp()
+       FROM gone
+      WHERE e.key_hash = gone.key_hash",
+    &[],
+);
+
+static PURGE_EXPIRED: Statement = Statement::new(
+    "WITH expired AS (
+         SELECT key_hash FROM once.entries
+          WHERE expires_at <= clock_timestamp() AND state = 'done'
+          ORDER BY expires_at
+          LIMIT $1
+            FOR UPDATE SKIP LOCKED)
+     DELETE FROM once.entries AS e USING expired WHERE e.key_hash = expired.key_hash",
+    &[INT8],
+);
+
+/// Who this session is, as recorded with a claim.
+struct Me {
+    label: String,
+    pid: i32,
+    started: pg_sys::TimestampTz,
+    lease_only: bool,
+}
+
+impl Me {
+    fn new() -> Me {
+        let (pid, started) = liveness::my_identity();
+        // SAFETY: application_name is a GUC string, NULL or NUL-terminated.
+        let app = unsafe {
+            let name = pg_sys::application_name;
+            if name.is_null() {
+                ""
+            } else {
+                CStr::from_ptr(name).to_str().unwrap_or("")
+            }
+        };
+        let label = if app.is_empty() {
+            format!("pid {pid}")
+        } else {
+            format!("{app} (pid {pid})")
+        };
+        Me {
+            label,
+            pid,
+            started,
+            lease_only: !crate::guc::BACKEND_LIVENESS.get(),
+        }
+    }
+
+    fn started_param(&self) -> DatumWithOid<'static> {
+        // SAFETY: a TimestampTz is passed by value.
+        unsafe { DatumWithOid::new(self.started, pg_sys::TIMESTAMPTZOID) }
+    }
+}
+
+/// One look at the key, claiming it if it may be claimed. Never waits for the owner.
+pub fn attempt(key: &Key, lease: Interval, watch: &mut OwnerWatch) -> Claim {
+    let me = Me::new();
+    loop {
+        check_for_interrupts!();
+        let Some(entry) = read_entry(key) else {
+            if let Some(claim) = insert_claim(key, &me, lease) {
+                return claim;
+            }
+            continue; // someone else inserted it first: look again
+        };
+        let gone_reason = match entry.state.as_str() {
+            "done" if entry.fresh => {
+                return Claim::Hit {
+                    token: entry.token,
+                    result: entry.result.expect("a done entry has a result"),
+                    expires_at: entry.expires_at,
+                    attempts: entry.attempts,
+                };
+            }
+            "failed" if entry.retry_later => {
+                return Claim::Failed {
+                    token: entry.token,
+                    error: entry.error,
+                    retry_at: entry.retry_at,
+                    attempts: entry.attempts,
+                };
+            }
+            "running" => match running_owner_status(&entry, watch) {
+                OwnerStatus::Alive(owner_backend) => {
+                    return Claim::Wait {
+                        token: entry.token,
+                        owner: entry.owner,
+                        lease_expires_at: entry.lease_expires_at.expect("running has a lease"),
+                        attempts: entry.attempts,
+                        owner_backend,
+                    };
+                }
+                OwnerStatus::Gone(why) => Some(why),
+            },
+            _ => None, // expired result, failure due for retry, or queued
+        };
+        if let Some(claim) = take_claim(key, &entry, &me, lease, gone_reason) {
+            return claim;
+        }
+        // The key changed between our read and our write: look again.
+    }
+}
+
+enum OwnerStatus {
+    Alive(Option<(i32, pg_sys::TimestampTz)>),
+    Gone(&'static str),
+}
+
+fn running_owner_status(entry: &Entry, watch: &mut OwnerWatch) -> OwnerStatus {
+    if entry.lease_expired {
+        return OwnerStatus::Gone("lease expired");
+    }
+    if entry.lease_only {
+        return OwnerStatus::Alive(None);
+    }
+    let pid = entry.owner_pid.expect("running has an owner pid");
+    let started = entry
+        .owner_started
+        .expect("running has an owner start")
+        .into_inner();
+    if watch.alive(pid, started) {
+        OwnerStatus::Alive(Some((pid, started)))
+    } else {
+        OwnerStatus::Gone("backend exited")
+    }
+}
+
+fn read_entry(key: &Key) -> Option<Entry> {
+    statements::run(&READ_ENTRY, &[key.hash_param()], |table| {
+        if table.is_empty() {
+            return Ok(None);
+        }
+        let row = table.first();
+        Ok(Some(Entry {
+            state: row.get(1)?.expect("state is NOT NULL"),
+            token: row.get(2)?.expect("token is NOT NULL"),
+            result: row.get(3)?,
+            expires_at: row.get(4)?,
+            error: row.get(5)?,
+            retry_at: row.get(6)?,
+            owner: row.get(7)?,
+            owner_pid: row.get(8)?,
+            owner_started: row.get(9)?,
+            lease_only: row.get(10)?.unwrap_or(false),
+            lease_expires_at: row.get(11)?,
+            attempts: row.get(12)?.unwrap_or(0),
+            fresh: row.get(13)?.unwrap_or(false),
+            retry_later: row.get(14)?.unwrap_or(false),
+            lease_expired: row.get(15)?.unwrap_or(false),
+        }))
+    })
+}
+
+fn claimed_from(table: pgrx::spi::SpiTupleTable<'_>, me: &Me) -> pgrx::spi::Result<Option<Claim>> {
+    if table.is_empty() {
+        return Ok(None);
+    }
+    let row = table.first();
+    Ok(Some(Claim::Claimed {
+        token: row.get(1)?.expect("token is NOT NULL"),
+        lease_expires_at: row.get(2)?.expect("a claim has a lease"),
+        attempts: row.get(3)?.unwrap_or(1),
+        owner: me.label.clone(),
+    }))
+}
+
+fn insert_claim(key: &Key, me: &Me, lease: Interval) -> Option<Claim> {
+    let args = [
+        key.text_param(),
+        me.label.clone().into(),
+        me.pid.into(),
+        me.started_param(),
+        me.lease_only.into(),
+        lease.into(),
+    ];
+    statements::run(&INSERT_CLAIM, &args, |table| claimed_from(table, me))
+}
+
+fn take_claim(
+    key: &Key,
+    seen: &Entry,
+    me: &Me,
+    lease: Interval,
+    gone_reason: Option<&str>,
+) -> Option<Claim> {
+    let args = [
+        key.hash_param(),
+        seen.token.into(),
+        seen.state.clone().into(),
+        me.label.clone().into(),
+        me.pid.into(),
+        me.started_param(),
+        me.lease_only.into(),
+        lease.into(),
+        gone_reason.map(str::to_owned).into(),
+    ];
+    statements::run(&TAKE_CLAIM, &args, |table| claimed_from(table, me))
+}
+
+/// Store the result of a claim; false when the claim is no longer current.
+pub fn complete(key: &Key, token: i64, result: Jsonb, ttl: Option<Interval>) -> bool {
+    let args = [key.hash_param(), token.into(), result.into(), ttl.into()];
+    statements::run(&COMPLETE, &args, |table| Ok(table.len() == 1))
+}
+
+/// Record a failure of a claim; false when the claim is no longer current.
+pub fn fail(key: &Key, token: i64, error: String, retry_after: Interval) -> bool {
+    let args = [
+        key.hash_param(),
+        token.into(),
+        error.into(),
+        retry_after.into(),
+    ];
+    statements::run(&FAIL, &args, |table| Ok(table.len() == 1))
+}
+
+/// Extend a claim's lease; None when the claim is no longer current.
+pub fn heartbeat(key: &Key, token: i64, lease: Interval) -> Option<TimestampWithTimeZone> {
+    let args = [key.hash_param(), token.into(), lease.into()];
+    statements::run(&HEARTBEAT, &args, |table| {
+        if table.is_empty() {
+            Ok(None)
+        } else {
+            table.first().get(1)
+        }
+    })
+}
+
+/// Give a claim back unfailed; false when the claim is no longer current.
+pub fn release(key: &Key, token: i64) -> bool {
+    let args = [key.hash_param(), token.into()];
+    statements::run(&RELEASE, &args, |table| Ok(table.len() == 1))
+}
+
+/// Forget a key whatever its state; false when there was nothing to forget.
+pub fn invalidate(key: &Key) -> bool {
+    statements::run(&INVALIDATE, &[key.hash_param()], |table| {
+        Ok(table.len() == 1)
+    })
+}
+
+/// Purge at most this many expired results per reap_stale call, to bound its transaction.
+pub const PURGE_BATCH: i64 = 10_000;
+
+/// Take back claims whose owner is gone and purge expired results.
+/// Returns (claims reclaimed, results purged).
+pub fn reap() -> (i64, i64) {
+    liveness::refresh();
+    let reclaimed = statements::run(&REAP_GONE_OWNERS, &[], |table| Ok(table.len() as i64));
+    let purged = statements::run(&PURGE_EXPIRED, &[PURGE_BATCH.into()], |table| {
+        Ok(table.len() as i64)
+    });
+    (reclaimed, purged)
+}

@@ -1,0 +1,49 @@
+//! pg_once: compute each expensive, cacheable key once across a fleet of processes.
+//!
+//! The SQL objects are declared by hand in sql/; this crate provides the C functions
+//! behind them. Modules, by concern:
+//! - `api`: the SQL-callable functions (argument checks, then the protocol)
+//! - `args` / `errors`: bad input → a specific SQLSTATE and an actionable message
+//! - `claim`: the claim protocol, every read and write of once.entries
+//! - `wait`: server-side waiting inside claim_key
+//! - `liveness`: is a claim's owner backend still running
+//! - `notify`: the trigger that NOTIFYs channel `once` with the key
+//! - `guc`: the once.* settings
+//! - `statements`, `jsonb`: plan caching and jsonb pass-through
+
+use pgrx::prelude::*;
+
+mod api;
+mod args;
+mod claim;
+mod errors;
+mod guc;
+mod jsonb;
+mod liveness;
+mod notify;
+mod statements;
+mod wait;
+
+#[cfg(any(test, feature = "pg_test"))]
+mod tests;
+
+pgrx::pg_module_magic!(name, version);
+
+extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
+extension_sql_file!("../sql/functions.sql", name = "functions", finalize);
+
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    guc::register();
+}
+
+/// Required by `cargo pgrx test`.
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    #[must_use]
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec![]
+    }
+}
