@@ -44,12 +44,18 @@ ensure_toolchain() {
     chown postgres "$PG_ONCE_WORK"
 }
 
-# Build pg_once (release) and install it into the system PostgreSQL 15.
+# install_extension [release|debug]: build pg_once and install it into the system
+# PostgreSQL 15. Tests use the quicker debug build; the demo and benchmarks use release.
 install_extension() {
-    say "building and installing pg_once"
-    (cd "$REPO_ROOT" && cargo pgrx install --release --pg-config "$PG_CONFIG" 2>&1 |
-        grep -E "error|warning: unused|Finished installing" >&2 || true)
-    test -f "$($PG_CONFIG --pkglibdir)/pg_once.so" || { echo "pg_once.so was not installed" >&2; exit 1; }
+    local profile=${1:-release} log=$PG_ONCE_WORK/install.log
+    say "building and installing pg_once ($profile)"
+    local flags=()
+    [ "$profile" = release ] && flags=(--release)
+    if ! (cd "$REPO_ROOT" && cargo pgrx install "${flags[@]}" --pg-config "$PG_CONFIG") >"$log" 2>&1; then
+        tail -40 "$log" >&2
+        echo "cargo pgrx install failed; full log in $log" >&2
+        exit 1
+    fi
 }
 
 # cluster_start NAME PORT [postgresql.conf lines...]

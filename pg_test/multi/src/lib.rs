@@ -1,0 +1,33 @@
+//! Helpers for tests that need several real connections to a running server with
+//! pg_once installed (scripts/test.sh starts one and sets PG_ONCE_DSN).
+
+use anyhow::Result;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio_postgres::Client;
+
+pub use pg_once_tools as once;
+
+/// A connection to the test server, with pg_once created if it is not yet.
+pub async fn admin() -> Result<Client> {
+    let client = once::connect(&once::dsn_from_env()?).await?;
+    client
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_once")
+        .await?;
+    Ok(client)
+}
+
+/// Another plain connection to the test server.
+pub async fn session() -> Result<Client> {
+    once::connect(&once::dsn_from_env()?).await
+}
+
+/// A key no other test (nor an earlier run against the same server) uses.
+pub fn fresh_key(name: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{name}/{nanos}/{}", COUNTER.fetch_add(1, Ordering::Relaxed))
+}

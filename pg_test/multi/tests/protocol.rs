@@ -1,0 +1,300 @@
+//! The claim protocol across real, separate connections: every claim and completion is
+//! committed, notifications are really delivered, owners are really terminated.
+
+use anyhow::Result;
+use pg_once_multi::{admin, fresh_key, once, session};
+use serde_json::json;
+use std::time::{Duration, Instant};
+use tokio::time::timeout;
+
+const LEASE: Duration = Duration::from_secs(30);
+const NO_WAIT: Duration = Duration::ZERO;
+
+/// Receive notifications until one on channel `once` carries `key`, or fail after 5 s.
+async fn expect_notification(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>,
+    key: &str,
+) {
+    let found = timeout(Duration::from_secs(5), async {
+        while let Some(n) = rx.recv().await {
+            if n.channel() == "once" && n.payload() == key {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(found, Ok(true), "no notification with payload {key:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn keys_are_notified_verbatim_on_channel_once() -> Result<()> {
+    let _ = admin().await?;
+    let (listener, mut rx) = once::connect_listening(&once::dsn_from_env()?).await?;
+    listener.batch_execute("LISTEN once").await?;
+    let owner = session().await?;
+    let long = format!("{}/{}", fresh_key("long"), "x".repeat(7000));
+    let keys = [
+        fresh_key("it's \"quoted\""),
+        fresh_key("line\nbreak\\backslash"),
+        fresh_key("ünïcødé ✓ 漢字 🚀"),
+        fresh_key("'; DROP TABLE once.entries; --"),
+        long,
+    ];
+    for key in &keys {
+        let claim = once::claim_key(&owner, key, LEASE, NO_WAIT).await?;
+        assert!(claim.is("claimed"), "{claim:?}");
+        assert!(once::complete_key(&owner, key, claim.token.unwrap(), &json!("r"), None).await?);
+        expect_notification(&mut rx, key).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_way_out_of_running_is_notified() -> Result<()> {
+    let admin = admin().await?;
+    let (listener, mut rx) = once::connect_listening(&once::dsn_from_env()?).await?;
+    listener.batch_execute("LISTEN once").await?;
+    let owner = session().await?;
+    let claim = |key: String| {
+        let owner = &owner;
+        async move {
+            let c = once::claim_key(owner, &key, LEASE, NO_WAIT).await.unwrap();
+            (key, c.token.unwrap())
+        }
+    };
+
+    let (key, token) = claim(fresh_key("failed")).await;
+    once::fail_key(&owner, &key, token, "boom", Duration::from_secs(60)).await?;
+    expect_notification(&mut rx, &key).await;
+
+    let (key, token) = claim(fresh_key("released")).await;
+    once::release_key(&owner, &key, token).await?;
+    expect_notification(&mut rx, &key).await;
+
+    let (key, _) = claim(fresh_key("invalidated")).await;
+    once::invalidate_key(&admin, &key).await?;
+    expect_notification(&mut rx, &key).await;
+
+    // Reaped: the owner's lease has run out.
+    let key = fresh_key("reaped");
+    once::claim_key(&owner, &key, Duration::from_millis(50), NO_WAIT).await?;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (reclaimed, _) = once::reap_stale(&admin).await?;
+    assert!(reclaimed >= 1);
+    expect_notification(&mut rx, &key).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_sessions_one_claims_one_waits() -> Result<()> {
+    let _ = admin().await?;
+    let (a, b) = (session().await?, session().await?);
+    let key = fresh_key("two");
+    let first = once::claim_key(&a, &key, LEASE, NO_WAIT).await?;
+    let second = once::claim_key(&b, &key, LEASE, NO_WAIT).await?;
+    assert!(first.is("claimed"), "{first:?}");
+    assert!(second.is("wait"), "{second:?}");
+    assert_eq!(
+        second.token, first.token,
+        "the waiter is told whose claim it waits for"
+    );
+    assert_eq!(second.owner, first.owner);
+    assert_eq!(second.lease_expires_at, first.lease_expires_at);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn terminated_owner_is_taken_over_within_a_second() -> Result<()> {
+    let admin = admin().await?;
+    let (owner, next) = (session().await?, session().await?);
+    let key = fresh_key("terminated");
+    let long_lease = Duration::from_secs(600);
+    let claim = once::claim_key(&owner, &key, long_lease, NO_WAIT).await?;
+    assert!(claim.is("claimed"));
+    assert!(once::claim_key(&next, &key, LEASE, NO_WAIT)
+        .await?
+        .is("wait"));
+
+    once::terminate_backend(&admin, once::backend_pid(&owner).await?).await?;
+    let terminated = Instant::now();
+    let taken = once::claim_key(&next, &key, LEASE, NO_WAIT).await?;
+    let took = terminated.elapsed();
+    assert!(taken.is("claimed"), "{taken:?}");
+    assert!(taken.token > claim.token);
+    assert!(
+        took < Duration::from_secs(1),
+        "took {took:?}, not within a second of a 600 s lease"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn waiter_is_handed_the_claim_when_the_owner_is_terminated() -> Result<()> {
+    let admin = admin().await?;
+    let (owner, waiter) = (session().await?, session().await?);
+    let key = fresh_key("terminated-while-waited");
+    assert!(
+        once::claim_key(&owner, &key, Duration::from_secs(600), NO_WAIT)
+            .await?
+            .is("claimed")
+    );
+
+    let waiting = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            let claim = once::claim_key(&waiter, &key, LEASE, Duration::from_secs(30)).await;
+            (claim, Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await; // the waiter is blocked by now
+    once::terminate_backend(&admin, once::backend_pid(&owner).await?).await?;
+    let terminated = Instant::now();
+    let (claim, returned) = waiting.await?;
+    let claim = claim?;
+    assert!(claim.is("claimed"), "{claim:?}");
+    let took = returned.saturating_duration_since(terminated);
+    assert!(
+        took < Duration::from_secs(1),
+        "waiter got the claim {took:?} after the owner died"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn zombie_completion_after_takeover_is_refused_and_the_newer_result_stands() -> Result<()> {
+    let _ = admin().await?;
+    let (zombie, successor, reader) = (session().await?, session().await?, session().await?);
+    let key = fresh_key("zombie");
+    // The zombie claims with a short lease and then stalls past it (a GC pause, say).
+    let old = once::claim_key(&zombie, &key, Duration::from_millis(200), NO_WAIT).await?;
+    assert!(old.is("claimed"));
+    let new = once::claim_key(&successor, &key, LEASE, Duration::from_secs(5)).await?;
+    assert!(
+        new.is("claimed"),
+        "the lease ran out, so the waiter takes over: {new:?}"
+    );
+
+    // The zombie wakes up: every write it tries is refused, and changes nothing.
+    let (old_token, new_token) = (old.token.unwrap(), new.token.unwrap());
+    assert!(once::heartbeat_key(&zombie, &key, old_token, LEASE)
+        .await?
+        .is_none());
+    assert!(!once::complete_key(&zombie, &key, old_token, &json!("stale"), None).await?);
+    assert!(!once::fail_key(&zombie, &key, old_token, "late", NO_WAIT).await?);
+    assert!(!once::release_key(&zombie, &key, old_token).await?);
+
+    assert!(once::complete_key(&successor, &key, new_token, &json!("fresh"), None).await?);
+    // And once more after the successor's completion.
+    assert!(!once::complete_key(&zombie, &key, old_token, &json!("stale"), None).await?);
+    let hit = once::claim_key(&reader, &key, LEASE, NO_WAIT).await?;
+    assert!(hit.is("hit"));
+    assert_eq!(hit.result, Some(json!("fresh")));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn failure_is_shared_with_waiters_and_retried_after_retry_after() -> Result<()> {
+    let _ = admin().await?;
+    let owner = session().await?;
+    let key = fresh_key("failure");
+    let claim = once::claim_key(&owner, &key, LEASE, NO_WAIT).await?;
+    let mut waiters = Vec::new();
+    for _ in 0..5 {
+        let (client, key) = (session().await?, key.clone());
+        waiters.push(tokio::spawn(async move {
+            once::claim_key(&client, &key, LEASE, Duration::from_secs(10)).await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let retry_after = Duration::from_secs(1);
+    assert!(
+        once::fail_key(
+            &owner,
+            &key,
+            claim.token.unwrap(),
+            "upstream 503",
+            retry_after
+        )
+        .await?
+    );
+    let failed_at = Instant::now();
+    for w in waiters {
+        let got = w.await??;
+        assert!(
+            got.is("failed"),
+            "a waiter must share the failure, not retry: {got:?}"
+        );
+        assert_eq!(got.error.as_deref(), Some("upstream 503"));
+    }
+    // Until retry_after has passed, newcomers get the failure too...
+    assert!(once::claim_key(&owner, &key, LEASE, NO_WAIT)
+        .await?
+        .is("failed"));
+    // ...and after it, the next caller claims the key again.
+    tokio::time::sleep(retry_after.saturating_sub(failed_at.elapsed()) + Duration::from_millis(50))
+        .await;
+    let retry = once::claim_key(&owner, &key, LEASE, NO_WAIT).await?;
+    assert!(retry.is("claimed"), "{retry:?}");
+    assert_eq!(retry.attempts, Some(2));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_hundred_concurrent_callers_one_computation() -> Result<()> {
+    const CALLERS: usize = 200;
+    let admin = admin().await?;
+    let key = fresh_key("stampede");
+    let mut clients = Vec::with_capacity(CALLERS);
+    for _ in 0..CALLERS {
+        clients.push(session().await?);
+    }
+    // Everyone asks at the same instant; whoever is told "claimed" computes for 500 ms.
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(CALLERS));
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .map(|client| {
+            let (key, start) = (key.clone(), start.clone());
+            tokio::spawn(async move {
+                start.wait().await;
+                let claim = once::claim_key(&client, &key, LEASE, Duration::from_secs(30)).await?;
+                if claim.is("claimed") {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    let result = json!({"computed_by": claim.token});
+                    anyhow::ensure!(
+                        once::complete_key(&client, &key, claim.token.unwrap(), &result, None)
+                            .await?
+                    );
+                    return Ok((claim.outcome, Some(result)));
+                }
+                Ok((claim.outcome, claim.result))
+            })
+        })
+        .collect();
+    let mut claimed = 0;
+    let mut results = Vec::new();
+    for task in tasks {
+        let (outcome, result) = task.await??;
+        match outcome.as_str() {
+            "claimed" => claimed += 1,
+            "hit" => {}
+            other => panic!("a caller ended with {other}"),
+        }
+        results.push(result.expect("every caller ends with the result"));
+    }
+    assert_eq!(claimed, 1, "exactly one caller computes");
+    assert_eq!(results.len(), CALLERS);
+    assert!(
+        results.iter().all(|r| r == &results[0]),
+        "all 200 hold the same result"
+    );
+    let attempts: i32 = admin
+        .query_one(
+            "SELECT attempts FROM once.entries WHERE key_hash = once.key_hash($1)",
+            &[&key],
+        )
+        .await?
+        .get(0);
+    assert_eq!(attempts, 1);
+    Ok(())
+}

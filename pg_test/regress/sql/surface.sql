@@ -1,0 +1,66 @@
+-- What a psql user sees: the objects, one key's life, and how bad input is answered.
+CREATE EXTENSION pg_once;
+\dx pg_once
+
+SELECT p.oid::regprocedure AS function, pg_get_function_result(p.oid) AS returns
+  FROM pg_proc p WHERE p.pronamespace = 'once'::regnamespace ORDER BY p.proname;
+
+-- Every function is documented, SECURITY DEFINER (but the immutable digest) and pins its
+-- search_path.
+SELECT p.oid::regprocedure AS undocumented FROM pg_proc p
+ WHERE p.pronamespace = 'once'::regnamespace AND obj_description(p.oid, 'pg_proc') IS NULL;
+SELECT p.oid::regprocedure AS not_pinned FROM pg_proc p
+ WHERE p.pronamespace = 'once'::regnamespace
+   AND p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'c')
+   AND p.proname <> 'notify_key_resolved'
+   AND (NOT p.prosecdef OR NOT 'search_path=pg_catalog, pg_temp' = ANY (p.proconfig));
+
+-- One key's life. Timestamps vary, so they are shown as facts about them.
+\set key 'https://example.com/page?id=1'
+SELECT outcome, token > 0 AS has_token, owner ~ '^pg_regress.*\(pid \d+\)$' AS owner_named,
+       lease_expires_at > now() + interval '29 seconds' AS leased_30s, attempts
+  FROM once.claim_key(:'key');
+SELECT token AS my_token FROM once.entries WHERE key = :'key' \gset
+-- The same session asking again is told to wait (for itself).
+SELECT outcome FROM once.claim_key(:'key');
+SELECT once.heartbeat_key(:'key', :my_token, '1 minute') > now() + interval '59 seconds' AS extended;
+SELECT once.complete_key(:'key', :my_token, '{"title": "Example"}', ttl => '1 hour');
+SELECT outcome, result, expires_at > now() + interval '59 minutes' AS ttl_set
+  FROM once.claim_key(:'key');
+-- A late or repeated completion is refused, and changes nothing.
+SELECT once.complete_key(:'key', :my_token, '{"title": "Overwritten?"}');
+SELECT result FROM once.claim_key(:'key');
+SELECT key, state, errors, attempts FROM once.entries;
+SELECT queued, running, done, failed FROM once.stats;
+SELECT once.invalidate_key(:'key'), once.invalidate_key(:'key');
+
+-- Failures are served to callers until retry_after.
+SELECT token AS t FROM once.claim_key('flaky') \gset
+SELECT once.fail_key('flaky', :t, 'upstream returned 503', retry_after => '1 minute');
+SELECT outcome, error, retry_at > now() AS retry_later FROM once.claim_key('flaky');
+
+-- Bad input: an error that says what to do, and nothing changes.
+SELECT once.claim_key(NULL);
+SELECT once.claim_key('');
+SELECT once.claim_key(repeat('x', 7501));
+SELECT once.claim_key('k', lease => '0');
+SELECT once.claim_key('k', wait => '-1 second');
+SELECT once.complete_key('flaky', NULL, '{}');
+SELECT once.complete_key('flaky', 0, '{}');
+SELECT once.complete_key('flaky', :t, NULL);
+SELECT once.complete_key('flaky', :t, '{}', ttl => '0');
+SELECT once.fail_key('flaky', :t, NULL);
+SELECT once.fail_key('flaky', :t, 'e', retry_after => '-1 minute');
+SELECT once.heartbeat_key('flaky', :t, '2 days');
+SELECT count(*) AS keys, count(*) FILTER (WHERE state = 'failed') AS failed FROM once.entries;
+
+-- Waiting cannot work under a snapshot that never sees other sessions' commits.
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT once.claim_key('k', wait => '1 second');
+ROLLBACK;
+
+-- Cached plans survive the extension being dropped and created again in this session.
+DROP EXTENSION pg_once;
+CREATE EXTENSION pg_once;
+SELECT outcome FROM once.claim_key(:'key');
+DROP EXTENSION pg_once;
