@@ -14,6 +14,7 @@ use crate::args::Key;
 use crate::jsonb::Jsonb;
 use crate::liveness::{self, OwnerWatch};
 use crate::statements::{self, Statement};
+use crate::subxact;
 use pgrx::datum::{DatumWithOid, Interval, TimestampWithTimeZone};
 use pgrx::pg_sys::{self, PgOid};
 use pgrx::prelude::*;
@@ -101,7 +102,7 @@ static INSERT_CLAIM: Statement = Statement::new(
 // Claims a key that exists but may be claimed: expired result, failure whose retry time has
 // come, or a claim whose owner is gone ($9 says why; the takeover counts as an error).
 // `token = $2 AND state = $3` makes the claim conditional on nothing having changed since
-// the key was read.
+// the key was read. Run through subxact::keep_if, so a lost race leaves no lock behind.
 static TAKE_CLAIM: Statement = Statement::new(
     "UPDATE once.entries
         SET state = 'running', token = nextval('once.token_seq'),
@@ -370,7 +371,10 @@ fn take_claim(
         lease.into(),
         gone_reason.map(str::to_owned).into(),
     ];
-    statements::run(&TAKE_CLAIM, &args, |table| claimed_from(table, me))
+    subxact::keep_if(
+        || statements::run(&TAKE_CLAIM, &args, |table| claimed_from(table, me)),
+        Option::is_some,
+    )
 }
 
 /// Store the result of a claim; false when the claim is no longer current.

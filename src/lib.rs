@@ -9,7 +9,7 @@
 //! - `liveness`: is a claim's owner backend still running
 //! - `notify`: the trigger that NOTIFYs channel `once` with the key
 //! - `guc`: the once.* settings
-//! - `statements`, `jsonb`: plan caching and jsonb pass-through
+//! - `statements`, `subxact`, `jsonb`: plan caching, lock-free lost races, jsonb pass-through
 
 use pgrx::prelude::*;
 
@@ -22,6 +22,7 @@ mod jsonb;
 mod liveness;
 mod notify;
 mod statements;
+mod subxact;
 mod wait;
 
 #[cfg(any(test, feature = "pg_test"))]

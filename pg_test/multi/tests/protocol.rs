@@ -298,3 +298,56 @@ async fn two_hundred_concurrent_callers_one_computation() -> Result<()> {
     assert_eq!(attempts, 1);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn many_waiters_of_a_terminated_owner_end_with_one_new_owner_and_its_result() -> Result<()> {
+    // Many waiters race to take the dead owner's claim. The losers must not keep a lock on
+    // the winner's row (they did once, and the winner's complete_key then blocked until
+    // every loser's wait ran out), so everybody has the result soon after the winner.
+    const WAITERS: usize = 40;
+    let admin = admin().await?;
+    let owner = session().await?;
+    let key = fresh_key("terminated-many");
+    assert!(
+        once::claim_key(&owner, &key, Duration::from_secs(600), NO_WAIT)
+            .await?
+            .is("claimed")
+    );
+    let mut waiters = Vec::new();
+    for _ in 0..WAITERS {
+        let (client, key) = (session().await?, key.clone());
+        waiters.push(tokio::spawn(async move {
+            let claim = once::claim_key(&client, &key, LEASE, Duration::from_secs(20)).await?;
+            if claim.is("claimed") {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                once::complete_key(
+                    &client,
+                    &key,
+                    claim.token.unwrap(),
+                    &json!("second try"),
+                    None,
+                )
+                .await?;
+                return anyhow::Ok(("claimed".to_string(), Some(json!("second try"))));
+            }
+            Ok((claim.outcome, claim.result))
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    once::terminate_backend(&admin, once::backend_pid(&owner).await?).await?;
+    let terminated = Instant::now();
+    let mut outcomes = std::collections::BTreeMap::new();
+    for w in waiters {
+        let (outcome, result) = w.await??;
+        assert_eq!(result, Some(json!("second try")), "{outcome}");
+        *outcomes.entry(outcome).or_insert(0) += 1;
+    }
+    assert_eq!(outcomes.get("claimed"), Some(&1), "{outcomes:?}");
+    assert_eq!(outcomes.get("hit"), Some(&(WAITERS - 1)), "{outcomes:?}");
+    let took = terminated.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "all waiters answered only {took:?} after the takeover"
+    );
+    Ok(())
+}
