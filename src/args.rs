@@ -8,7 +8,7 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 /// Longest key, in bytes. A key is also the NOTIFY payload, which must stay under 8,000
-/// bytes; 7,500 leaves room and is mirrored by the CHECK constraint on once.entries.
+/// bytes; 7,500 leaves room.
 pub const MAX_KEY_BYTES: usize = 7500;
 
 const SECOND: i128 = 1_000_000;
@@ -50,6 +50,11 @@ impl<'a> Key<'a> {
         self.text.to_owned().into()
     }
 
+    /// The key's digest (bytea).
+    pub fn hash_datum(&self) -> pg_sys::Datum {
+        self.hash
+    }
+
     /// The key's digest as an SPI parameter (bytea).
     pub fn hash_param(&self) -> DatumWithOid<'static> {
         // SAFETY: `hash` is a bytea varlena allocated in the current memory context, which
@@ -59,7 +64,7 @@ impl<'a> Key<'a> {
 }
 
 /// SHA-256 of the key's bytes, computed by the same server function (sha256_bytea) that
-/// backs once.key_hash(text) and thus the generated key_hash column.
+/// backs once.key_hash(text), so ad-hoc lookups by once.key_hash(key) find the same row.
 fn hash_key(text: &str) -> pg_sys::Datum {
     // SAFETY: sha256_bytea reads one varlena argument; text and bytea share that layout.
     unsafe {

@@ -11,6 +11,7 @@
 //! starts over, so a key never has two owners.
 
 use crate::args::Key;
+use crate::entry::{self, Entry};
 use crate::jsonb::Jsonb;
 use crate::liveness::{self, OwnerWatch};
 use crate::statements::{self, Statement};
@@ -59,44 +60,14 @@ pub enum Claim {
     },
 }
 
-/// The row of a key as claim_key needs it, with the time tests done by the server clock.
-struct Entry {
-    state: String,
-    token: i64,
-    result: Option<Jsonb>,
-    expires_at: Option<TimestampWithTimeZone>,
-    error: Option<String>,
-    retry_at: Option<TimestampWithTimeZone>,
-    owner: Option<String>,
-    owner_pid: Option<i32>,
-    owner_started: Option<TimestampWithTimeZone>,
-    lease_only: bool,
-    lease_expires_at: Option<TimestampWithTimeZone>,
-    attempts: i32,
-    fresh: bool,
-    retry_later: bool,
-    lease_expired: bool,
-}
-
-static READ_ENTRY: Statement = Statement::new(
-    "SELECT state::text, token, result, expires_at, error, retry_at, owner, owner_pid,
-            owner_started, lease_only, lease_expires_at, attempts,
-            expires_at IS NULL OR expires_at > c.now,
-            coalesce(retry_at > c.now, false),
-            coalesce(lease_expires_at <= c.now, false)
-       FROM once.entries CROSS JOIN clock_timestamp() AS c(now)
-      WHERE key_hash = $1",
-    &[BYTEA],
-);
-
 static INSERT_CLAIM: Statement = Statement::new(
-    "INSERT INTO once.entries (key, state, token, owner, owner_pid, owner_started, lease_only,
-                               lease_expires_at, attempts, claimed_at)
-     VALUES ($1, 'running', nextval('once.token_seq'), $2, $3, $4, $5,
+    "INSERT INTO once.entries (key_hash, key, state, token, owner, owner_pid, owner_started,
+                               lease_only, lease_expires_at, attempts, claimed_at)
+     VALUES ($7, $1, 'running', nextval('once.token_seq'), $2, $3, $4, $5,
              clock_timestamp() + $6, 1, clock_timestamp())
      ON CONFLICT (key_hash) DO NOTHING
      RETURNING token, lease_expires_at, attempts",
-    &[TEXT, TEXT, INT4, TIMESTAMPTZ, BOOL, INTERVAL],
+    &[TEXT, TEXT, INT4, TIMESTAMPTZ, BOOL, INTERVAL, BYTEA],
 );
 
 // Claims a key that exists but may be claimed: expired result, failure whose retry time has
@@ -234,14 +205,14 @@ pub fn attempt(key: &Key, lease: Interval, watch: &mut OwnerWatch) -> Claim {
     let me = Me::new();
     loop {
         check_for_interrupts!();
-        let Some(entry) = read_entry(key) else {
+        let Some(entry) = entry::read(key) else {
             if let Some(claim) = insert_claim(key, &me, lease) {
                 return claim;
             }
             continue; // someone else inserted it first: look again
         };
         let gone_reason = match entry.state.as_str() {
-            "done" if entry.fresh => {
+            "done" if entry.fresh() => {
                 return Claim::Hit {
                     token: entry.token,
                     result: entry.result.expect("a done entry has a result"),
@@ -249,7 +220,7 @@ pub fn attempt(key: &Key, lease: Interval, watch: &mut OwnerWatch) -> Claim {
                     attempts: entry.attempts,
                 };
             }
-            "failed" if entry.retry_later => {
+            "failed" if entry.retry_later() => {
                 return Claim::Failed {
                     token: entry.token,
                     error: entry.error,
@@ -284,7 +255,7 @@ enum OwnerStatus {
 }
 
 fn running_owner_status(entry: &Entry, watch: &mut OwnerWatch) -> OwnerStatus {
-    if entry.lease_expired {
+    if entry.lease_expired() {
         return OwnerStatus::Gone("lease expired");
     }
     if entry.lease_only {
@@ -300,32 +271,6 @@ fn running_owner_status(entry: &Entry, watch: &mut OwnerWatch) -> OwnerStatus {
     } else {
         OwnerStatus::Gone("backend exited")
     }
-}
-
-fn read_entry(key: &Key) -> Option<Entry> {
-    statements::run(&READ_ENTRY, &[key.hash_param()], |table| {
-        if table.is_empty() {
-            return Ok(None);
-        }
-        let row = table.first();
-        Ok(Some(Entry {
-            state: row.get(1)?.expect("state is NOT NULL"),
-            token: row.get(2)?.expect("token is NOT NULL"),
-            result: row.get(3)?,
-            expires_at: row.get(4)?,
-            error: row.get(5)?,
-            retry_at: row.get(6)?,
-            owner: row.get(7)?,
-            owner_pid: row.get(8)?,
-            owner_started: row.get(9)?,
-            lease_only: row.get(10)?.unwrap_or(false),
-            lease_expires_at: row.get(11)?,
-            attempts: row.get(12)?.unwrap_or(0),
-            fresh: row.get(13)?.unwrap_or(false),
-            retry_later: row.get(14)?.unwrap_or(false),
-            lease_expired: row.get(15)?.unwrap_or(false),
-        }))
-    })
 }
 
 fn claimed_from(table: pgrx::spi::SpiTupleTable<'_>, me: &Me) -> pgrx::spi::Result<Option<Claim>> {
@@ -349,6 +294,7 @@ fn insert_claim(key: &Key, me: &Me, lease: Interval) -> Option<Claim> {
         me.started_param(),
         me.lease_only.into(),
         lease.into(),
+        key.hash_param(),
     ];
     statements::run(&INSERT_CLAIM, &args, |table| claimed_from(table, me))
 }

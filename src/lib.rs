@@ -4,7 +4,8 @@
 //! behind them. Modules, by concern:
 //! - `api`: the SQL-callable functions (argument checks, then the protocol)
 //! - `args` / `errors`: bad input → a specific SQLSTATE and an actionable message
-//! - `claim`: the claim protocol, every read and write of once.entries
+//! - `claim`: the claim protocol, every write of once.entries
+//! - `entry`: reading a key's row straight from the primary-key index
 //! - `wait`: server-side waiting inside claim_key
 //! - `liveness`: is a claim's owner backend still running
 //! - `notify`: the trigger that NOTIFYs channel `once` with the key
@@ -16,6 +17,7 @@ use pgrx::prelude::*;
 mod api;
 mod args;
 mod claim;
+mod entry;
 mod errors;
 mod guc;
 mod jsonb;

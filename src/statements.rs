@@ -35,7 +35,7 @@ pub fn run<R>(
     args: &[DatumWithOid],
     read: impl FnOnce(SpiTupleTable<'_>) -> pgrx::spi::Result<R>,
 ) -> R {
-    Spi::connect_mut(|client| {
+    Spi::connect(|client| {
         let plan: *const OwnedPreparedStatement = PLANS.with_borrow_mut(|plans| {
             let id = statement as *const Statement as usize;
             let plan = match plans.entry(id) {
@@ -48,7 +48,10 @@ pub fn run<R>(
             Ok::<_, pgrx::spi::SpiError>(&**plan as *const OwnedPreparedStatement)
         })?;
         // SAFETY: kept plans are boxed and never removed, so the pointer stays valid.
-        let table = client.update(unsafe { &*plan }, None, args)?;
+        // `select` on a mutating plan: a fresh snapshot per execution (read_only = false)
+        // without pgrx's `update`, which would assign a transaction id up front and turn
+        // every cache hit into a committed write. Statements that write get one anyway.
+        let table = client.select(unsafe { &*plan }, None, args)?;
         read(table)
     })
     .unwrap_or_else(|e| error!("pg_once: {e}"))

@@ -1,0 +1,166 @@
+//! Reading one key's row, straight from the primary-key index.
+//!
+//! This is the read of every claim_key call: the whole of a cache hit, and the look a
+//! waiting claim_key repeats. Through SPI it costs a full executor start per call (plan
+//! revalidation, executor state, projection), which made a hit cost twice a plain
+//! primary-key SELECT. An index lookup with the same MVCC rules is a fraction of that.
+//! Writes stay SQL (see claim.rs): they need triggers, ON CONFLICT and index upkeep.
+
+use crate::args::Key;
+use crate::jsonb::Jsonb;
+use pgrx::datum::{FromDatum, TimestampWithTimeZone};
+use pgrx::memcxt::PgMemoryContexts;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::ffi::CStr;
+
+/// A key's row as the claim protocol needs it, and the time it was read.
+pub struct Entry {
+    pub state: String,
+    pub token: i64,
+    pub result: Option<Jsonb>,
+    pub expires_at: Option<TimestampWithTimeZone>,
+    pub error: Option<String>,
+    pub retry_at: Option<TimestampWithTimeZone>,
+    pub owner: Option<String>,
+    pub owner_pid: Option<i32>,
+    pub owner_started: Option<TimestampWithTimeZone>,
+    pub lease_only: bool,
+    pub lease_expires_at: Option<TimestampWithTimeZone>,
+    pub attempts: i32,
+    /// Server clock (what clock_timestamp() reads) right after the row was read.
+    pub read_at: pg_sys::TimestampTz,
+}
+
+impl Entry {
+    fn passed(&self, t: Option<TimestampWithTimeZone>) -> bool {
+        t.is_some_and(|t| t.into_inner() <= self.read_at)
+    }
+    /// A done key's result is still to be served.
+    pub fn fresh(&self) -> bool {
+        !self.passed(self.expires_at)
+    }
+    /// A failed key's failure is still to be served.
+    pub fn retry_later(&self) -> bool {
+        self.retry_at.is_some() && !self.passed(self.retry_at)
+    }
+    pub fn lease_expired(&self) -> bool {
+        self.passed(self.lease_expires_at)
+    }
+}
+
+/// The columns read, in the order of `COLUMNS`.
+const COLUMNS: [&CStr; 12] = [
+    c"state",
+    c"token",
+    c"result",
+    c"expires_at",
+    c"error",
+    c"retry_at",
+    c"owner",
+    c"owner_pid",
+    c"owner_started",
+    c"lease_only",
+    c"lease_expires_at",
+    c"attempts",
+];
+
+/// The current version of `key`'s row, as a fresh snapshot sees it (READ COMMITTED: every
+/// call sees everything committed before it), or None if the key is absent.
+pub fn read(key: &Key) -> Option<Entry> {
+    // SAFETY: standard index-scan sequence (as in PostgreSQL's own catalog lookups):
+    // relations opened and locked AccessShare (kept until transaction end, like any
+    // reader), a registered snapshot for the scan and for detoasting, and every value
+    // copied into the caller's memory context before the slot is dropped.
+    unsafe {
+        let namespace = pg_sys::get_namespace_oid(c"once".as_ptr(), false);
+        let table_oid = pg_sys::get_relname_relid(c"entries".as_ptr(), namespace);
+        let index_oid = pg_sys::get_relname_relid(c"entries_pkey".as_ptr(), namespace);
+        if table_oid == pg_sys::InvalidOid || index_oid == pg_sys::InvalidOid {
+            error!("pg_once: once.entries or its primary key is missing; reinstall the extension");
+        }
+        let table = pg_sys::table_open(table_oid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let index = pg_sys::index_open(index_oid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let attnums = COLUMNS.map(|name| attnum(table, name));
+        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
+
+        let mut scankey = pg_sys::ScanKeyData::default();
+        pg_sys::ScanKeyInit(
+            &mut scankey,
+            1,
+            pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+            pg_sys::Oid::from(pg_sys::F_BYTEAEQ),
+            key.hash_datum(),
+        );
+        let scan = pg_sys::index_beginscan(table, index, snapshot, 1, 0);
+        pg_sys::index_rescan(scan, &mut scankey, 1, std::ptr::null_mut(), 0);
+        let slot = pg_sys::table_slot_create(table, std::ptr::null_mut());
+
+        let entry = if pg_sys::index_getnext_slot(
+            scan,
+            pg_sys::ScanDirection::ForwardScanDirection,
+            slot,
+        ) {
+            pg_sys::slot_getallattrs(slot);
+            let value = |i: usize| {
+                let at = attnums[i] - 1;
+                (*(*slot).tts_values.add(at), *(*slot).tts_isnull.add(at))
+            };
+            Some(Entry {
+                state: state_label(value(0).0),
+                token: copy::<i64>(value(1)).expect("token is NOT NULL"),
+                result: copy(value(2)),
+                expires_at: copy(value(3)),
+                error: copy(value(4)),
+                retry_at: copy(value(5)),
+                owner: copy(value(6)),
+                owner_pid: copy(value(7)),
+                owner_started: copy(value(8)),
+                lease_only: copy(value(9)).unwrap_or(false),
+                lease_expires_at: copy(value(10)),
+                attempts: copy(value(11)).unwrap_or(0),
+                read_at: pg_sys::GetCurrentTimestamp(),
+            })
+        } else {
+            None
+        };
+
+        pg_sys::ExecDropSingleTupleTableSlot(slot);
+        pg_sys::index_endscan(scan);
+        pg_sys::UnregisterSnapshot(snapshot);
+        pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
+        pg_sys::table_close(table, pg_sys::NoLock as pg_sys::LOCKMODE);
+        entry
+    }
+}
+
+/// Attribute number of column `name` of `table`.
+unsafe fn attnum(table: pg_sys::Relation, name: &CStr) -> usize {
+    let desc = (*table).rd_att;
+    (0..(*desc).natts as usize)
+        .find(|&i| {
+            let att = &(*desc).attrs.as_slice((*desc).natts as usize)[i];
+            !att.attisdropped && CStr::from_ptr(att.attname.data.as_ptr()) == name
+        })
+        .map(|i| i + 1)
+        .unwrap_or_else(|| error!("pg_once: once.entries has no column {name:?}"))
+}
+
+/// Copy a value out of the slot into the current memory context.
+unsafe fn copy<T: FromDatum>((datum, isnull): (pg_sys::Datum, bool)) -> Option<T> {
+    T::from_datum_in_memory_context(
+        PgMemoryContexts::CurrentMemoryContext,
+        datum,
+        isnull,
+        pg_sys::InvalidOid,
+    )
+}
+
+/// The label of a once.key_state value.
+unsafe fn state_label(datum: pg_sys::Datum) -> String {
+    let label = pgrx::fcinfo::direct_function_call_as_datum(pg_sys::enum_out, &[Some(datum)])
+        .expect("enum_out returns a label");
+    CStr::from_ptr(label.cast_mut_ptr())
+        .to_string_lossy()
+        .into_owned()
+}
