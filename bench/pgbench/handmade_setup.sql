@@ -1,6 +1,7 @@
 -- The hand-made protocol pg_once replaces (the seed's url_scans table), as a baseline.
 -- Its trigger uses one channel and pg_notify (the seed built 'NOTIFY ' || url by string,
 -- which is both injectable and one channel per key); that only makes the baseline faster.
+SET client_min_messages = warning;
 DROP TABLE IF EXISTS url_scans;
 CREATE TABLE url_scans (
     url        text PRIMARY KEY,
