@@ -1,4 +1,4 @@
-//! The claim protocol: every read and write of once.entries.
+//! The claim protocol: every write of once.entries (a key's row is read by `entry`).
 //!
 //! Each operation is one or two short statements, run as plans prepared once per backend.
 //! They never take a lock that outlives the caller's own (short) transaction, so a
@@ -63,11 +63,11 @@ pub enum Claim {
 static INSERT_CLAIM: Statement = Statement::new(
     "INSERT INTO once.entries (key_hash, key, state, token, owner, owner_pid, owner_started,
                                lease_only, lease_expires_at, attempts, claimed_at)
-     VALUES ($7, $1, 'running', nextval('once.token_seq'), $2, $3, $4, $5,
-             clock_timestamp() + $6, 1, clock_timestamp())
+     VALUES ($1, $2, 'running', nextval('once.token_seq'), $3, $4, $5, $6,
+             clock_timestamp() + $7, 1, clock_timestamp())
      ON CONFLICT (key_hash) DO NOTHING
      RETURNING token, lease_expires_at, attempts",
-    &[TEXT, TEXT, INT4, TIMESTAMPTZ, BOOL, INTERVAL, BYTEA],
+    &[BYTEA, TEXT, TEXT, INT4, TIMESTAMPTZ, BOOL, INTERVAL],
 );
 
 // Claims a key that exists but may be claimed: expired result, failure whose retry time has
@@ -202,11 +202,10 @@ impl Me {
 
 /// One look at the key, claiming it if it may be claimed. Never waits for the owner.
 pub fn attempt(key: &Key, lease: Interval, watch: &mut OwnerWatch) -> Claim {
-    let me = Me::new();
     loop {
         check_for_interrupts!();
         let Some(entry) = entry::read(key) else {
-            if let Some(claim) = insert_claim(key, &me, lease) {
+            if let Some(claim) = insert_claim(key, lease) {
                 return claim;
             }
             continue; // someone else inserted it first: look again
@@ -242,7 +241,7 @@ pub fn attempt(key: &Key, lease: Interval, watch: &mut OwnerWatch) -> Claim {
             },
             _ => None, // expired result, failure due for retry, or queued
         };
-        if let Some(claim) = take_claim(key, &entry, &me, lease, gone_reason) {
+        if let Some(claim) = take_claim(key, &entry, lease, gone_reason) {
             return claim;
         }
         // The key changed between our read and our write: look again.
@@ -286,15 +285,16 @@ fn claimed_from(table: pgrx::spi::SpiTupleTable<'_>, me: &Me) -> pgrx::spi::Resu
     }))
 }
 
-fn insert_claim(key: &Key, me: &Me, lease: Interval) -> Option<Claim> {
+fn insert_claim(key: &Key, lease: Interval) -> Option<Claim> {
+    let me = &Me::new();
     let args = [
+        key.hash_param(),
         key.text_param(),
         me.label.clone().into(),
         me.pid.into(),
         me.started_param(),
         me.lease_only.into(),
         lease.into(),
-        key.hash_param(),
     ];
     statements::run(&INSERT_CLAIM, &args, |table| claimed_from(table, me))
 }
@@ -302,10 +302,10 @@ fn insert_claim(key: &Key, me: &Me, lease: Interval) -> Option<Claim> {
 fn take_claim(
     key: &Key,
     seen: &Entry,
-    me: &Me,
     lease: Interval,
     gone_reason: Option<&str>,
 ) -> Option<Claim> {
+    let me = &Me::new();
     let args = [
         key.hash_param(),
         seen.token.into(),
