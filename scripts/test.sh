@@ -6,7 +6,9 @@
 #   3. SQL regression tests         pg_regress, pg_test/regress
 #   4. multi-connection tests       cargo test -p pg_once_multi, pg_test/multi
 #
-# Steps 3 and 4 run against a throwaway cluster on 127.0.0.1:$PG_ONCE_TEST_PORT.
+# Steps 3 and 4 run twice, against throwaway clusters on 127.0.0.1: one without
+# preloading (polling, direct NOTIFY, no worker) on $PG_ONCE_TEST_PORT, and one with
+# shared_preload_libraries = 'pg_once' (wake-ups, worker, relay) on the next port.
 source "$(dirname "$0")/lib.sh"
 PORT=${PG_ONCE_TEST_PORT:-55432}
 started=$SECONDS
@@ -22,23 +24,34 @@ say "2/4 unit tests: cargo pgrx test"
 cargo pgrx test pg15 --runas postgres --pgdata "$PG_ONCE_WORK/pgrx-test"
 
 install_extension debug
-cluster_start test "$PORT"
-trap 'cluster_stop test' EXIT
-export PG_ONCE_DSN="host=127.0.0.1 port=$PORT user=postgres dbname=postgres"
+cargo build --quiet -p pg_once_multi --tests
 
-say "3/4 SQL regression tests: pg_regress"
-regress_out=$PG_ONCE_WORK/regress
-rm -rf "$regress_out"
-if ! "$($PG_CONFIG --pkglibdir)/pgxs/src/test/regress/pg_regress" \
-        --bindir="$PG_BIN" --inputdir=pg_test/regress --outputdir="$regress_out" \
-        --host=127.0.0.1 --port="$PORT" --user=postgres --dbname=pg_once_regress \
-        $(cd pg_test/regress/sql && ls *.sql | sed 's/\.sql$//'); then
-    cat "$regress_out/regression.diffs" >&2
-    exit 1
-fi
+# run_server_tests NAME PORT [postgresql.conf lines...]
+run_server_tests() {
+    local name=$1 port=$2; shift 2
+    cluster_start "$name" "$port" "$@"
+    export PG_ONCE_DSN="host=127.0.0.1 port=$port user=postgres dbname=postgres"
 
-say "4/4 multi-connection tests"
-cluster_psql test "$PORT" -q -c "CREATE EXTENSION pg_once"
-cargo test -p pg_once_multi --quiet
+    say "3/4 SQL regression tests, $name server: pg_regress"
+    local out=$PG_ONCE_WORK/regress-$name
+    rm -rf "$out"
+    if ! "$($PG_CONFIG --pkglibdir)/pgxs/src/test/regress/pg_regress" \
+            --bindir="$PG_BIN" --inputdir=pg_test/regress --outputdir="$out" \
+            --host=127.0.0.1 --port="$port" --user=postgres --dbname=pg_once_regress \
+            $(cd pg_test/regress/sql && ls *.sql | sed 's/\.sql$//'); then
+        cat "$out/regression.diffs" >&2
+        exit 1
+    fi
+
+    say "4/4 multi-connection tests, $name server"
+    cluster_psql "$name" "$port" -q -c "CREATE EXTENSION pg_once"
+    cargo test -p pg_once_multi --quiet
+    cluster_stop "$name"
+}
+
+trap 'cluster_stop plain; cluster_stop preloaded' EXIT
+run_server_tests plain "$PORT"
+run_server_tests preloaded $((PORT + 1)) "shared_preload_libraries = 'pg_once'" \
+    "once.databases = 'postgres'"
 
 say "all tests passed in $((SECONDS - started)) s"

@@ -115,23 +115,51 @@ COMMENT ON FUNCTION once.backend_alive(integer, timestamptz) IS
 $$Whether the backend with this pid that started at this time is still running (the
 pid alone could have been reused). NULL if either argument is NULL.$$;
 
+CREATE FUNCTION once.runtime()
+RETURNS TABLE (shared_memory boolean, notify text, workers integer, counters bigint[])
+LANGUAGE c VOLATILE SECURITY DEFINER PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'runtime_wrapper';
+
+COMMENT ON FUNCTION once.runtime() IS
+$$How pg_once runs here: shared_memory (preloaded: wake-ups, exact liveness, counters),
+notify (relay, direct or off, as in effect for this session), workers (pg_once workers
+running), and the counters since server start (NULL without shared memory). See once.stats.$$;
+
 CREATE VIEW once.stats AS
-SELECT count(*) FILTER (WHERE state = 'queued')  AS queued,
-       count(*) FILTER (WHERE state = 'running') AS running,
-       count(*) FILTER (WHERE state = 'done')    AS done,
-       count(*) FILTER (WHERE state = 'failed')  AS failed,
-       count(*) FILTER (WHERE state = 'running' AND lease_expires_at <= clock_timestamp())
-           AS running_past_lease,
-       count(*) FILTER (WHERE state = 'done' AND expires_at <= clock_timestamp())
-           AS expired_unpurged,
-       min(claimed_at) FILTER (WHERE state = 'running') AS oldest_claimed_at,
-       coalesce(sum(errors), 0) AS errors,
-       coalesce(sum(attempts), 0) AS attempts,
-       (SELECT last_value FROM once.token_seq) AS last_token
-  FROM once.entries;
+SELECT k.queued, k.running, k.done, k.failed, k.running_past_lease, k.expired_unpurged,
+       k.oldest_claimed_at, k.errors, k.attempts, k.last_token,
+       r.shared_memory, r.notify, r.workers,
+       r.counters[1]  AS claims,
+       r.counters[2]  AS hits,
+       r.counters[3]  AS waits,
+       r.counters[4]  AS wakeups,
+       r.counters[5]  AS takeovers,
+       r.counters[6]  AS completions,
+       r.counters[7]  AS failures,
+       r.counters[8]  AS releases,
+       r.counters[9]  AS invalidations,
+       r.counters[10] AS reaped,
+       r.counters[11] AS purged,
+       r.counters[12] AS notified_direct,
+       r.counters[13] AS notified_relayed
+  FROM (SELECT count(*) FILTER (WHERE state = 'queued')  AS queued,
+               count(*) FILTER (WHERE state = 'running') AS running,
+               count(*) FILTER (WHERE state = 'done')    AS done,
+               count(*) FILTER (WHERE state = 'failed')  AS failed,
+               count(*) FILTER (WHERE state = 'running' AND lease_expires_at <= clock_timestamp())
+                   AS running_past_lease,
+               count(*) FILTER (WHERE state = 'done' AND expires_at <= clock_timestamp())
+                   AS expired_unpurged,
+               min(claimed_at) FILTER (WHERE state = 'running') AS oldest_claimed_at,
+               coalesce(sum(errors), 0) AS errors,
+               coalesce(sum(attempts), 0) AS attempts,
+               (SELECT last_value FROM once.token_seq) AS last_token
+          FROM once.entries) AS k,
+       once.runtime() AS r;
 
 COMMENT ON VIEW once.stats IS
-    'Keys per state, claims past their lease, expired results not yet purged, the oldest running claim, and error/attempt totals. Scans once.entries.';
+    'Keys per state, claims past their lease, expired results not yet purged, the oldest running claim and error/attempt totals (a scan of once.entries); how pg_once runs (shared memory, notify mode, workers); and counters of calls since server start (NULL unless preloaded).';
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA once FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA once FROM PUBLIC;

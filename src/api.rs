@@ -111,6 +111,34 @@ fn backend_alive(pid: Option<i32>, started: Option<TimestampWithTimeZone>) -> Op
     Some(liveness::backend_alive(pid?, started?.into_inner()))
 }
 
+/// How pg_once runs in this server, and its counters since start (NULL without shared
+/// memory). Feeds the once.stats view.
+#[pg_extern(sql = false)]
+#[allow(clippy::type_complexity)]
+fn runtime() -> TableIterator<
+    'static,
+    (
+        name!(shared_memory, bool),
+        name!(notify, String),
+        name!(workers, Option<i32>),
+        name!(counters, Option<Vec<i64>>),
+    ),
+> {
+    let shared = crate::shmem::shared();
+    let notify = match crate::guc::NOTIFY.get() {
+        crate::guc::NotifyMode::Relay if shared.is_some() => "relay",
+        crate::guc::NotifyMode::Off => "off",
+        _ => "direct",
+    };
+    let counters = crate::shmem::counters().map(|c| c.iter().map(|&v| v as i64).collect());
+    TableIterator::once((
+        shared.is_some(),
+        notify.to_owned(),
+        shared.map(|s| s.workers_running()),
+        counters,
+    ))
+}
+
 /// A waiting claim needs to see other sessions' commits, which a REPEATABLE READ or
 /// SERIALIZABLE snapshot never shows: it would always wait out its full time.
 fn refuse_wait_under_snapshot_isolation() {

@@ -20,6 +20,8 @@ const YEAR: i128 = 360 * DAY;
 pub struct Key<'a> {
     pub text: &'a str,
     hash: pg_sys::Datum,
+    /// The digest's first 8 bytes: what shared-memory waiter slots hold.
+    pub tag: u64,
 }
 
 impl<'a> Key<'a> {
@@ -39,9 +41,13 @@ impl<'a> Key<'a> {
                 "Keys are sent as NOTIFY payloads. Use a digest of long input as the key, e.g. encode(sha256(convert_to(url, 'UTF8')), 'hex').",
             );
         }
+        let hash = hash_key(text);
+        // SAFETY: sha256_bytea returns a freshly built, untoasted bytea.
+        let digest = unsafe { pgrx::varlena::varlena_to_byte_slice(hash.cast_mut_ptr()) };
         Key {
             text,
-            hash: hash_key(text),
+            hash,
+            tag: crate::shmem::key_tag(digest),
         }
     }
 

@@ -14,6 +14,7 @@ use crate::args::Key;
 use crate::entry::{self, Entry};
 use crate::jsonb::Jsonb;
 use crate::liveness::{self, OwnerWatch};
+use crate::shmem::{self, Counter};
 use crate::statements::{self, Statement};
 use crate::subxact;
 use pgrx::datum::{DatumWithOid, Interval, TimestampWithTimeZone};
@@ -212,6 +213,7 @@ pub fn attempt(key: &Key, lease: Interval, watch: &mut OwnerWatch) -> Claim {
         };
         let gone_reason = match entry.state.as_str() {
             "done" if entry.fresh() => {
+                shmem::count(Counter::Hits);
                 return Claim::Hit {
                     token: entry.token,
                     result: entry.result.expect("a done entry has a result"),
@@ -276,6 +278,7 @@ fn claimed_from(table: pgrx::spi::SpiTupleTable<'_>, me: &Me) -> pgrx::spi::Resu
     if table.is_empty() {
         return Ok(None);
     }
+    shmem::count(Counter::Claimed);
     let row = table.first();
     Ok(Some(Claim::Claimed {
         token: row.get(1)?.expect("token is NOT NULL"),
@@ -287,6 +290,7 @@ fn claimed_from(table: pgrx::spi::SpiTupleTable<'_>, me: &Me) -> pgrx::spi::Resu
 
 fn insert_claim(key: &Key, lease: Interval) -> Option<Claim> {
     let me = &Me::new();
+    liveness::register_owner(key.tag);
     let args = [
         key.hash_param(),
         key.text_param(),
@@ -306,6 +310,7 @@ fn take_claim(
     gone_reason: Option<&str>,
 ) -> Option<Claim> {
     let me = &Me::new();
+    liveness::register_owner(key.tag);
     let args = [
         key.hash_param(),
         seen.token.into(),
@@ -317,16 +322,30 @@ fn take_claim(
         lease.into(),
         gone_reason.map(str::to_owned).into(),
     ];
-    subxact::keep_if(
+    let claim = subxact::keep_if(
         || statements::run(&TAKE_CLAIM, &args, |table| claimed_from(table, me)),
         Option::is_some,
-    )
+    );
+    if claim.is_some() && gone_reason.is_some() {
+        shmem::count(Counter::TakenOver);
+    }
+    claim
+}
+
+/// An owner's write took effect: its claim is resolved by itself, not by its exit.
+fn resolved_by_owner(key: &Key, done: bool, counter: Counter) -> bool {
+    if done {
+        liveness::disown(key.tag);
+        shmem::count(counter);
+    }
+    done
 }
 
 /// Store the result of a claim; false when the claim is no longer current.
 pub fn complete(key: &Key, token: i64, result: Jsonb, ttl: Option<Interval>) -> bool {
     let args = [key.hash_param(), token.into(), result.into(), ttl.into()];
-    statements::run(&COMPLETE, &args, |table| Ok(table.len() == 1))
+    let done = statements::run(&COMPLETE, &args, |table| Ok(table.len() == 1));
+    resolved_by_owner(key, done, Counter::Completed)
 }
 
 /// Record a failure of a claim; false when the claim is no longer current.
@@ -337,7 +356,8 @@ pub fn fail(key: &Key, token: i64, error: String, retry_after: Interval) -> bool
         error.into(),
         retry_after.into(),
     ];
-    statements::run(&FAIL, &args, |table| Ok(table.len() == 1))
+    let done = statements::run(&FAIL, &args, |table| Ok(table.len() == 1));
+    resolved_by_owner(key, done, Counter::Failed)
 }
 
 /// Extend a claim's lease; None when the claim is no longer current.
@@ -355,14 +375,19 @@ pub fn heartbeat(key: &Key, token: i64, lease: Interval) -> Option<TimestampWith
 /// Give a claim back unfailed; false when the claim is no longer current.
 pub fn release(key: &Key, token: i64) -> bool {
     let args = [key.hash_param(), token.into()];
-    statements::run(&RELEASE, &args, |table| Ok(table.len() == 1))
+    let done = statements::run(&RELEASE, &args, |table| Ok(table.len() == 1));
+    resolved_by_owner(key, done, Counter::Released)
 }
 
 /// Forget a key whatever its state; false when there was nothing to forget.
 pub fn invalidate(key: &Key) -> bool {
-    statements::run(&INVALIDATE, &[key.hash_param()], |table| {
+    let done = statements::run(&INVALIDATE, &[key.hash_param()], |table| {
         Ok(table.len() == 1)
-    })
+    });
+    if done {
+        shmem::count(Counter::Invalidated);
+    }
+    done
 }
 
 /// Purge at most this many expired results per reap_stale call, to bound its transaction.
@@ -376,5 +401,7 @@ pub fn reap() -> (i64, i64) {
     let purged = statements::run(&PURGE_EXPIRED, &[PURGE_BATCH.into()], |table| {
         Ok(table.len() as i64)
     });
+    shmem::count_n(Counter::Reaped, reclaimed as u64);
+    shmem::count_n(Counter::Purged, purged as u64);
     (reclaimed, purged)
 }

@@ -1,6 +1,7 @@
 //! The once.* settings.
 
-use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
+use std::ffi::CString;
 
 /// Whether a claim also ends when the backend that made it exits. Recorded with each claim
 /// (as once.entries.lease_only), so the session that claims decides how its claim is judged.
@@ -9,7 +10,32 @@ pub static BACKEND_LIVENESS: GucSetting<bool> = GucSetting::<bool>::new(true);
 /// Milliseconds between two looks at a key while claim_key waits without shared memory.
 pub static POLL_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(20);
 
-pub fn register() {
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum NotifyMode {
+    /// Hand keys to the database's pg_once worker after commit; it sends them in batches.
+    #[name = c"relay"]
+    Relay,
+    /// The committing transaction sends its own NOTIFY.
+    #[name = c"direct"]
+    Direct,
+    /// No NOTIFY at all (server-side waiting is still woken).
+    #[name = c"off"]
+    Off,
+}
+
+/// How keys leaving `running` are announced on channel `once`.
+pub static NOTIFY: GucSetting<NotifyMode> = GucSetting::<NotifyMode>::new(NotifyMode::Relay);
+
+/// Databases that get a pg_once worker (reaper and NOTIFY relay), comma-separated.
+pub static DATABASES: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"postgres"));
+
+/// Milliseconds between two reap_stale runs of a pg_once worker.
+pub static REAPER_NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
+
+/// Define the settings. `preloading`: loaded by shared_preload_libraries, the only time a
+/// server-start setting (once.databases) may be defined.
+pub fn register(preloading: bool) {
     GucRegistry::define_bool_guc(
         c"once.backend_liveness",
         c"A claim also ends when the backend that made it exits, not only when its lease runs out.",
@@ -22,12 +48,54 @@ pub fn register() {
     );
     GucRegistry::define_int_guc(
         c"once.poll_interval",
-        c"How often a waiting claim_key looks at its key again.",
-        c"Only used when waiting cannot be woken through shared memory.",
+        c"How often a waiting claim_key looks at its key again when it cannot be woken.",
+        c"Used when pg_once is not in shared_preload_libraries.",
         &POLL_INTERVAL_MS,
         1,
         60_000,
         GucContext::Userset,
         GucFlags::UNIT_MS,
     );
+    GucRegistry::define_enum_guc(
+        c"once.notify",
+        c"How keys leaving the running state are announced on channel once: relay, direct or off.",
+        c"relay hands them to the database's pg_once worker after commit (needs \
+          shared_preload_libraries; otherwise direct is used); direct NOTIFYs from the \
+          committing transaction; off sends nothing (waiting claim_key calls are still woken).",
+        &NOTIFY,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    if preloading {
+        GucRegistry::define_string_guc(
+            c"once.databases",
+            c"Databases where a pg_once worker reaps stale claims and relays notifications.",
+            c"Comma-separated; read at server start. Only with shared_preload_libraries.",
+            &DATABASES,
+            GucContext::Postmaster,
+            GucFlags::default(),
+        );
+    }
+    GucRegistry::define_int_guc(
+        c"once.reaper_naptime",
+        c"How often a pg_once worker runs reap_stale.",
+        c"Only with shared_preload_libraries.",
+        &REAPER_NAPTIME_MS,
+        10,
+        3_600_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+}
+
+/// The databases named by once.databases.
+pub fn databases() -> Vec<String> {
+    DATABASES
+        .get()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
+        .split(',')
+        .map(|db| db.trim().to_owned())
+        .filter(|db| !db.is_empty())
+        .collect()
 }

@@ -9,6 +9,8 @@
 //! - `wait`: server-side waiting inside claim_key
 //! - `liveness`: is a claim's owner backend still running
 //! - `notify`: the trigger that NOTIFYs channel `once` with the key
+//! - `shmem`: shared memory when preloaded (backend slots, relay queues, counters)
+//! - `worker`: the per-database background worker (reaper and NOTIFY relay)
 //! - `guc`: the once.* settings
 //! - `statements`, `subxact`, `jsonb`: plan caching, lock-free lost races, jsonb pass-through
 
@@ -23,9 +25,11 @@ mod guc;
 mod jsonb;
 mod liveness;
 mod notify;
+mod shmem;
 mod statements;
 mod subxact;
 mod wait;
+mod worker;
 
 #[cfg(any(test, feature = "pg_test"))]
 mod tests;
@@ -37,7 +41,16 @@ extension_sql_file!("../sql/functions.sql", name = "functions", finalize);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
-    guc::register();
+    // SAFETY: reads a flag the postmaster sets while loading preload libraries.
+    let preloading = unsafe { pgrx::pg_sys::process_shared_preload_libraries_in_progress };
+    guc::register(preloading);
+    // Shared memory, commit callbacks and workers exist only when preloaded; otherwise
+    // waiting polls, the trigger NOTIFYs directly and reap_stale is called by a scheduler.
+    if preloading {
+        shmem::request();
+        notify::register_callbacks();
+        worker::register();
+    }
 }
 
 /// Required by `cargo pgrx test`.
@@ -47,6 +60,9 @@ pub mod pg_test {
 
     #[must_use]
     pub fn postgresql_conf_options() -> Vec<&'static str> {
-        vec![]
+        vec![
+            "shared_preload_libraries = 'pg_once'",
+            "once.databases = 'pgrx_tests'",
+        ]
     }
 }

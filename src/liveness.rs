@@ -2,11 +2,19 @@
 //!
 //! A claim records its backend's pid and start time. The pid alone is not enough: after
 //! the owner exits, the operating system may give the same pid to a new backend, which
-//! must not keep the claim alive. The start time comes from the server's backend status
-//! table (what pg_stat_activity.backend_start shows).
+//! must not keep the claim alive.
+//!
+//! With shared memory (preloaded), every backend registers its identity in its slot
+//! before it claims, and clears it when it exits, waking whoever waits for its keys: the
+//! test is then exact and costs one ProcArray lookup. Without shared memory the start
+//! time comes from the server's backend status table (what pg_stat_activity.backend_start
+//! shows), a per-transaction copy that must be refreshed.
 
+use crate::shmem;
 use pgrx::pg_sys;
-use std::cell::Cell;
+use pgrx::prelude::*;
+use std::cell::{Cell, RefCell};
+use std::collections::HashSet;
 
 thread_local! {
     /// Statement start time of the last refresh of pgstat's backend status copy.
@@ -21,7 +29,55 @@ pub fn my_identity() -> (i32, pg_sys::TimestampTz) {
 
 /// Whether the backend (pid, started) is still running.
 pub fn backend_alive(pid: i32, started: pg_sys::TimestampTz) -> bool {
-    pid_in_use(pid) && backend_start_time(pid) == Some(started)
+    match shmem::shared() {
+        Some(shared) => shared.backend_alive(pid, started),
+        None => pid_in_use(pid) && backend_start_time(pid) == Some(started),
+    }
+}
+
+thread_local! {
+    /// Tags of the keys this backend has claimed and not yet resolved itself.
+    static OWNED: RefCell<HashSet<u64>> = RefCell::new(HashSet::new());
+    static EXIT_HOOKED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Record this backend's identity in shared memory before it claims `tag`, so that others
+/// can tell when it is gone and it can wake their waits when it exits.
+pub fn register_owner(tag: u64) {
+    let Some(slot) = shmem::shared().and_then(|s| s.my_slot()) else {
+        return;
+    };
+    let (pid, started) = my_identity();
+    if !slot.is_registered(pid) {
+        slot.register(pid, started);
+    }
+    if !EXIT_HOOKED.replace(true) {
+        // SAFETY: registers a callback run once when this backend exits.
+        unsafe { pg_sys::before_shmem_exit(Some(on_backend_exit), pg_sys::Datum::from(0)) };
+    }
+    OWNED.with_borrow_mut(|owned| owned.insert(tag));
+}
+
+/// This backend resolved its claim on `tag` itself: no need to wake anyone at exit.
+pub fn disown(tag: u64) {
+    OWNED.with_borrow_mut(|owned| owned.remove(&tag));
+}
+
+/// The backend is exiting (disconnect, pg_terminate_backend, FATAL error): its claims are
+/// gone. Unregister, then wake the waiters of the keys it held, so one of them takes over
+/// at once instead of at its next look.
+#[pg_guard]
+unsafe extern "C-unwind" fn on_backend_exit(_code: i32, _arg: pg_sys::Datum) {
+    let Some(shared) = shmem::shared() else {
+        return;
+    };
+    if let Some(slot) = shared.my_slot() {
+        slot.unregister();
+    }
+    let owned: Vec<u64> = OWNED.with_borrow(|owned| owned.iter().copied().collect());
+    if !owned.is_empty() {
+        shared.wake(&owned);
+    }
 }
 
 /// Cheap first test: does any backend have this pid right now?
@@ -58,10 +114,12 @@ fn backend_start_time(pid: i32) -> Option<pg_sys::TimestampTz> {
     }
 }
 
-/// Remembers the last owner confirmed alive, so that a caller checking the same owner
-/// again and again (a waiting claim_key) only pays for the cheap pid test: while that pid
-/// stays in use without a gap it is the same process, since a pid is only reused after
-/// its process has exited.
+/// Without shared memory: remembers the last owner confirmed alive, so that a caller
+/// checking the same owner again and again (a waiting claim_key) only pays for the cheap
+/// pid test. While that pid stays in use it is the same process, since a pid is only
+/// reused after its process has exited; a reuse within one poll interval would go
+/// unseen, which Linux's sequential pid allocation makes a non-event. With shared memory
+/// the test is exact and cheap, and nothing is remembered.
 #[derive(Default)]
 pub struct OwnerWatch {
     confirmed: Option<(i32, pg_sys::TimestampTz)>,
@@ -69,6 +127,9 @@ pub struct OwnerWatch {
 
 impl OwnerWatch {
     pub fn alive(&mut self, pid: i32, started: pg_sys::TimestampTz) -> bool {
+        if let Some(shared) = shmem::shared() {
+            return shared.backend_alive(pid, started);
+        }
         if !pid_in_use(pid) {
             self.confirmed = None;
             return false;

@@ -1,25 +1,84 @@
-//! The trigger that tells listeners on channel `once` that a key left the running state.
+//! Telling the world that a key left the running state: waking waiters in shared memory
+//! and notifying LISTENers on channel `once`.
 //!
-//! The key is handed to the server's NOTIFY machinery as a value (Async_Notify, what
-//! pg_notify() calls), never spliced into SQL text, so any key (quotes, newlines,
-//! `'; DROP TABLE`) is delivered verbatim. Notifications are sent when the transaction
-//! commits, so a listener never hears of a result it cannot yet read.
+//! The trigger on once.entries calls `key_resolved` for every key that leaves `running`.
+//! Nothing is sent before commit:
+//! - waiters sleeping in claim_key are woken from the commit callback, which PostgreSQL
+//!   calls after the transaction is visible to others, so a woken waiter always sees the
+//!   change it was woken for;
+//! - notifications go out as NOTIFY does, at commit. In `relay` mode the keys are handed
+//!   to this database's pg_once worker after commit, and the worker sends them in
+//!   batches: the committing transaction never takes NOTIFY's cluster-wide commit lock.
+//!
+//! The key is passed to the server's pg_notify as a value, never spliced into SQL text,
+//! so any key (quotes, newlines, `'; DROP TABLE`) is delivered verbatim.
 
+use crate::guc::{self, NotifyMode};
+use crate::shmem::{self, Counter};
+use pgrx::pg_sys;
 use pgrx::prelude::*;
+use std::cell::RefCell;
 
 /// The one channel pg_once notifies on.
-pub const CHANNEL: &std::ffi::CStr = c"once";
+pub const CHANNEL: &str = "once";
 
-/// Queue a notification on channel `once` with `key` as its payload, through the server's
-/// pg_notify(channel, payload) function.
-pub fn notify_key(key: &str) {
-    let channel = CHANNEL.to_str().expect("ASCII channel name");
+/// What this transaction will announce when it commits.
+#[derive(Default)]
+struct Pending {
+    /// Key tags whose waiters to wake.
+    wake: Vec<u64>,
+    /// Keys for the relay worker.
+    relay: Vec<String>,
+    /// Lengths of both lists when each open subtransaction started.
+    savepoints: Vec<(usize, usize)>,
+    /// Relay queue space promised at pre-commit: (queue, bytes).
+    reserved: Option<(usize, u64)>,
+}
+
+thread_local! {
+    static PENDING: RefCell<Pending> = RefCell::new(Pending::default());
+}
+
+/// Send a notification on channel `once` now (delivered when this transaction commits).
+pub fn notify_now(key: &str) {
     // SAFETY: pg_notify takes two text arguments and returns void.
     unsafe {
         pgrx::fcinfo::direct_function_call_as_datum(
             pg_sys::pg_notify,
-            &[channel.into_datum(), key.into_datum()],
+            &[CHANNEL.into_datum(), key.into_datum()],
         );
+    }
+}
+
+/// A key left the running state in the current transaction.
+fn key_resolved(key: &str, tag: u64) {
+    let shared = shmem::shared();
+    let relay = match guc::NOTIFY.get() {
+        NotifyMode::Off => false,
+        NotifyMode::Direct => {
+            notify_now(key);
+            shmem::count(Counter::NotifiedDirect);
+            false
+        }
+        // SAFETY: MyDatabaseId is set once connected.
+        NotifyMode::Relay => {
+            match shared.and_then(|s| s.relay_for(unsafe { pg_sys::MyDatabaseId })) {
+                Some(_) => true,
+                None => {
+                    notify_now(key);
+                    shmem::count(Counter::NotifiedDirect);
+                    false
+                }
+            }
+        }
+    };
+    if shared.is_some() {
+        PENDING.with_borrow_mut(|p| {
+            p.wake.push(tag);
+            if relay {
+                p.relay.push(key.to_owned());
+            }
+        });
     }
 }
 
@@ -32,7 +91,99 @@ fn notify_key_resolved<'a>(
         let key = old
             .get_by_name::<&str>("key")
             .unwrap_or_else(|e| error!("pg_once: {e}"));
-        notify_key(key.expect("once.entries.key is NOT NULL"));
+        let digest = old
+            .get_by_name::<&[u8]>("key_hash")
+            .unwrap_or_else(|e| error!("pg_once: {e}"));
+        key_resolved(
+            key.expect("once.entries.key is NOT NULL"),
+            shmem::key_tag(digest.expect("once.entries.key_hash is NOT NULL")),
+        );
     }
     Ok(None)
+}
+
+/// Hook the commit/abort callbacks; called from _PG_init when shared memory exists.
+pub fn register_callbacks() {
+    // SAFETY: plain callback registration, for the lifetime of the backend.
+    unsafe {
+        pg_sys::RegisterXactCallback(Some(on_xact), std::ptr::null_mut());
+        pg_sys::RegisterSubXactCallback(Some(on_subxact), std::ptr::null_mut());
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
+    use pg_sys::XactEvent::*;
+    let Some(shared) = shmem::shared() else {
+        return;
+    };
+    match event {
+        // Still before commit: promise relay space, or send the notifications ourselves.
+        XACT_EVENT_PRE_COMMIT => PENDING.with_borrow_mut(|p| {
+            if p.relay.is_empty() {
+                return;
+            }
+            let bytes = shmem::Shared::queue_bytes(&p.relay);
+            // SAFETY: MyDatabaseId is set once connected.
+            let queue = shared.relay_for(unsafe { pg_sys::MyDatabaseId });
+            match queue.filter(|&q| shared.reserve(q, bytes)) {
+                Some(q) => p.reserved = Some((q, bytes)),
+                None => {
+                    for key in p.relay.drain(..) {
+                        notify_now(&key);
+                    }
+                }
+            }
+        }),
+        // Committed and visible: hand the keys over and wake the waiters.
+        XACT_EVENT_COMMIT => {
+            let p = PENDING.take();
+            if let Some((queue, bytes)) = p.reserved {
+                shared.push(queue, &p.relay, bytes);
+                shmem::count_n(Counter::NotifiedRelayed, p.relay.len() as u64);
+            } else if !p.relay.is_empty() {
+                shmem::count_n(Counter::NotifiedDirect, p.relay.len() as u64);
+            }
+            if !p.wake.is_empty() {
+                shared.wake(&p.wake);
+            }
+        }
+        XACT_EVENT_ABORT => {
+            if let Some((queue, bytes)) = PENDING.take().reserved {
+                shared.unreserve(queue, bytes);
+            }
+        }
+        // A prepared transaction commits elsewhere, after this backend has moved on: the
+        // hand-over could not happen. NOTIFY itself refuses PREPARE for the same reason.
+        XACT_EVENT_PRE_PREPARE => {
+            if PENDING.with_borrow(|p| !p.relay.is_empty()) {
+                error!("pg_once: cannot PREPARE a transaction that completed, failed, released or invalidated a key");
+            }
+            PENDING.take();
+        }
+        _ => {}
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn on_subxact(
+    event: pg_sys::SubXactEvent::Type,
+    _mysubid: pg_sys::SubTransactionId,
+    _parent: pg_sys::SubTransactionId,
+    _arg: *mut std::ffi::c_void,
+) {
+    use pg_sys::SubXactEvent::*;
+    PENDING.with_borrow_mut(|p| match event {
+        SUBXACT_EVENT_START_SUB => p.savepoints.push((p.wake.len(), p.relay.len())),
+        SUBXACT_EVENT_COMMIT_SUB => {
+            p.savepoints.pop();
+        }
+        SUBXACT_EVENT_ABORT_SUB => {
+            if let Some((wake, relay)) = p.savepoints.pop() {
+                p.wake.truncate(wake);
+                p.relay.truncate(relay);
+            }
+        }
+        _ => {}
+    });
 }

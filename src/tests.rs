@@ -413,6 +413,26 @@ mod tests {
     }
 
     #[pg_test]
+    fn preloaded_server_counts_calls_in_shared_memory() {
+        // pg_test::postgresql_conf_options preloads pg_once.
+        assert_eq!(
+            one::<bool>("SELECT shared_memory FROM once.stats"),
+            Some(true)
+        );
+        let before = one::<i64>("SELECT claims FROM once.stats").unwrap();
+        outcome_and_token("k");
+        assert_eq!(
+            one::<i64>("SELECT claims FROM once.stats"),
+            Some(before + 1)
+        );
+        let hits = one::<i64>("SELECT hits FROM once.stats").unwrap();
+        let (_, token) = outcome_and_token("k2");
+        Spi::run(&format!("SELECT once.complete_key('k2', {token}, '1')")).unwrap();
+        outcome_and_token("k2");
+        assert_eq!(one::<i64>("SELECT hits FROM once.stats"), Some(hits + 1));
+    }
+
+    #[pg_test]
     fn stored_digest_is_once_key_hash() {
         outcome_and_token("abc");
         assert_eq!(
