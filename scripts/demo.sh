@@ -9,8 +9,8 @@ ensure_toolchain
 install_extension release
 say "building the demo"
 (cd "$REPO_ROOT" && cargo build --release --quiet -p pg_once_tools --bin demo)
-say "starting a throwaway cluster on 127.0.0.1:$PORT"
-cluster_start demo "$PORT"
+say "starting a throwaway cluster on 127.0.0.1:$PORT, pg_once preloaded"
+cluster_start demo "$PORT" "shared_preload_libraries = 'pg_once'" "once.databases = 'postgres'"
 trap 'cluster_stop demo' EXIT
 cluster_psql demo "$PORT" -q -c "CREATE EXTENSION pg_once"
 "$REPO_ROOT/target/release/demo" --dsn "host=127.0.0.1 port=$PORT user=postgres dbname=postgres" "$@"

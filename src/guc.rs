@@ -30,6 +30,9 @@ pub static NOTIFY: GucSetting<NotifyMode> = GucSetting::<NotifyMode>::new(Notify
 pub static DATABASES: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"postgres"));
 
+/// Milliseconds a pg_once worker lets notifications gather after sending a batch.
+pub static RELAY_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(20);
+
 /// Milliseconds between two reap_stale runs of a pg_once worker.
 pub static REAPER_NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 
@@ -76,6 +79,17 @@ pub fn register(preloading: bool) {
             GucFlags::default(),
         );
     }
+    GucRegistry::define_int_guc(
+        c"once.relay_interval",
+        c"How long a pg_once worker lets notifications gather after sending a batch.",
+        c"Larger batches wake each LISTENing backend fewer times; a notification is \
+          delayed by at most about this long. Only with shared_preload_libraries.",
+        &RELAY_INTERVAL_MS,
+        0,
+        1000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
     GucRegistry::define_int_guc(
         c"once.reaper_naptime",
         c"How often a pg_once worker runs reap_stale.",

@@ -72,7 +72,11 @@ pub extern "C-unwind" fn pg_once_worker_main(_arg: pg_sys::Datum) {
             // SAFETY: re-read postgresql.conf, as after any SIGHUP.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
-        relay(shared, queue);
+        if relay(shared, queue) > 0 {
+            // Let the next batch gather: every listening backend is signalled once per
+            // batch and wakes to read it, so fewer, larger batches cost them far less.
+            std::thread::sleep(Duration::from_millis(guc::RELAY_INTERVAL_MS.get() as u64));
+        }
         if Instant::now() >= next_reap {
             reap();
             next_reap = Instant::now() + naptime();
@@ -89,12 +93,14 @@ fn naptime() -> Duration {
     Duration::from_millis(guc::REAPER_NAPTIME_MS.get() as u64)
 }
 
-/// Send what committed transactions handed over, one transaction per batch.
-fn relay(shared: &shmem::Shared, queue: usize) {
+/// Send what committed transactions handed over, one transaction per batch of at most
+/// RELAY_BATCH keys. Returns how many keys were sent.
+fn relay(shared: &shmem::Shared, queue: usize) -> usize {
+    let mut sent = 0;
     loop {
         let (keys, sent_up_to) = shared.peek(queue, RELAY_BATCH);
         if keys.is_empty() {
-            return;
+            return sent;
         }
         BackgroundWorker::transaction(|| {
             for key in &keys {
@@ -102,6 +108,7 @@ fn relay(shared: &shmem::Shared, queue: usize) {
             }
         });
         shared.consume(queue, sent_up_to);
+        sent += keys.len();
     }
 }
 

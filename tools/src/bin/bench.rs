@@ -1,0 +1,355 @@
+//! Benchmark harness for what pgbench cannot measure: stampedes on one key (computations,
+//! and latency from completion to each caller's answer), takeover after a killed owner,
+//! and idle LISTEN connections. scripts/bench.sh drives it; each run prints one JSON line.
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use pg_once_tools as once;
+use serde_json::json;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Barrier;
+use tokio_postgres::Client;
+
+#[derive(Parser)]
+#[command(about = "pg_once benchmark harness (see scripts/bench.sh)")]
+struct Args {
+    #[arg(long, env = "PG_ONCE_DSN")]
+    dsn: String,
+    /// Repeats; the markdown row shows the median round and the range over rounds.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Label of the markdown row.
+    #[arg(long, default_value = "")]
+    label: String,
+    /// Append every round's raw figures here, one JSON object per line.
+    #[arg(long)]
+    json_out: Option<std::path::PathBuf>,
+    #[command(subcommand)]
+    what: What,
+}
+
+#[derive(Subcommand)]
+enum What {
+    /// Many callers ask for one cold key at once; one computes.
+    Stampede {
+        #[arg(long, default_value_t = 200)]
+        callers: usize,
+        #[arg(long, value_enum)]
+        strategy: Strategy,
+        #[arg(long, default_value_t = 500)]
+        compute_ms: u64,
+    },
+    /// Kill a claimer's connection; time until a waiting caller holds the claim.
+    Takeover {
+        #[arg(long, default_value_t = 30)]
+        lease_s: u64,
+        /// Judge the owner by its lease only (once.backend_liveness = off).
+        #[arg(long)]
+        lease_only: bool,
+    },
+    /// Hold LISTEN connections on channel once until stdin closes; print what they got.
+    Listeners {
+        #[arg(long, default_value_t = 100)]
+        count: usize,
+        /// Never read the connections after LISTEN, like clients that LISTEN and then sit
+        /// idle; otherwise read every notification as it arrives.
+        #[arg(long)]
+        idle: bool,
+    },
+}
+
+/// How a caller that is told `wait` gets its answer.
+#[derive(Clone, Copy, ValueEnum, Debug)]
+enum Strategy {
+    /// claim_key(wait => ...): the server wakes it.
+    Server,
+    /// LISTEN once first, claim, wait for the key's notification, claim again.
+    Listen,
+    /// claim_key, on wait sleep 100 ms and try again.
+    Poll100,
+    /// claim_key, on wait sleep 1 s and try again.
+    Poll1000,
+}
+
+const LEASE: Duration = Duration::from_secs(30);
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let mut rounds = Vec::new();
+    for _ in 0..args.rounds {
+        let round = match args.what {
+            What::Stampede {
+                callers,
+                strategy,
+                compute_ms,
+            } => {
+                stampede(
+                    &args.dsn,
+                    callers,
+                    strategy,
+                    Duration::from_millis(compute_ms),
+                )
+                .await?
+            }
+            What::Takeover {
+                lease_s,
+                lease_only,
+            } => takeover(&args.dsn, Duration::from_secs(lease_s), lease_only).await?,
+            What::Listeners { count, idle } => return listeners(&args.dsn, count, idle).await,
+        };
+        if let Some(path) = &args.json_out {
+            use std::io::Write;
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)?;
+            let mut line = round.clone();
+            line["label"] = json!(args.label);
+            writeln!(file, "{line}")?;
+        }
+        rounds.push(round);
+        // Let the backends of this round's connections exit before the next round.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    println!("{}", markdown_row(&args.label, &rounds));
+    Ok(())
+}
+
+/// `| label | figure: median (min-max) | ... |` over rounds, for the figures a bench reports.
+fn markdown_row(label: &str, rounds: &[serde_json::Value]) -> String {
+    let figures: Vec<&str> = match rounds[0]["bench"].as_str() {
+        Some("stampede") => vec!["computations", "p50_ms", "p99_ms", "max_ms"],
+        _ => vec!["takeover_ms"],
+    };
+    let mut row = format!("| {label} |");
+    for figure in figures {
+        let mut values: Vec<f64> = rounds.iter().filter_map(|r| r[figure].as_f64()).collect();
+        values.sort_by(f64::total_cmp);
+        let median = values[values.len() / 2];
+        let (min, max) = (values[0], values[values.len() - 1]);
+        if figure == "computations" {
+            row += &format!(" {median:.0} ({min:.0}-{max:.0}) |");
+        } else {
+            row += &format!(" {median:.1} ({min:.1}-{max:.1}) |");
+        }
+    }
+    row
+}
+
+fn fresh_key(what: &str) -> String {
+    format!(
+        "bench/{what}/{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
+}
+
+/// One caller's request, by `strategy`. Returns (computed it?, instant it had the result,
+/// or for the computing caller the instant it sent the result).
+async fn ask(
+    client: &Client,
+    notifications: Option<&mut tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>>,
+    key: &str,
+    strategy: Strategy,
+    compute: Duration,
+) -> Result<(bool, Instant)> {
+    let wait = match strategy {
+        Strategy::Server => Duration::from_secs(60),
+        _ => Duration::ZERO,
+    };
+    let mut notifications = notifications;
+    loop {
+        let claim = once::claim_key(client, key, LEASE, wait).await?;
+        match claim.outcome.as_str() {
+            "hit" => return Ok((false, Instant::now())),
+            "claimed" => {
+                tokio::time::sleep(compute).await;
+                let token = claim.token.context("claimed has a token")?;
+                // Latencies count from the moment the result is sent.
+                let completing = Instant::now();
+                anyhow::ensure!(
+                    once::complete_key(client, key, token, &json!("page"), None).await?
+                );
+                return Ok((true, completing));
+            }
+            "wait" => match strategy {
+                Strategy::Server => {}
+                Strategy::Listen => {
+                    let rx = notifications
+                        .as_deref_mut()
+                        .context("listen needs a receiver")?;
+                    let until = tokio::time::Instant::now() + LEASE;
+                    while let Ok(Some(n)) = tokio::time::timeout_at(until, rx.recv()).await {
+                        if n.payload() == key {
+                            break;
+                        }
+                    }
+                }
+                Strategy::Poll100 => tokio::time::sleep(Duration::from_millis(100)).await,
+                Strategy::Poll1000 => tokio::time::sleep(Duration::from_secs(1)).await,
+            },
+            other => anyhow::bail!("unexpected outcome {other}"),
+        }
+    }
+}
+
+async fn stampede(
+    dsn: &str,
+    callers: usize,
+    strategy: Strategy,
+    compute: Duration,
+) -> Result<serde_json::Value> {
+    let key = fresh_key("stampede");
+    let mut clients = Vec::with_capacity(callers);
+    for _ in 0..callers {
+        clients.push(match strategy {
+            Strategy::Listen => {
+                let (client, rx) = once::connect_listening(dsn).await?;
+                client.batch_execute("LISTEN once").await?;
+                (client, Some(rx))
+            }
+            _ => (once::connect(dsn).await?, None),
+        });
+    }
+    let start = Arc::new(Barrier::new(callers));
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .map(|(client, mut rx)| {
+            let (key, start) = (key.clone(), start.clone());
+            tokio::spawn(async move {
+                start.wait().await;
+                ask(&client, rx.as_mut(), &key, strategy, compute).await
+            })
+        })
+        .collect();
+    let mut answered = Vec::new();
+    let mut completed_at = None;
+    let mut computations = 0;
+    for task in tasks {
+        let (computed, at) = task.await??;
+        if computed {
+            computations += 1;
+            completed_at = Some(at);
+        } else {
+            answered.push(at);
+        }
+    }
+    let completed_at = completed_at.context("someone computed")?;
+    let mut latencies: Vec<f64> = answered
+        .iter()
+        .map(|at| at.saturating_duration_since(completed_at).as_secs_f64() * 1000.0)
+        .collect();
+    latencies.sort_by(f64::total_cmp);
+    let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p).round() as usize];
+    Ok(json!({
+        "bench": "stampede", "strategy": format!("{strategy:?}").to_lowercase(),
+        "callers": callers, "computations": computations,
+        "p50_ms": pct(0.5), "p99_ms": pct(0.99), "max_ms": pct(1.0),
+        "latencies_ms": latencies,
+    }))
+}
+
+async fn takeover(dsn: &str, lease: Duration, lease_only: bool) -> Result<serde_json::Value> {
+    let admin = once::connect(dsn).await?;
+    let owner = once::connect(dsn).await?;
+    let waiter = once::connect(dsn).await?;
+    if lease_only {
+        owner
+            .batch_execute("SET once.backend_liveness = off")
+            .await?;
+    }
+    let key = fresh_key("takeover");
+    anyhow::ensure!(once::claim_key(&owner, &key, lease, Duration::ZERO)
+        .await?
+        .is("claimed"));
+    let waiting = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            let claim =
+                once::claim_key(&waiter, &key, LEASE, lease + Duration::from_secs(30)).await;
+            (claim, Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let pid = once::backend_pid(&owner).await?;
+    let killed = Instant::now();
+    admin
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await?;
+    let (claim, at) = waiting.await?;
+    anyhow::ensure!(claim?.is("claimed"), "the waiter did not take over");
+    Ok(json!({
+        "bench": "takeover", "lease_s": lease.as_secs(), "lease_only": lease_only,
+        "takeover_ms": at.saturating_duration_since(killed).as_secs_f64() * 1000.0,
+    }))
+}
+
+/// A connection that has run LISTEN once and is then never read again: the server writes
+/// notifications to it until the socket buffers fill, then that backend waits.
+async fn idle_listener(
+    dsn: &str,
+) -> Result<(
+    Client,
+    tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>,
+)> {
+    let (client, mut connection) = tokio_postgres::connect(dsn, tokio_postgres::NoTls).await?;
+    {
+        let listen = client.batch_execute("LISTEN once");
+        tokio::pin!(listen);
+        loop {
+            tokio::select! {
+                done = &mut listen => { done?; break; }
+                message = std::future::poll_fn(|cx| connection.poll_message(cx)) => {
+                    anyhow::ensure!(message.is_some(), "connection closed during LISTEN");
+                }
+            }
+        }
+    }
+    Ok((client, connection))
+}
+
+async fn listeners(dsn: &str, count: usize, idle: bool) -> Result<()> {
+    let received = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut held = Vec::new();
+    let mut clients = Vec::new();
+    for _ in 0..count {
+        if idle {
+            held.push(idle_listener(dsn).await?);
+            continue;
+        }
+        let (client, mut rx) = once::connect_listening(dsn).await?;
+        client.batch_execute("LISTEN once").await?;
+        clients.push(client);
+        let received = received.clone();
+        tokio::spawn(async move {
+            while rx.recv().await.is_some() {
+                received.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+    }
+    eprintln!(
+        "{count} {} listeners ready",
+        if idle { "idle" } else { "reading" }
+    );
+    // Run until stdin closes (the driving script ends us).
+    tokio::task::spawn_blocking(|| {
+        let mut sink = String::new();
+        while std::io::stdin()
+            .read_line(&mut sink)
+            .map(|n| n > 0)
+            .unwrap_or(false)
+        {}
+    })
+    .await?;
+    println!(
+        "{}",
+        json!({"bench": "listeners", "count": count, "idle": idle,
+               "received": received.load(std::sync::atomic::Ordering::Relaxed)})
+    );
+    drop((clients, held));
+    Ok(())
+}
