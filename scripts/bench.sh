@@ -87,13 +87,15 @@ compare once_cycle handmade_cycle "claim+complete vs hand-made, ${RTT_US} us RTT
 compare once_hit pk_select "claim_key hit vs primary-key SELECT, ${RTT_US} us RTT" rtt
 echo
 
-say "2/4 stampede: 200 callers on one cold key"
+say "2/4 stampede: many callers on one cold key"
 echo "### 2. Stampede: 200 callers on one cold key, 500 ms computation"
 echo
-echo "Milliseconds from the owner sending its result to each other caller having it."
+echo "Milliseconds (server clock) from the owner's complete_key to each other caller's answer."
 echo
 echo "| how callers wait | computations | p50 ms | p99 ms | max ms |"
 echo "|---|---|---|---|---|"
+harness --dsn "$DSN" --label "20 callers, claim_key(wait), preloaded: woken" stampede --strategy server --callers 20
+harness --dsn "$PLAIN_DSN" --label "20 callers, claim_key(wait), not preloaded: polls every 20 ms" stampede --strategy server --callers 20
 harness --dsn "$DSN" --label "claim_key(wait), preloaded: woken" stampede --strategy server
 harness --dsn "$PLAIN_DSN" --label "claim_key(wait), not preloaded: polls every 20 ms" stampede --strategy server
 harness --dsn "$DSN" --label "LISTEN first, preloaded: relayed NOTIFY" stampede --strategy listen

@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use pg_once_tools as once;
 use serde_json::json;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::Barrier;
 use tokio_postgres::Client;
 
@@ -148,33 +148,45 @@ fn fresh_key(what: &str) -> String {
     )
 }
 
-/// One caller's request, by `strategy`. Returns (computed it?, instant it had the result,
-/// or for the computing caller the instant it sent the result).
+/// One caller's request, by `strategy`. Returns whether it computed, and the server's
+/// clock when it had its answer (for the computing caller: when its complete_key ran,
+/// just before that commit). Server clocks leave out the benchmark client's own
+/// scheduling, which on a small machine would otherwise dominate.
 async fn ask(
     client: &Client,
     notifications: Option<&mut tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>>,
     key: &str,
     strategy: Strategy,
     compute: Duration,
-) -> Result<(bool, Instant)> {
+) -> Result<(bool, SystemTime)> {
     let wait = match strategy {
-        Strategy::Server => Duration::from_secs(60),
-        _ => Duration::ZERO,
+        Strategy::Server => 60.0,
+        _ => 0.0,
     };
     let mut notifications = notifications;
     loop {
-        let claim = once::claim_key(client, key, LEASE, wait).await?;
-        match claim.outcome.as_str() {
-            "hit" => return Ok((false, Instant::now())),
+        let row = client
+            .query_one(
+                "SELECT outcome, token, clock_timestamp()
+                   FROM once.claim_key($1, '30 seconds', make_interval(secs => $2))",
+                &[&key, &wait],
+            )
+            .await?;
+        let (outcome, token, at): (String, Option<i64>, SystemTime) =
+            (row.get(0), row.get(1), row.get(2));
+        match outcome.as_str() {
+            "hit" => return Ok((false, at)),
             "claimed" => {
                 tokio::time::sleep(compute).await;
-                let token = claim.token.context("claimed has a token")?;
-                // Latencies count from the moment the result is sent.
-                let completing = Instant::now();
-                anyhow::ensure!(
-                    once::complete_key(client, key, token, &json!("page"), None).await?
-                );
-                return Ok((true, completing));
+                let token = token.context("claimed has a token")?;
+                let row = client
+                    .query_one(
+                        "SELECT once.complete_key($1, $2, '\"page\"'), clock_timestamp()",
+                        &[&key, &token],
+                    )
+                    .await?;
+                anyhow::ensure!(row.get::<_, bool>(0));
+                return Ok((true, row.get(1)));
             }
             "wait" => match strategy {
                 Strategy::Server => {}
@@ -241,7 +253,12 @@ async fn stampede(
     let completed_at = completed_at.context("someone computed")?;
     let mut latencies: Vec<f64> = answered
         .iter()
-        .map(|at| at.saturating_duration_since(completed_at).as_secs_f64() * 1000.0)
+        .map(|at| {
+            at.duration_since(completed_at)
+                .unwrap_or_default()
+                .as_secs_f64()
+                * 1000.0
+        })
         .collect();
     latencies.sort_by(f64::total_cmp);
     let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p).round() as usize];
