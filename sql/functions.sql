@@ -94,16 +94,107 @@ owner's later complete_key returns false; waiters are woken and one claims it an
 Returns false if the key was absent.$$;
 
 CREATE FUNCTION once.reap_stale()
-RETURNS TABLE (reclaimed bigint, expired bigint)
+RETURNS TABLE (reclaimed bigint, expired bigint, history bigint)
 LANGUAGE c VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'reap_stale_wrapper';
 
 COMMENT ON FUNCTION once.reap_stale() IS
 $$Take back claims whose owner is gone (lease expired, or backend exited) as failures that
-may be retried at once, waking their waiters; and delete up to 10,000 expired results.
-Returns how many of each. Never waits for a lock, so it is safe to run from many sessions
-at once, e.g. every second from pg_cron or a worker.$$;
+may be retried at once, waking their waiters (queued keys go back to their queue after a
+backoff, unless that was their last attempt); delete up to 10,000 expired results and up
+to 10,000 attempt-history rows older than once.history_retention. Returns how many of
+each. Never waits for a lock, so it is safe to run from many sessions at once, e.g. every
+second from pg_cron; when preloaded, the pg_once worker runs it.$$;
+
+-- ---- queue mode ----------------------------------------------------------------------
+
+CREATE FUNCTION once.create_queue(
+    name         text,
+    max_attempts integer DEFAULT 5,
+    backoff      interval DEFAULT '1 second',
+    max_backoff  interval DEFAULT '1 hour')
+RETURNS void
+LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'create_queue_wrapper';
+
+COMMENT ON FUNCTION once.create_queue(text, integer, interval, interval) IS
+$$Create a queue, or change the retry policy of an existing one: a failed attempt waits
+backoff * 2^(attempts - 1), capped at max_backoff and jittered to between half and all of
+that, until the key has been claimed max_attempts times; then it stays failed.$$;
+
+CREATE FUNCTION once.drop_queue(name text)
+RETURNS void
+LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'drop_queue_wrapper';
+
+COMMENT ON FUNCTION once.drop_queue(text) IS
+$$Drop an empty queue. Refused (55006) while keys still name it: remove them with
+once.invalidate_keys(queue => name) first.$$;
+
+CREATE FUNCTION once.enqueue_key(
+    key          text,
+    payload      jsonb DEFAULT NULL,
+    queue        text DEFAULT 'default',
+    priority     integer DEFAULT 0,
+    run_at       timestamptz DEFAULT NULL,
+    refresh      boolean DEFAULT false,
+    max_attempts integer DEFAULT NULL)
+RETURNS text
+LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'enqueue_key_wrapper';
+
+COMMENT ON FUNCTION once.enqueue_key(text, jsonb, text, integer, timestamptz, boolean, integer) IS
+$$Ask for a key to be computed by the queue's workers, due at run_at (NULL: now); smaller
+priority runs first; max_attempts overrides the queue's. Idempotent per key. Returns:
+queued (it was absent), requeued (it had failed, its result expired, or refresh => true
+and it had a result, which is served until the new one lands), duplicate (already queued
+or being computed: nothing changed) or cached (it has a fresh result: nothing changed).$$;
+
+CREATE FUNCTION once.claim_next(
+    queue  text DEFAULT 'default',
+    lease  interval DEFAULT '30 seconds',
+    worker text DEFAULT NULL,
+    n      integer DEFAULT 1)
+RETURNS TABLE (key text, token bigint, payload jsonb, attempt integer)
+LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'claim_next_wrapper';
+
+COMMENT ON FUNCTION once.claim_next(text, interval, text, integer) IS
+$$Claim up to n due keys of a queue, fewest errors first, then smallest priority, then
+oldest due time, with FOR UPDATE SKIP LOCKED: workers never wait for each other and never
+get the same key. Finish each with complete_key, fail_key (retried with backoff) or
+release_key, and heartbeat_key meanwhile. worker names you in the history.$$;
+
+CREATE FUNCTION once.invalidate_keys(queue text DEFAULT NULL, prefix text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'invalidate_keys_wrapper';
+
+COMMENT ON FUNCTION once.invalidate_keys(text, text) IS
+$$Forget every key of a queue and/or whose key starts with prefix, like invalidate_key
+each. Locks keys in key_hash order, so it never deadlocks with workers or other batches,
+and waits only for keys other transactions are writing at that moment. Returns how many.$$;
+
+CREATE FUNCTION once.complete_keys(
+    keys    text[],
+    tokens  bigint[],
+    results jsonb[],
+    ttl     interval DEFAULT NULL)
+RETURNS TABLE (key text)
+LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'complete_keys_wrapper';
+
+COMMENT ON FUNCTION once.complete_keys(text[], bigint[], jsonb[], interval) IS
+$$complete_key for many claims in one statement (e.g. what one claim_next(n => 10) call
+handed out). Locks keys in key_hash order, so it cannot deadlock with another batch.
+Returns the keys that were completed; the others' claims were lost.$$;
 
 CREATE FUNCTION once.backend_alive(pid integer, started timestamptz)
 RETURNS boolean
@@ -160,6 +251,39 @@ SELECT k.queued, k.running, k.done, k.failed, k.running_past_lease, k.expired_un
 
 COMMENT ON VIEW once.stats IS
     'Keys per state, claims past their lease, expired results not yet purged, the oldest running claim and error/attempt totals (a scan of once.entries); how pg_once runs (shared memory, notify mode, workers); and counters of calls since server start (NULL unless preloaded).';
+
+CREATE VIEW once.queue_stats AS
+SELECT q.name AS queue,
+       count(e.key) FILTER (WHERE e.state = 'queued') AS depth,
+       count(e.key) FILTER (WHERE e.state = 'queued' AND e.run_at <= clock_timestamp()) AS due,
+       count(e.key) FILTER (WHERE e.state = 'running') AS running,
+       count(e.key) FILTER (WHERE e.state = 'failed') AS dead,
+       clock_timestamp() - min(e.run_at) FILTER (WHERE e.state = 'queued'
+                                                  AND e.run_at <= clock_timestamp())
+           AS oldest_due_age,
+       (SELECT count(*) FROM once.attempts a
+         WHERE a.queue = q.name AND a.outcome = 'completed'
+           AND a.finished_at > clock_timestamp() - interval '1 minute') AS completed_last_minute,
+       (SELECT count(*) FROM once.attempts a
+         WHERE a.queue = q.name AND a.outcome <> 'completed'
+           AND a.finished_at > clock_timestamp() - interval '1 minute') AS failed_last_minute,
+       (SELECT count(*) FROM once.attempts a
+         WHERE a.queue = q.name AND a.outcome = 'completed'
+           AND a.finished_at > clock_timestamp() - interval '1 hour') AS completed_last_hour
+  FROM once.queues q
+  LEFT JOIN once.entries e ON e.queue = q.name
+ GROUP BY q.name;
+
+COMMENT ON VIEW once.queue_stats IS
+    'Per queue: depth (queued), due (queued and due now), running, dead (failed for good), the oldest due key''s wait, and attempts that completed or did not in the last minute / hour.';
+
+CREATE VIEW once.dead_letters AS
+SELECT key, queue, payload, attempts, errors, error, updated_at AS failed_at
+  FROM once.entries
+ WHERE state = 'failed' AND queue IS NOT NULL;
+
+COMMENT ON VIEW once.dead_letters IS
+    'Queued keys that failed their last attempt. Re-enqueue one with once.enqueue_key(key, payload, queue) for a new set of attempts.';
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA once FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA once FROM PUBLIC;

@@ -36,6 +36,20 @@ CREATE FUNCTION once.key_hash(key text) RETURNS bytea
 COMMENT ON FUNCTION once.key_hash(text) IS
     'SHA-256 digest of a key: the primary key of once.entries. Look a key up with WHERE key_hash = once.key_hash(''...'').';
 
+-- Queues for queue mode, with their retry policy. Keys name their queue; there is no
+-- foreign key, because its check would run on every write of every cached key: the
+-- functions check queue names instead, and drop_queue refuses to orphan keys.
+CREATE TABLE once.queues (
+    name         text PRIMARY KEY,
+    max_attempts integer NOT NULL DEFAULT 5,            -- claims before a key stays failed
+    backoff      interval NOT NULL DEFAULT '1 second',  -- delay before the 2nd attempt
+    max_backoff  interval NOT NULL DEFAULT '1 hour',    -- the doubling stops here
+    created_at   timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO once.queues (name) VALUES ('default');
+COMMENT ON TABLE once.queues IS
+    'Queues of queue mode and their retry policy: a failed attempt waits backoff * 2^(attempts-1) (capped at max_backoff, with jitter) until max_attempts claims, then the key stays failed.';
+
 CREATE TABLE once.entries (
     key_hash         bytea NOT NULL,   -- once.key_hash(key), computed by the functions
     key              text NOT NULL,
@@ -56,6 +70,13 @@ CREATE TABLE once.entries (
     claimed_at       timestamptz,
     completed_at     timestamptz,
     updated_at       timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- queue mode (NULL for keys that were never enqueued)
+    queue            text,
+    payload          jsonb,
+    priority         integer NOT NULL DEFAULT 0,   -- smaller runs first
+    run_at           timestamptz,                  -- due from (queued keys)
+    max_attempts     integer,                      -- NULL: the queue's
+    enqueued_at      timestamptz,
     CONSTRAINT entries_pkey PRIMARY KEY (key_hash)
 )
 -- No CHECK constraints and no generated column, on purpose: PostgreSQL re-reads and
@@ -91,9 +112,36 @@ CREATE INDEX entries_running_idx ON once.entries (owner_pid) WHERE state = 'runn
 -- Results with a time to live, for purging once they expire.
 CREATE INDEX entries_expires_idx ON once.entries (expires_at) WHERE expires_at IS NOT NULL;
 
+-- claim_next's order within a queue: fewest errors, then priority, then due time. Holds
+-- only queued keys, so workers never scan running, done or failed ones.
+CREATE INDEX entries_queue_idx ON once.entries (queue, errors, priority, run_at)
+    WHERE state = 'queued';
+
+-- Every attempt at a queued key, once it ends: append-only, trimmed by reap_stale after
+-- once.history_retention.
+CREATE TABLE once.attempts (
+    key_hash    bytea NOT NULL,
+    key         text NOT NULL,
+    queue       text,
+    token       bigint NOT NULL,
+    worker      text,
+    started_at  timestamptz,
+    finished_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    outcome     text NOT NULL,   -- completed | failed | released | abandoned | taken_over | cancelled
+    error       text
+);
+COMMENT ON TABLE once.attempts IS
+    'One row per ended attempt at a queued key: who (worker), when (started_at, finished_at), how it ended (outcome) and why (error). Look a key up with WHERE key_hash = once.key_hash(''...'').';
+CREATE INDEX attempts_key_idx ON once.attempts (key_hash, finished_at);
+-- Rows arrive in finished_at order: a BRIN index finds old ones for trimming at almost no
+-- cost per insert.
+CREATE INDEX attempts_finished_idx ON once.attempts USING brin (finished_at);
+
 -- Cached results and queue work survive pg_dump / pg_restore.
 SELECT pg_catalog.pg_extension_config_dump('once.entries', '');
 SELECT pg_catalog.pg_extension_config_dump('once.token_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('once.queues', 'WHERE name <> ''default''');
+SELECT pg_catalog.pg_extension_config_dump('once.attempts', '');
 
 -- Tell listeners on channel "once" that a key left the running state (completed, failed,
 -- released, reaped or invalidated). The payload is the key itself, passed to
@@ -115,3 +163,40 @@ CREATE TRIGGER entries_notify_deleted
     FOR EACH ROW
     WHEN (OLD.state = 'running')
     EXECUTE FUNCTION once.notify_key_resolved();
+
+-- Record how each attempt at a queued key ended. The outcome follows from the change:
+-- deleted (invalidated) = cancelled; a new token = taken_over (its owner was gone);
+-- done = completed; no new error = released; an "owner ... is gone" error = abandoned
+-- (reaped); any other error = failed.
+CREATE FUNCTION once.record_attempt() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    INSERT INTO once.attempts (key_hash, key, queue, token, worker, started_at, outcome, error)
+    VALUES (OLD.key_hash, OLD.key, OLD.queue, OLD.token, OLD.owner, OLD.claimed_at,
+            CASE WHEN TG_OP = 'DELETE' THEN 'cancelled'
+                 WHEN NEW.token <> OLD.token THEN 'taken_over'
+                 WHEN NEW.state = 'done' THEN 'completed'
+                 WHEN NEW.errors = OLD.errors THEN 'released'
+                 WHEN NEW.error LIKE 'owner % is gone:%' THEN 'abandoned'
+                 ELSE 'failed' END,
+            CASE WHEN TG_OP = 'UPDATE' AND NEW.errors > OLD.errors THEN NEW.error END);
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION once.record_attempt() IS
+    'Trigger function: append to once.attempts when an attempt at a queued key ends.';
+
+CREATE TRIGGER entries_record_attempt
+    AFTER UPDATE ON once.entries
+    FOR EACH ROW
+    WHEN (OLD.state = 'running' AND OLD.queue IS NOT NULL
+          AND (NEW.state <> 'running' OR NEW.token <> OLD.token))
+    EXECUTE FUNCTION once.record_attempt();
+
+CREATE TRIGGER entries_record_cancelled_attempt
+    AFTER DELETE ON once.entries
+    FOR EACH ROW
+    WHEN (OLD.state = 'running' AND OLD.queue IS NOT NULL)
+    EXECUTE FUNCTION once.record_attempt();

@@ -10,6 +10,7 @@ use crate::claim::{self, Claim};
 use crate::errors;
 use crate::jsonb::Jsonb;
 use crate::liveness;
+use crate::queue;
 use crate::wait;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys;
@@ -101,11 +102,185 @@ fn invalidate_key(key: Option<&str>) -> bool {
 }
 
 #[pg_extern(sql = false)]
-fn reap_stale() -> TableIterator<'static, (name!(reclaimed, i64), name!(expired, i64))> {
-    let (reclaimed, expired) = claim::reap();
-    TableIterator::once((reclaimed, expired))
+fn reap_stale() -> TableIterator<
+    'static,
+    (
+        name!(reclaimed, i64),
+        name!(expired, i64),
+        name!(history, i64),
+    ),
+> {
+    let reaped = claim::reap();
+    TableIterator::once((reaped.reclaimed, reaped.expired, reaped.history))
 }
 
+// ---- queue mode -------------------------------------------------------------------
+
+#[pg_extern(sql = false)]
+fn create_queue(
+    name: Option<&str>,
+    max_attempts: Option<i32>,
+    backoff: Option<Interval>,
+    max_backoff: Option<Interval>,
+) {
+    let name = args::new_queue_name(name);
+    let max_attempts = args::required(
+        args::max_attempts(max_attempts),
+        "max_attempts",
+        "Pass how many times a key may be tried before it stays failed, e.g. 5.",
+    );
+    let (backoff, max_backoff) = args::backoff(backoff, max_backoff);
+    queue::upsert_queue(name, max_attempts, backoff, max_backoff);
+}
+
+#[pg_extern(sql = false)]
+fn drop_queue(name: Option<&str>) {
+    let name = args::queue(name);
+    let keys = queue::keys_in_queue(name);
+    if keys > 0 {
+        errors::object_in_use(
+            format!("queue \"{name}\" still has {keys} keys"),
+            &format!(
+                "Remove them first: SELECT once.invalidate_keys(queue => '{}');",
+                name.replace('\'', "''")
+            ),
+        );
+    }
+    queue::drop_queue(name);
+}
+
+/// enqueue_key(key, payload, queue, priority, run_at, refresh, max_attempts). `payload` is
+/// read from fcinfo to pass the jsonb through untouched.
+#[pg_extern(sql = false)]
+#[allow(clippy::too_many_arguments)]
+fn enqueue_key(key: Option<&str>, fcinfo: pg_sys::FunctionCallInfo) -> &'static str {
+    let key = Key::new(key);
+    // SAFETY: functions.sql declares the arguments in this order and with these types.
+    let (payload, queue, priority, run_at, refresh, max_attempts) = unsafe {
+        use pgrx::fcinfo::pg_getarg;
+        (
+            pg_getarg::<Jsonb>(fcinfo, 1),
+            pg_getarg::<&str>(fcinfo, 2),
+            pg_getarg::<i32>(fcinfo, 3),
+            pg_getarg::<TimestampWithTimeZone>(fcinfo, 4),
+            pg_getarg::<bool>(fcinfo, 5),
+            pg_getarg::<i32>(fcinfo, 6),
+        )
+    };
+    let job = queue::Job {
+        key: &key,
+        payload,
+        queue: args::queue(queue),
+        priority: args::required(
+            priority,
+            "priority",
+            "Pass an integer; smaller runs first, default 0.",
+        ),
+        run_at: args::run_at(run_at),
+        max_attempts: args::max_attempts(max_attempts),
+    };
+    let refresh = args::required(
+        refresh,
+        "refresh",
+        "Pass true to recompute a key that has a fresh result, else false.",
+    );
+    match queue::enqueue(&job, refresh) {
+        queue::Enqueued::Queued => "queued",
+        queue::Enqueued::Requeued => "requeued",
+        queue::Enqueued::Duplicate => "duplicate",
+        queue::Enqueued::Cached => "cached",
+    }
+}
+
+#[pg_extern(sql = false)]
+#[allow(clippy::type_complexity)]
+fn claim_next(
+    queue: Option<&str>,
+    lease: Option<Interval>,
+    worker: Option<&str>,
+    n: Option<i32>,
+) -> TableIterator<
+    'static,
+    (
+        name!(key, String),
+        name!(token, i64),
+        name!(payload, Option<Jsonb>),
+        name!(attempt, i32),
+    ),
+> {
+    let queue = args::queue(queue);
+    let lease = args::lease(lease);
+    let worker = args::worker(worker);
+    let n = args::batch_size(n);
+    let claimed = queue::claim_next(queue, lease, worker, n);
+    TableIterator::new(
+        claimed
+            .into_iter()
+            .map(|c| (c.key, c.token, c.payload, c.attempt)),
+    )
+}
+
+#[pg_extern(sql = false)]
+fn invalidate_keys(queue: Option<&str>, prefix: Option<&str>) -> i64 {
+    if queue.is_none() && prefix.is_none() {
+        errors::invalid_argument(
+            "invalidate_keys needs a queue or a key prefix".into(),
+            "Pass queue => 'name' and/or prefix => 'https://example.com/'.",
+        );
+    }
+    let queue = queue.map(|q| args::queue(Some(q)));
+    if prefix == Some("") {
+        errors::invalid_argument(
+            "prefix must not be empty".into(),
+            "Pass a key prefix such as 'https://example.com/', or only a queue.",
+        );
+    }
+    queue::invalidate_many(queue, prefix)
+}
+
+/// complete_keys(keys text[], tokens bigint[], results jsonb[], ttl interval). `results`
+/// is passed through as the jsonb[] it already is.
+#[pg_extern(sql = false)]
+fn complete_keys(
+    keys: Option<Vec<Option<String>>>,
+    tokens: Option<Vec<Option<i64>>>,
+    fcinfo: pg_sys::FunctionCallInfo,
+) -> TableIterator<'static, (name!(key, String),)> {
+    let hint = "Pass three arrays of the same length: keys, their tokens, their results.";
+    let keys = args::required(keys, "keys", hint);
+    let tokens = args::required(tokens, "tokens", hint);
+    // SAFETY: functions.sql declares argument 2 as jsonb[] and argument 3 as interval.
+    let (results, ttl) = unsafe {
+        (
+            pgrx::fcinfo::pg_getarg_datum(fcinfo, 2),
+            pgrx::fcinfo::pg_getarg::<Interval>(fcinfo, 3),
+        )
+    };
+    let results = args::required(results, "results", hint);
+    let (length, has_null) = queue::jsonb_array_shape(results);
+    if keys.len() != tokens.len() || keys.len() != length {
+        errors::invalid_argument(
+            format!(
+                "keys, tokens and results have {}, {} and {length} elements",
+                keys.len(),
+                tokens.len()
+            ),
+            hint,
+        );
+    }
+    if has_null {
+        errors::null_argument("results[i]", hint);
+    }
+    let keys: Vec<String> = keys
+        .into_iter()
+        .map(|k| args::required(k, "keys[i]", hint))
+        .collect();
+    let keys: Vec<Key> = keys.iter().map(|k| Key::new(Some(k.as_str()))).collect();
+    let tokens: Vec<i64> = tokens.into_iter().map(args::token).collect();
+    let ttl = args::ttl(ttl);
+    let done = queue::complete_many(&keys, tokens, results, ttl);
+    TableIterator::new(done.into_iter().map(|k| (k,)))
+}
 #[pg_extern(sql = false)]
 fn backend_alive(pid: Option<i32>, started: Option<TimestampWithTimeZone>) -> Option<bool> {
     Some(liveness::backend_alive(pid?, started?.into_inner()))

@@ -3,7 +3,7 @@
 //! before any statement touches once.entries.
 
 use crate::errors;
-use pgrx::datum::{DatumWithOid, Interval};
+use pgrx::datum::{DatumWithOid, Interval, TimestampWithTimeZone};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
@@ -59,6 +59,12 @@ impl<'a> Key<'a> {
     /// The key's digest (bytea).
     pub fn hash_datum(&self) -> pg_sys::Datum {
         self.hash
+    }
+
+    /// The key's digest bytes.
+    pub fn digest(&self) -> Vec<u8> {
+        // SAFETY: `hash` is an untoasted bytea built by sha256_bytea.
+        unsafe { pgrx::varlena::varlena_to_byte_slice(self.hash.cast_mut_ptr()) }.to_vec()
     }
 
     /// The key's digest as an SPI parameter (bytea).
@@ -166,4 +172,119 @@ pub fn retry_after(retry_after: Option<Interval>) -> Interval {
 /// A value that must be present (the result of complete_key, the error of fail_key).
 pub fn required<T>(value: Option<T>, name: &str, hint: &str) -> T {
     value.unwrap_or_else(|| errors::null_argument(name, hint))
+}
+
+/// The name of an existing queue.
+pub fn queue(queue: Option<&str>) -> &str {
+    let hint = "Name a queue created with once.create_queue, e.g. 'default'.";
+    let Some(queue) = queue else {
+        errors::null_argument("queue", hint)
+    };
+    if queue.is_empty() {
+        errors::invalid_argument("queue must not be empty".into(), hint);
+    }
+    if !crate::queue::queue_exists(queue) {
+        errors::undefined_object(
+            format!("queue \"{queue}\" does not exist"),
+            &format!(
+                "Create it first: SELECT once.create_queue('{}');",
+                queue.replace('\'', "''")
+            ),
+        );
+    }
+    queue
+}
+
+/// A name for a new queue: 1 to 63 letters, digits, `_ . : -`.
+pub fn new_queue_name(name: Option<&str>) -> &str {
+    let hint = "Use 1 to 63 letters, digits, '_', '.', ':' or '-', e.g. 'thumbnails'.";
+    let Some(name) = name else {
+        errors::null_argument("name", hint)
+    };
+    let valid = (1..=63).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.:-".contains(&b));
+    if !valid {
+        errors::invalid_argument(format!("invalid queue name \"{name}\""), hint);
+    }
+    name
+}
+
+/// How many times a queued key may be claimed: 1 to 1000.
+pub fn max_attempts(max_attempts: Option<i32>) -> Option<i32> {
+    let n = max_attempts?;
+    if !(1..=1000).contains(&n) {
+        errors::invalid_argument(
+            format!("max_attempts must be between 1 and 1000, got {n}"),
+            "Pass how many times a key may be tried before it stays failed, e.g. 5.",
+        );
+    }
+    Some(n)
+}
+
+/// How many keys one claim_next call may take: 1 to 1000.
+pub fn batch_size(n: Option<i32>) -> i32 {
+    let hint = "Pass how many keys this worker can take at once, e.g. 1 or 10.";
+    let Some(n) = n else {
+        errors::null_argument("n", hint)
+    };
+    if !(1..=1000).contains(&n) {
+        errors::invalid_argument(format!("n must be between 1 and 1000, got {n}"), hint);
+    }
+    n
+}
+
+/// A worker's name, as recorded with its claims and attempts: at most 256 bytes.
+pub fn worker(worker: Option<&str>) -> Option<&str> {
+    let worker = worker?;
+    if worker.len() > 256 {
+        errors::too_long(
+            format!(
+                "worker name is {} bytes long; the limit is 256 bytes",
+                worker.len()
+            ),
+            "Name the worker briefly, e.g. its host and process: 'thumbnailer-7f9c:1234'.",
+        );
+    }
+    Some(worker)
+}
+
+/// A queue's first retry delay and its cap: more than zero, at most 1 year, cap >= delay.
+pub fn backoff(backoff: Option<Interval>, max_backoff: Option<Interval>) -> (Interval, Interval) {
+    let hint = "Use e.g. backoff => '1 second', max_backoff => '1 hour'.";
+    let Some(backoff) = backoff else {
+        errors::null_argument("backoff", hint)
+    };
+    let Some(max_backoff) = max_backoff else {
+        errors::null_argument("max_backoff", hint)
+    };
+    for (name, value) in [("backoff", backoff), ("max_backoff", max_backoff)] {
+        let micros = value.as_micros();
+        if micros <= 0 || micros > YEAR {
+            errors::invalid_argument(
+                format!("{name} must be positive and at most 1 year, got {value}"),
+                hint,
+            );
+        }
+    }
+    if max_backoff.as_micros() < backoff.as_micros() {
+        errors::invalid_argument(
+            format!("max_backoff ({max_backoff}) is shorter than backoff ({backoff})"),
+            hint,
+        );
+    }
+    (backoff, max_backoff)
+}
+
+/// When a queued key becomes due: NULL (now) or a finite time.
+pub fn run_at(run_at: Option<TimestampWithTimeZone>) -> Option<TimestampWithTimeZone> {
+    let t = run_at?;
+    if t.is_infinity() || t.is_neg_infinity() {
+        errors::invalid_argument(
+            "run_at must be a finite time".into(),
+            "Pass NULL to make the key due now, or a time such as now() + interval '10 minutes'.",
+        );
+    }
+    Some(t)
 }

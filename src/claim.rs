@@ -30,6 +30,7 @@ const BOOL: PgOid = PgOid::from_untagged(pg_sys::BOOLOID);
 const TIMESTAMPTZ: PgOid = PgOid::from_untagged(pg_sys::TIMESTAMPTZOID);
 const INTERVAL: PgOid = PgOid::from_untagged(pg_sys::INTERVALOID);
 const JSONB: PgOid = PgOid::from_untagged(pg_sys::JSONBOID);
+const FLOAT8: PgOid = PgOid::from_untagged(pg_sys::FLOAT8OID);
 
 /// What a claim attempt decided (the `outcome` of once.claim plus its details).
 pub enum Claim {
@@ -102,12 +103,28 @@ static COMPLETE: Statement = Statement::new(
     &[BYTEA, INT8, JSONB, INTERVAL],
 );
 
+// A failure is served to callers until retry_at. A queued key instead goes back to its
+// queue after an exponential backoff with jitter, until it has been claimed max_attempts
+// times; then it stays failed (retry_at = infinity: a dead letter, until re-enqueued).
 static FAIL: Statement = Statement::new(
-    "UPDATE once.entries
-        SET state = 'failed', error = $3, errors = errors + 1,
-            retry_at = clock_timestamp() + $4, lease_expires_at = NULL,
+    "WITH policy AS (
+         SELECT e.key_hash, e.queue IS NOT NULL AS queued_key,
+                e.attempts >= coalesce(e.max_attempts, q.max_attempts, 1) AS dead,
+                least(q.max_backoff, q.backoff * power(2, greatest(e.attempts - 1, 0)))
+                    * (0.5 + random() / 2) AS backoff
+           FROM once.entries e LEFT JOIN once.queues q ON q.name = e.queue
+          WHERE e.key_hash = $1 AND e.token = $2 AND e.state = 'running')
+     UPDATE once.entries AS e
+        SET state = CASE WHEN p.queued_key AND NOT p.dead THEN 'queued'
+                         ELSE 'failed' END::once.key_state,
+            retry_at = CASE WHEN NOT p.queued_key THEN clock_timestamp() + $4
+                            WHEN p.dead THEN 'infinity' END,
+            run_at = CASE WHEN p.queued_key AND NOT p.dead
+                          THEN clock_timestamp() + greatest($4, p.backoff) ELSE e.run_at END,
+            error = $3, errors = e.errors + 1, lease_expires_at = NULL,
             updated_at = clock_timestamp()
-      WHERE key_hash = $1 AND token = $2 AND state = 'running'",
+       FROM policy p
+      WHERE e.key_hash = p.key_hash AND e.token = $2 AND e.state = 'running'",
     &[BYTEA, INT8, TEXT, INTERVAL],
 );
 
@@ -119,10 +136,22 @@ static HEARTBEAT: Statement = Statement::new(
     &[BYTEA, INT8, INTERVAL],
 );
 
-// A released key becomes absent, so the next caller claims it as if it were cold. Tokens
-// come from a sequence, so deleting the row cannot make an old token valid again.
+// A released key becomes absent, so the next caller claims it as if it were cold (tokens
+// come from a sequence, so deleting the row cannot make an old token valid again). A
+// queued key goes back to its queue, due now, and the attempt does not count.
 static RELEASE: Statement = Statement::new(
-    "DELETE FROM once.entries WHERE key_hash = $1 AND token = $2 AND state = 'running'",
+    "WITH gone AS (
+         DELETE FROM once.entries
+          WHERE key_hash = $1 AND token = $2 AND state = 'running' AND queue IS NULL
+         RETURNING 1),
+     requeued AS (
+         UPDATE once.entries
+            SET state = 'queued', attempts = greatest(attempts - 1, 0),
+                run_at = clock_timestamp(), lease_expires_at = NULL,
+                updated_at = clock_timestamp()
+          WHERE key_hash = $1 AND token = $2 AND state = 'running' AND queue IS NOT NULL
+         RETURNING 1)
+     SELECT 1 FROM gone UNION ALL SELECT 1 FROM requeued",
     &[BYTEA, INT8],
 );
 
@@ -130,25 +159,45 @@ static INVALIDATE: Statement =
     Statement::new("DELETE FROM once.entries WHERE key_hash = $1", &[BYTEA]);
 
 // Claims whose owner is gone become `failed` with retry_at = now: claimable at once, the
-// error recorded and counted, waiters notified by the trigger. SKIP LOCKED: a reaper never
-// waits for anybody, so any number of them can run at the same time.
+// error recorded and counted, waiters notified by the trigger. Queued keys go back to
+// their queue after a backoff, unless that was their last attempt. SKIP LOCKED: a reaper
+// never waits for anybody, so any number of them can run at the same time.
 static REAP_GONE_OWNERS: Statement = Statement::new(
     "WITH gone AS (
-         SELECT key_hash,
-                CASE WHEN lease_expires_at <= clock_timestamp() THEN 'lease expired'
-                     ELSE 'backend exited' END AS why
-           FROM once.entries
-          WHERE state = 'running'
-            AND (lease_expires_at <= clock_timestamp()
-                 OR (NOT lease_only AND NOT once.backend_alive(owner_pid, owner_started)))
-            FOR UPDATE SKIP LOCKED)
+         SELECT e.key_hash,
+                CASE WHEN e.lease_expires_at <= clock_timestamp() THEN 'lease expired'
+                     ELSE 'backend exited' END AS why,
+                e.queue IS NOT NULL AS queued_key,
+                e.attempts >= coalesce(e.max_attempts, q.max_attempts, 1) AS dead,
+                least(q.max_backoff, q.backoff * power(2, greatest(e.attempts - 1, 0)))
+                    * (0.5 + random() / 2) AS backoff
+           FROM once.entries e LEFT JOIN once.queues q ON q.name = e.queue
+          WHERE e.state = 'running'
+            AND (e.lease_expires_at <= clock_timestamp()
+                 OR (NOT e.lease_only AND NOT once.backend_alive(e.owner_pid, e.owner_started)))
+            FOR UPDATE OF e SKIP LOCKED)
      UPDATE once.entries AS e
-        SET state = 'failed', errors = e.errors + 1, retry_at = clock_timestamp(),
-            error = format('owner %s (token %s) is gone: %s; claim reaped', e.owner, e.token, gone.why),
+        SET state = CASE WHEN g.queued_key AND NOT g.dead THEN 'queued'
+                         ELSE 'failed' END::once.key_state,
+            retry_at = CASE WHEN NOT g.queued_key THEN clock_timestamp()
+                            WHEN g.dead THEN 'infinity' END,
+            run_at = CASE WHEN g.queued_key AND NOT g.dead
+                          THEN clock_timestamp() + g.backoff ELSE e.run_at END,
+            errors = e.errors + 1,
+            error = format('owner %s (token %s) is gone: %s; claim reaped', e.owner, e.token, g.why),
             lease_expires_at = NULL, updated_at = clock_timestamp()
-       FROM gone
-      WHERE e.key_hash = gone.key_hash",
+       FROM gone g
+      WHERE e.key_hash = g.key_hash",
     &[],
+);
+
+static PURGE_HISTORY: Statement = Statement::new(
+    "DELETE FROM once.attempts
+      WHERE ctid = ANY (ARRAY(
+            SELECT ctid FROM once.attempts
+             WHERE finished_at < clock_timestamp() - make_interval(secs => $1)
+             LIMIT $2))",
+    &[FLOAT8, INT8],
 );
 
 static PURGE_EXPIRED: Statement = Statement::new(
@@ -163,15 +212,16 @@ static PURGE_EXPIRED: Statement = Statement::new(
 );
 
 /// Who this session is, as recorded with a claim.
-struct Me {
-    label: String,
-    pid: i32,
-    started: pg_sys::TimestampTz,
-    lease_only: bool,
+pub struct Me {
+    pub label: String,
+    pub pid: i32,
+    pub started: pg_sys::TimestampTz,
+    pub lease_only: bool,
 }
 
 impl Me {
-    fn new() -> Me {
+    /// This session, named `worker` if given, else by its application_name.
+    pub fn new(worker: Option<&str>) -> Me {
         let (pid, started) = liveness::my_identity();
         // SAFETY: application_name is a GUC string, NULL or NUL-terminated.
         let app = unsafe {
@@ -182,10 +232,11 @@ impl Me {
                 CStr::from_ptr(name).to_str().unwrap_or("")
             }
         };
-        let label = if app.is_empty() {
-            format!("pid {pid}")
-        } else {
-            format!("{app} (pid {pid})")
+        // A worker is named as it asks; otherwise the session's application_name and pid.
+        let label = match worker {
+            Some(worker) => worker.to_owned(),
+            None if app.is_empty() => format!("pid {pid}"),
+            None => format!("{app} (pid {pid})"),
         };
         Me {
             label,
@@ -195,7 +246,7 @@ impl Me {
         }
     }
 
-    fn started_param(&self) -> DatumWithOid<'static> {
+    pub fn started_param(&self) -> DatumWithOid<'static> {
         // SAFETY: a TimestampTz is passed by value.
         unsafe { DatumWithOid::new(self.started, pg_sys::TIMESTAMPTZOID) }
     }
@@ -217,6 +268,17 @@ pub fn attempt(key: &Key, lease: Interval, watch: &mut OwnerWatch) -> Claim {
                 return Claim::Hit {
                     token: entry.token,
                     result: entry.result.expect("a done entry has a result"),
+                    expires_at: entry.expires_at,
+                    attempts: entry.attempts,
+                };
+            }
+            // Being re-processed (enqueued with refresh): the previous result is still
+            // served until the new one lands.
+            "queued" | "running" if entry.result.is_some() && entry.fresh() => {
+                shmem::count(Counter::Hits);
+                return Claim::Hit {
+                    token: entry.token,
+                    result: entry.result.expect("checked"),
                     expires_at: entry.expires_at,
                     attempts: entry.attempts,
                 };
@@ -289,7 +351,7 @@ fn claimed_from(table: pgrx::spi::SpiTupleTable<'_>, me: &Me) -> pgrx::spi::Resu
 }
 
 fn insert_claim(key: &Key, lease: Interval) -> Option<Claim> {
-    let me = &Me::new();
+    let me = &Me::new(None);
     liveness::register_owner(key.tag);
     let args = [
         key.hash_param(),
@@ -309,7 +371,7 @@ fn take_claim(
     lease: Interval,
     gone_reason: Option<&str>,
 ) -> Option<Claim> {
-    let me = &Me::new();
+    let me = &Me::new(None);
     liveness::register_owner(key.tag);
     let args = [
         key.hash_param(),
@@ -390,18 +452,35 @@ pub fn invalidate(key: &Key) -> bool {
     done
 }
 
-/// Purge at most this many expired results per reap_stale call, to bound its transaction.
+/// Purge at most this many expired results, and as many history rows, per reap_stale
+/// call, to bound its transaction.
 pub const PURGE_BATCH: i64 = 10_000;
 
-/// Take back claims whose owner is gone and purge expired results.
-/// Returns (claims reclaimed, results purged).
-pub fn reap() -> (i64, i64) {
+/// What one reap_stale call did.
+pub struct Reaped {
+    pub reclaimed: i64,
+    pub expired: i64,
+    pub history: i64,
+}
+
+/// Take back claims whose owner is gone, purge expired results and old attempt history.
+pub fn reap() -> Reaped {
     liveness::refresh();
     let reclaimed = statements::run(&REAP_GONE_OWNERS, &[], |table| Ok(table.len() as i64));
-    let purged = statements::run(&PURGE_EXPIRED, &[PURGE_BATCH.into()], |table| {
+    let expired = statements::run(&PURGE_EXPIRED, &[PURGE_BATCH.into()], |table| {
         Ok(table.len() as i64)
     });
+    let retention = crate::guc::HISTORY_RETENTION_S.get() as f64;
+    let history = statements::run(
+        &PURGE_HISTORY,
+        &[retention.into(), PURGE_BATCH.into()],
+        |table| Ok(table.len() as i64),
+    );
     shmem::count_n(Counter::Reaped, reclaimed as u64);
-    shmem::count_n(Counter::Purged, purged as u64);
-    (reclaimed, purged)
+    shmem::count_n(Counter::Purged, expired as u64);
+    Reaped {
+        reclaimed,
+        expired,
+        history,
+    }
 }

@@ -44,3 +44,13 @@ pub fn too_long(message: String, hint: &str) -> ! {
 pub fn not_supported(message: String, hint: &str) -> ! {
     raise(PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED, message, hint)
 }
+
+/// 42704: a named object (a queue) does not exist.
+pub fn undefined_object(message: String, hint: &str) -> ! {
+    raise(PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT, message, hint)
+}
+
+/// 55006: the object is still in use (a queue that still has keys).
+pub fn object_in_use(message: String, hint: &str) -> ! {
+    raise(PgSqlErrorCode::ERRCODE_OBJECT_IN_USE, message, hint)
+}

@@ -30,6 +30,9 @@ pub static NOTIFY: GucSetting<NotifyMode> = GucSetting::<NotifyMode>::new(Notify
 pub static DATABASES: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"postgres"));
 
+/// Seconds that once.attempts keeps a row before reap_stale removes it.
+pub static HISTORY_RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(7 * 24 * 3600);
+
 /// Milliseconds a pg_once worker lets notifications gather after sending a batch.
 pub static RELAY_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(20);
 
@@ -58,6 +61,16 @@ pub fn register(preloading: bool) {
         60_000,
         GucContext::Userset,
         GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"once.history_retention",
+        c"How long once.attempts keeps the history of an attempt.",
+        c"reap_stale (and the pg_once worker) deletes older rows.",
+        &HISTORY_RETENTION_S,
+        60,
+        i32::MAX,
+        GucContext::Suset,
+        GucFlags::UNIT_S,
     );
     GucRegistry::define_enum_guc(
         c"once.notify",

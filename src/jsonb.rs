@@ -5,6 +5,9 @@
 use pgrx::datum::{FromDatum, IntoDatum};
 use pgrx::memcxt::PgMemoryContexts;
 use pgrx::pg_sys;
+use pgrx::pgrx_sql_entity_graph::metadata::{
+    ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable, TypeOrigin,
+};
 
 /// A jsonb value, as the datum PostgreSQL gave us.
 #[derive(Clone, Copy)]
@@ -46,5 +49,24 @@ impl IntoDatum for Jsonb {
 
     fn type_oid() -> pg_sys::Oid {
         pg_sys::JSONBOID
+    }
+}
+
+// SAFETY: a Jsonb is exactly a jsonb datum.
+unsafe impl SqlTranslatable for Jsonb {
+    const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(Jsonb);
+    const TYPE_ORIGIN: TypeOrigin = TypeOrigin::External;
+    const ARGUMENT_SQL: Result<SqlMappingRef, ArgumentError> = Ok(SqlMappingRef::literal("jsonb"));
+    const RETURN_SQL: Result<ReturnsRef, ReturnsError> =
+        Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
+}
+
+// SAFETY: returns the datum as it is, as every by-reference IntoDatum type does.
+unsafe impl pgrx::callconv::BoxRet for Jsonb {
+    unsafe fn box_into<'fcx>(
+        self,
+        fcinfo: &mut pgrx::callconv::FcInfo<'fcx>,
+    ) -> pgrx::datum::Datum<'fcx> {
+        unsafe { fcinfo.return_raw_datum(self.0) }
     }
 }

@@ -6,6 +6,7 @@
 //! - `args` / `errors`: bad input → a specific SQLSTATE and an actionable message
 //! - `claim`: the claim protocol, every write of once.entries
 //! - `entry`: reading a key's row straight from the primary-key index
+//! - `queue`: queue mode (queues, enqueue, claim_next, batch operations)
 //! - `wait`: server-side waiting inside claim_key
 //! - `liveness`: is a claim's owner backend still running
 //! - `notify`: the trigger that NOTIFYs channel `once` with the key
@@ -25,6 +26,7 @@ mod guc;
 mod jsonb;
 mod liveness;
 mod notify;
+mod queue;
 mod shmem;
 mod statements;
 mod subxact;

@@ -41,9 +41,9 @@ thread_local! {
     static EXIT_HOOKED: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Record this backend's identity in shared memory before it claims `tag`, so that others
-/// can tell when it is gone and it can wake their waits when it exits.
-pub fn register_owner(tag: u64) {
+/// Record this backend's identity in shared memory before it claims anything, so that
+/// others can tell when it is gone and it can wake their waits when it exits.
+pub fn register_backend() {
     let Some(slot) = shmem::shared().and_then(|s| s.my_slot()) else {
         return;
     };
@@ -55,7 +55,19 @@ pub fn register_owner(tag: u64) {
         // SAFETY: registers a callback run once when this backend exits.
         unsafe { pg_sys::before_shmem_exit(Some(on_backend_exit), pg_sys::Datum::from(0)) };
     }
-    OWNED.with_borrow_mut(|owned| owned.insert(tag));
+}
+
+/// This backend holds the claim on `tag`: wake its waiters if the backend exits.
+pub fn own(tag: u64) {
+    if shmem::shared().is_some() {
+        OWNED.with_borrow_mut(|owned| owned.insert(tag));
+    }
+}
+
+/// register_backend, then own `tag`.
+pub fn register_owner(tag: u64) {
+    register_backend();
+    own(tag);
 }
 
 /// This backend resolved its claim on `tag` itself: no need to wake anyone at exit.

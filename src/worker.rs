@@ -119,9 +119,14 @@ fn reap() {
         let installed =
             unsafe { pg_sys::get_extension_oid(c"pg_once".as_ptr(), true) } != pg_sys::InvalidOid;
         if installed {
-            let (reclaimed, expired) = claim::reap();
-            if reclaimed > 0 || expired > 0 {
-                debug1!("pg_once: reclaimed {reclaimed} claims, purged {expired} expired results");
+            let r = claim::reap();
+            if r.reclaimed > 0 || r.expired > 0 || r.history > 0 {
+                debug1!(
+                    "pg_once: reclaimed {} claims, purged {} expired results and {} history rows",
+                    r.reclaimed,
+                    r.expired,
+                    r.history
+                );
             }
         }
     });
