@@ -75,7 +75,9 @@ static INSERT_CLAIM: Statement = Statement::new(
 // Claims a key that exists but may be claimed: expired result, failure whose retry time has
 // come, or a claim whose owner is gone ($9 says why; the takeover counts as an error).
 // `token = $2 AND state = $3` makes the claim conditional on nothing having changed since
-// the key was read. Run through subxact::keep_if, so a lost race leaves no lock behind.
+// the key was read, and a running key is taken only if its owner is still gone when the
+// row is locked (a heartbeat may have just extended the lease). Run through
+// subxact::keep_if, so a lost race leaves no lock behind.
 static TAKE_CLAIM: Statement = Statement::new(
     "UPDATE once.entries
         SET state = 'running', token = nextval('once.token_seq'),
@@ -90,6 +92,8 @@ static TAKE_CLAIM: Statement = Statement::new(
                          ELSE error END,
             result = NULL, expires_at = NULL, retry_at = NULL
       WHERE key_hash = $1 AND token = $2 AND state = $3::once.key_state
+        AND (state <> 'running' OR lease_expires_at <= clock_timestamp()
+             OR (NOT lease_only AND NOT once.backend_alive(owner_pid, owner_started)))
      RETURNING token, lease_expires_at, attempts",
     &[BYTEA, INT8, TEXT, TEXT, INT4, TIMESTAMPTZ, BOOL, INTERVAL, TEXT],
 );
