@@ -5,7 +5,8 @@
 #   2. single-session unit tests    cargo pgrx test (#[pg_test], in src/tests.rs)
 #   3. SQL regression tests         pg_regress, pg_test/regress
 #      isolation specs              pg_isolation_regress, pg_test/isolation
-#   4. multi-connection tests       cargo test -p pg_once_multi, pg_test/multi
+#   4. multi-connection tests       cargo test -p pg_once_multi, pg_test/multi, and crash
+#                                   and restart tests that kill -9 and stop -m immediate
 #
 # Steps 3 and 4 run twice, against throwaway clusters on 127.0.0.1: one without
 # preloading (polling, direct NOTIFY, no worker) on $PG_ONCE_TEST_PORT, and one with
@@ -61,7 +62,10 @@ run_server_tests() {
 
     say "4/4 multi-connection tests, $name server"
     cluster_psql "$name" "$port" -q -c "CREATE EXTENSION pg_once"
-    cargo test -p pg_once_multi --quiet
+    cargo test -p pg_once_multi --quiet --test protocol --test wakeups --test queue
+    # These kill and restart the server: alone, one at a time.
+    PG_ONCE_DATA_DIR=$PG_ONCE_WORK/$name/data \
+        cargo test -p pg_once_multi --quiet --test crash -- --test-threads=1
     cluster_stop "$name"
 }
 
