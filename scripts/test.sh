@@ -7,6 +7,8 @@
 #      isolation specs              pg_isolation_regress, pg_test/isolation
 #   4. multi-connection tests       cargo test -p pg_once_multi, pg_test/multi, and crash
 #                                   and restart tests that kill -9 and stop -m immediate
+#   5. invariant soak               tools' soak: random operations, killed connections,
+#                                   guarantees checked throughout (about a minute in all)
 #
 # Steps 3 and 4 run twice, against throwaway clusters on 127.0.0.1: one without
 # preloading (polling, direct NOTIFY, no worker) on $PG_ONCE_TEST_PORT, and one with
@@ -18,11 +20,11 @@ started=$SECONDS
 ensure_toolchain
 cd "$REPO_ROOT"
 
-say "1/4 formatting and lints"
+say "1/5 formatting and lints"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
-say "2/4 unit tests: cargo pgrx test"
+say "2/5 unit tests: cargo pgrx test"
 cargo pgrx test pg15 --runas postgres --pgdata "$PG_ONCE_WORK/pgrx-test"
 
 install_extension debug
@@ -34,7 +36,7 @@ run_server_tests() {
     cluster_start "$name" "$port" "$@"
     export PG_ONCE_DSN="host=127.0.0.1 port=$port user=postgres dbname=postgres"
 
-    say "3/4 SQL regression tests, $name server: pg_regress"
+    say "3/5 SQL regression tests, $name server: pg_regress"
     local out=$PG_ONCE_WORK/regress-$name
     rm -rf "$out"
     if ! "$($PG_CONFIG --pkglibdir)/pgxs/src/test/regress/pg_regress" \
@@ -48,7 +50,7 @@ run_server_tests() {
     # Isolation specs expire leases by hand; a worker reaping them in between would make
     # their output depend on timing, so they run on the server without one.
     if [ "$name" = plain ]; then
-        say "3/4 isolation specs, $name server: pg_isolation_regress"
+        say "3/5 isolation specs, $name server: pg_isolation_regress"
         out=$PG_ONCE_WORK/isolation
         rm -rf "$out"
         if ! "$($PG_CONFIG --pkglibdir)/pgxs/src/test/isolation/pg_isolation_regress" \
@@ -60,17 +62,22 @@ run_server_tests() {
         fi
     fi
 
-    say "4/4 multi-connection tests, $name server"
+    say "4/5 multi-connection tests, $name server"
     cluster_psql "$name" "$port" -q -c "CREATE EXTENSION pg_once"
     cargo test -p pg_once_multi --quiet --test protocol --test wakeups --test queue
     # These kill and restart the server: alone, one at a time.
     PG_ONCE_DATA_DIR=$PG_ONCE_WORK/$name/data \
         cargo test -p pg_once_multi --quiet --test crash -- --test-threads=1
+
+    say "5/5 invariant soak, $name server, $soak_seconds s"
+    cargo run --quiet -p pg_once_tools --bin soak -- --seconds "$soak_seconds" | tail -25
     cluster_stop "$name"
 }
 
 trap 'cluster_stop plain; cluster_stop preloaded' EXIT
+soak_seconds=${SOAK_PLAIN_SECONDS:-20}
 run_server_tests plain "$PORT"
+soak_seconds=${SOAK_PRELOADED_SECONDS:-40}
 run_server_tests preloaded $((PORT + 1)) "shared_preload_libraries = 'pg_once'" \
     "once.databases = 'postgres'"
 
