@@ -105,9 +105,11 @@ WITH (fillfactor = 80,
 COMMENT ON TABLE once.entries IS
     'One row per key: its state (queued, running, done, failed), fencing token, owner, lease, result and error. Written only through the once.* functions.';
 
--- The claims being computed right now, for reap_stale() and for finding a backend's claims.
--- Small by construction: it holds only running keys.
-CREATE INDEX entries_running_idx ON once.entries (owner_pid) WHERE state = 'running';
+-- The claims being computed right now, for reap_stale(). Small by construction: it holds
+-- only running keys. Keyed by key_hash so that a lookup of one running key may use it as
+-- well as the primary key; keyed by anything else, the planner (trusting statistics that
+-- say few keys run) could pick a scan of every running key to find one.
+CREATE INDEX entries_running_idx ON once.entries (key_hash) WHERE state = 'running';
 
 -- Results with a time to live, for purging once they expire.
 CREATE INDEX entries_expires_idx ON once.entries (expires_at) WHERE expires_at IS NOT NULL;

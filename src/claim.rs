@@ -128,7 +128,7 @@ static FAIL: Statement = Statement::new(
             error = $3, errors = e.errors + 1, lease_expires_at = NULL,
             updated_at = clock_timestamp()
        FROM policy p
-      WHERE e.key_hash = p.key_hash AND e.token = $2 AND e.state = 'running'",
+      WHERE e.key_hash = $1 AND e.key_hash = p.key_hash AND e.token = $2 AND e.state = 'running'",
     &[BYTEA, INT8, TEXT, INTERVAL],
 );
 
@@ -191,7 +191,7 @@ static REAP_GONE_OWNERS: Statement = Statement::new(
             error = format('owner %s (token %s) is gone: %s; claim reaped', e.owner, e.token, g.why),
             lease_expires_at = NULL, updated_at = clock_timestamp()
        FROM gone g
-      WHERE e.key_hash = g.key_hash",
+      WHERE e.key_hash = ANY (ARRAY(SELECT key_hash FROM gone)) AND e.key_hash = g.key_hash",
     &[],
 );
 
@@ -211,7 +211,8 @@ static PURGE_EXPIRED: Statement = Statement::new(
           ORDER BY expires_at
           LIMIT $1
             FOR UPDATE SKIP LOCKED)
-     DELETE FROM once.entries AS e USING expired WHERE e.key_hash = expired.key_hash",
+     DELETE FROM once.entries AS e USING expired
+      WHERE e.key_hash = ANY (ARRAY(SELECT key_hash FROM expired)) AND e.key_hash = expired.key_hash",
     &[INT8],
 );
 

@@ -6,6 +6,11 @@
 //! the same key. They finish with the same complete_key / fail_key / heartbeat_key as any
 //! owner; fail_key sends a queued key back with a backoff (see claim.rs).
 //!
+//! Plans: every statement that writes rows found by a CTE also names them as
+//! `key_hash = ANY (...)`, so that its plan looks them up in the primary key whatever the
+//! statistics say. (A generic plan made while statistics said the table was small scanned
+//! the whole primary key for every claim_next.)
+//!
 //! Deadlocks: claim_next never waits (SKIP LOCKED). Every operation that locks several
 //! keys (invalidate_keys, complete_keys) locks them in key_hash order, and every other
 //! write locks one key; so no two pg_once calls can wait for each other in a cycle.
@@ -88,7 +93,7 @@ static CLAIM_NEXT: Statement = Statement::new(
             claimed_at = clock_timestamp(), updated_at = clock_timestamp(),
             attempts = e.attempts + 1
        FROM next
-      WHERE e.key_hash = next.key_hash
+      WHERE e.key_hash = ANY (ARRAY(SELECT key_hash FROM next)) AND e.key_hash = next.key_hash
      RETURNING e.key, e.token, e.payload, e.attempts, e.key_hash",
     &[TEXT, INT8, TEXT, INT4, TIMESTAMPTZ, BOOL, INTERVAL],
 );
@@ -101,7 +106,8 @@ static INVALIDATE_MANY: Statement = Statement::new(
             AND ($2::text IS NULL OR left(key, length($2)) = $2)
           ORDER BY key_hash
             FOR UPDATE)
-     DELETE FROM once.entries AS e USING doomed WHERE e.key_hash = doomed.key_hash",
+     DELETE FROM once.entries AS e USING doomed
+      WHERE e.key_hash = ANY (ARRAY(SELECT key_hash FROM doomed)) AND e.key_hash = doomed.key_hash",
     &[TEXT, TEXT],
 );
 
@@ -111,16 +117,16 @@ static COMPLETE_MANY: Statement = Statement::new(
     "WITH input AS (
          SELECT * FROM unnest($1::bytea[], $2::bigint[], $3::jsonb[]) AS i(key_hash, token, result)),
      locked AS (
-         SELECT e.key_hash FROM once.entries e JOIN input i USING (key_hash)
-          WHERE e.token = i.token AND e.state = 'running'
-          ORDER BY e.key_hash
-            FOR UPDATE OF e)
+         SELECT key_hash FROM once.entries
+          WHERE key_hash = ANY ($1) AND state = 'running'
+          ORDER BY key_hash
+            FOR UPDATE)
      UPDATE once.entries AS e
         SET state = 'done', result = i.result, expires_at = clock_timestamp() + $4,
             completed_at = clock_timestamp(), updated_at = clock_timestamp(),
             lease_expires_at = NULL, error = NULL, retry_at = NULL
        FROM input i, locked l
-      WHERE e.key_hash = l.key_hash AND e.key_hash = i.key_hash
+      WHERE e.key_hash = ANY ($1) AND e.key_hash = l.key_hash AND e.key_hash = i.key_hash
         AND e.token = i.token AND e.state = 'running'
      RETURNING e.key",
     &[BYTEA_ARRAY, INT8_ARRAY, JSONB_ARRAY, INTERVAL],

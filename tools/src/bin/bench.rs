@@ -48,6 +48,29 @@ enum What {
         #[arg(long)]
         lease_only: bool,
     },
+    /// Workers taking jobs from a queue and completing them, for `seconds`: pg_once's
+    /// claim_next + complete_key(s), or a plain hand-written SKIP LOCKED table.
+    Queue {
+        #[arg(long, value_enum)]
+        with: QueueImpl,
+        #[arg(long, default_value_t = 8)]
+        workers: usize,
+        /// Jobs per claim (claim_next's n; the plain queue's LIMIT).
+        #[arg(long, default_value_t = 1)]
+        batch: i32,
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+    },
+    /// Cycle `keys` keys through claim_next, complete_key and enqueue_key(refresh) until
+    /// `cycles` cycles are done; report table and index sizes along the way.
+    Bloat {
+        #[arg(long, default_value_t = 10_000)]
+        keys: i32,
+        #[arg(long, default_value_t = 1_000_000)]
+        cycles: u64,
+        #[arg(long, default_value_t = 8)]
+        workers: usize,
+    },
     /// Hold LISTEN connections on channel once until stdin closes; print what they got.
     Listeners {
         #[arg(long, default_value_t = 100)]
@@ -57,6 +80,14 @@ enum What {
         #[arg(long)]
         idle: bool,
     },
+}
+
+#[derive(Clone, Copy, ValueEnum, Debug, PartialEq)]
+enum QueueImpl {
+    /// once.claim_next and once.complete_key / complete_keys.
+    Once,
+    /// A plain table: UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED LIMIT n).
+    Plain,
 }
 
 /// How a caller that is told `wait` gets its answer.
@@ -97,6 +128,26 @@ async fn main() -> Result<()> {
                 lease_s,
                 lease_only,
             } => takeover(&args.dsn, Duration::from_secs(lease_s), lease_only).await?,
+            What::Queue {
+                with,
+                workers,
+                batch,
+                seconds,
+            } => {
+                queue(
+                    &args.dsn,
+                    with,
+                    workers,
+                    batch,
+                    Duration::from_secs(seconds),
+                )
+                .await?
+            }
+            What::Bloat {
+                keys,
+                cycles,
+                workers,
+            } => return bloat(&args.dsn, keys, cycles, workers).await,
             What::Listeners { count, idle } => return listeners(&args.dsn, count, idle).await,
         };
         if let Some(path) = &args.json_out {
@@ -121,6 +172,7 @@ async fn main() -> Result<()> {
 fn markdown_row(label: &str, rounds: &[serde_json::Value]) -> String {
     let figures: Vec<&str> = match rounds[0]["bench"].as_str() {
         Some("stampede") => vec!["computations", "p50_ms", "p99_ms", "max_ms"],
+        Some("queue") => vec!["cycles_per_s"],
         _ => vec!["takeover_ms"],
     };
     let mut row = format!("| {label} |");
@@ -368,5 +420,231 @@ async fn listeners(dsn: &str, count: usize, idle: bool) -> Result<()> {
                "received": received.load(std::sync::atomic::Ordering::Relaxed)})
     );
     drop((clients, held));
+    Ok(())
+}
+
+/// Jobs enough for `seconds` at a rate no run here reaches.
+const JOBS_PER_SECOND_CAP: u64 = 80_000;
+
+async fn queue(
+    dsn: &str,
+    with: QueueImpl,
+    workers: usize,
+    batch: i32,
+    seconds: Duration,
+) -> Result<serde_json::Value> {
+    let admin = once::connect(dsn).await?;
+    let jobs = (JOBS_PER_SECOND_CAP * seconds.as_secs()) as i64;
+    let name = format!("bench_{}", std::process::id());
+    // Setup writes rows directly: it is not what is measured.
+    match with {
+        QueueImpl::Once => {
+            admin
+                .execute("SELECT once.create_queue($1)", &[&name])
+                .await?;
+            admin
+                .execute(
+                    "INSERT INTO once.entries (key_hash, key, state, token, queue, payload, run_at, enqueued_at)
+                     SELECT once.key_hash(k), k, 'queued', 0, $1, '{}', now(), now()
+                       FROM (SELECT $1 || '/' || i AS k FROM generate_series(1, $2::bigint) i) s",
+                    &[&name, &jobs],
+                )
+                .await?;
+        }
+        QueueImpl::Plain => {
+            admin
+                .batch_execute(&format!(
+                    "CREATE TABLE {name} (id bigserial PRIMARY KEY, state text NOT NULL DEFAULT 'queued',
+                         payload jsonb, result jsonb, errors int NOT NULL DEFAULT 0,
+                         priority int NOT NULL DEFAULT 0, run_at timestamptz NOT NULL DEFAULT now(),
+                         worker text, locked_at timestamptz);
+                     CREATE INDEX ON {name} (errors, priority, run_at) WHERE state = 'queued';"
+                ))
+                .await?;
+            admin
+                .execute(&format!("INSERT INTO {name} (payload) SELECT '{{}}' FROM generate_series(1, $1::bigint)"), &[&jobs])
+                .await?;
+        }
+    }
+    admin.batch_execute("VACUUM ANALYZE").await?;
+    let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let deadline = Instant::now() + seconds;
+    let mut tasks = Vec::new();
+    for w in 0..workers {
+        let (client, name, done) = (once::connect(dsn).await?, name.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let worker = format!("w{w}");
+            let (claim, complete) = match with {
+                QueueImpl::Once => (
+                    client.prepare("SELECT key, token FROM once.claim_next($1, worker => $2, n => $3::bigint::int)").await?,
+                    if batch == 1 {
+                        client.prepare("SELECT once.complete_key($1, $2, '{\"ok\": true}')").await?
+                    } else {
+                        client.prepare("SELECT count(*) FROM once.complete_keys($1::text[], $2::bigint[], array_fill('{\"ok\": true}'::jsonb, ARRAY[cardinality($1::text[])]))").await?
+                    },
+                ),
+                QueueImpl::Plain => (
+                    client
+                        .prepare(&format!(
+                            "UPDATE {name} SET state = 'running', worker = $2, locked_at = now()
+                              WHERE id IN (SELECT id FROM {name}
+                                            WHERE state = 'queued' AND run_at <= now() AND $1::text IS NOT NULL
+                                            ORDER BY errors, priority, run_at
+                                            LIMIT $3 FOR UPDATE SKIP LOCKED)
+                             RETURNING id::text, 0::bigint"
+                        ))
+                        .await?,
+                    client
+                        .prepare(&format!(
+                            "UPDATE {name} SET state = 'done', result = '{{\"ok\": true}}' WHERE id = ANY($1::text[]::bigint[])"
+                        ))
+                        .await?,
+                ),
+            };
+            while Instant::now() < deadline {
+                let rows = client.query(&claim, &[&name, &worker, &(batch as i64)]).await?;
+                if rows.is_empty() {
+                    break;
+                }
+                let keys: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+                let tokens: Vec<i64> = rows.iter().map(|r| r.get(1)).collect();
+                match (with, batch) {
+                    (QueueImpl::Once, 1) => {
+                        client.query_one(&complete, &[&keys[0], &tokens[0]]).await?;
+                    }
+                    (QueueImpl::Once, _) => {
+                        client.query_one(&complete, &[&keys, &tokens]).await?;
+                    }
+                    (QueueImpl::Plain, _) => {
+                        client.execute(&complete, &[&keys]).await?;
+                    }
+                }
+                done.fetch_add(keys.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+            anyhow::Ok(())
+        }));
+    }
+    let started = Instant::now();
+    for t in tasks {
+        t.await??;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let done = done.load(std::sync::atomic::Ordering::Relaxed);
+    match with {
+        QueueImpl::Once => {
+            admin
+                .execute("DELETE FROM once.entries WHERE queue = $1", &[&name])
+                .await?;
+            admin
+                .execute("DELETE FROM once.attempts WHERE queue = $1", &[&name])
+                .await?;
+            admin
+                .execute("DELETE FROM once.queues WHERE name = $1", &[&name])
+                .await?;
+        }
+        QueueImpl::Plain => admin.batch_execute(&format!("DROP TABLE {name}")).await?,
+    }
+    anyhow::ensure!(
+        (done as i64) < jobs,
+        "the queue ran dry: raise JOBS_PER_SECOND_CAP"
+    );
+    Ok(json!({
+        "bench": "queue", "with": format!("{with:?}").to_lowercase(), "workers": workers,
+        "batch": batch, "jobs": done, "cycles_per_s": done as f64 / elapsed,
+    }))
+}
+
+async fn bloat(dsn: &str, keys: i32, cycles: u64, workers: usize) -> Result<()> {
+    let admin = once::connect(dsn).await?;
+    admin
+        .execute("SELECT once.create_queue('bloat')", &[])
+        .await?;
+    admin
+        .execute("SELECT count(once.enqueue_key('bloat/' || i, queue => 'bloat')) FROM generate_series(1, $1) i", &[&keys])
+        .await?;
+    let sizes = |label: &'static str| {
+        let admin = &admin;
+        async move {
+            let row = admin
+                .query_one(
+                    "SELECT pg_relation_size('once.entries'), pg_indexes_size('once.entries'),
+                            pg_total_relation_size('once.attempts'), n_dead_tup
+                       FROM pg_stat_user_tables WHERE relid = 'once.entries'::regclass",
+                    &[],
+                )
+                .await?;
+            let (heap, indexes, history, dead): (i64, i64, i64, i64) =
+                (row.get(0), row.get(1), row.get(2), row.get(3));
+            anyhow::Ok(
+                json!({"at": label, "heap_bytes": heap, "index_bytes": indexes, "attempts_bytes": history, "dead_tuples": dead}),
+            )
+        }
+    };
+    let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut report = Vec::new();
+    let mut tasks = Vec::new();
+    for w in 0..workers {
+        let (client, done) = (once::connect(dsn).await?, done.clone());
+        tasks.push(tokio::spawn(async move {
+            let worker = format!("w{w}");
+            let claim = client
+                .prepare("SELECT key, token FROM once.claim_next('bloat', worker => $1, n => 1)")
+                .await?;
+            let complete = client
+                .prepare("SELECT once.complete_key($1, $2, '{\"ok\": true}')")
+                .await?;
+            let again = client
+                .prepare("SELECT once.enqueue_key($1, queue => 'bloat', refresh => true)")
+                .await?;
+            while done.load(std::sync::atomic::Ordering::Relaxed) < cycles {
+                let Some(row) = client.query_opt(&claim, &[&worker]).await? else {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    continue;
+                };
+                let (key, token): (String, i64) = (row.get(0), row.get(1));
+                client.query_one(&complete, &[&key, &token]).await?;
+                client.query_one(&again, &[&key]).await?;
+                done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            anyhow::Ok(())
+        }));
+    }
+    let started = Instant::now();
+    let mut first = false;
+    let mut next_print = Instant::now();
+    while done.load(std::sync::atomic::Ordering::Relaxed) < cycles {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let n = done.load(std::sync::atomic::Ordering::Relaxed);
+        if !first && n >= keys as u64 {
+            first = true;
+            report.push(sizes("after the first 10k cycles").await?);
+        }
+        if Instant::now() >= next_print {
+            eprint!(
+                "\r  bloat: {n}/{cycles} cycles, {:.0}/s   ",
+                n as f64 / started.elapsed().as_secs_f64()
+            );
+            next_print = Instant::now() + Duration::from_secs(1);
+        }
+    }
+    for t in tasks {
+        t.await??;
+    }
+    eprintln!();
+    report.push(sizes("after all cycles").await?);
+    admin
+        .execute("DELETE FROM once.entries WHERE queue = 'bloat'", &[])
+        .await?;
+    admin
+        .execute("DELETE FROM once.attempts WHERE queue = 'bloat'", &[])
+        .await?;
+    admin
+        .execute("DELETE FROM once.queues WHERE name = 'bloat'", &[])
+        .await?;
+    println!(
+        "{}",
+        json!({"bench": "bloat", "keys": keys, "cycles": cycles, "workers": workers,
+                          "seconds": started.elapsed().as_secs_f64(), "sizes": report})
+    );
     Ok(())
 }
