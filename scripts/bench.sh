@@ -1,27 +1,34 @@
 #!/usr/bin/env bash
-# Benchmarks pg_once against its baselines, on throwaway clusters, and prints markdown.
+# The benchmark command: sets up throwaway clusters, measures pg_once against its
+# baselines side by side, and writes BENCHMARKS.md plus plots in bench/results/.
 #
-#   1. claim+complete cycles and hits, with pgbench, against the hand-made protocol, a
-#      primary-key SELECT and SELECT 1: over the local socket (server CPU is the limit)
-#      and over TCP through tools' latency_proxy adding RTT_US of round trip (a pod).
-#   2. a stampede: 200 callers on one cold key, the owner computing for 500 ms: how many
-#      computations, and how long after the result was sent each caller had it.
-#   3. takeover: time until a killed owner's key is claimed by a waiting caller.
-#   4. complete commits/s with 100 LISTEN connections on channel once, by once.notify.
+#   1. claim+complete cycles/s on distinct keys vs the hand-made protocol, at 1, 8 and 32
+#      clients (pgbench), and over TCP with RTT_US of added round trip; cache hits vs a
+#      primary-key SELECT and vs SELECT 1.
+#   2. stampede: many callers on one cold key: computations, and time from the owner's
+#      complete_key to each caller's answer, by how callers wait.
+#   3. failover: time until a killed owner's key is claimed by a waiting caller, and the
+#      same for a lease-only design.
+#   4. complete commits/s with 100 LISTEN connections, by once.notify.
+#   5. queue: claim_next + complete jobs/s vs workers (n = 1 and 10) vs a plain SKIP
+#      LOCKED table; table and index sizes over a million cycles on 10,000 keys.
 #
-# Comparisons run alternately (A B A B ...) so both sides see the same machine state;
-# figures are the median and the range over ROUNDS. Settings: CLIENTS (8),
-# SECONDS_PER_RUN (10), ROUNDS (3), RTT_US (500).
+# Comparisons alternate (A B A B ...) so both sides see the same machine state; figures
+# are the median and the range over ROUNDS. Settings: ROUNDS (3), SECONDS_PER_RUN (10),
+# RTT_US (500), BLOAT_CYCLES (1000000). A full run takes about 30 minutes.
 source "$(dirname "$0")/lib.sh"
 PORT=${PG_ONCE_BENCH_PORT:-55434}
 PLAIN_PORT=$((PORT + 1))
 PROXY_PORT=$((PORT + 2))
-CLIENTS=${CLIENTS:-8}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-10}
 ROUNDS=${ROUNDS:-3}
 RTT_US=${RTT_US:-500}
+BLOAT_CYCLES=${BLOAT_CYCLES:-1000000}
 SQL=$REPO_ROOT/bench/pgbench
 BIN=$REPO_ROOT/target/release
+OUT=$REPO_ROOT/bench/results
+REPORT=$REPO_ROOT/BENCHMARKS.md
+RESULTS=$OUT/results.jsonl
 
 ensure_toolchain
 install_extension release
@@ -39,117 +46,190 @@ cluster_psql bench "$PORT" -q -c "CREATE EXTENSION pg_once" \
 cluster_psql bench-plain "$PLAIN_PORT" -q -c "CREATE EXTENSION pg_once" >/dev/null
 DSN="host=127.0.0.1 port=$PORT user=postgres dbname=postgres"
 PLAIN_DSN="host=127.0.0.1 port=$PLAIN_PORT user=postgres dbname=postgres"
+mkdir -p "$OUT"
+: >"$RESULTS"
 
-# tps WORKLOAD [LINK]: one pgbench run (LINK socket or rtt); prints transactions/s.
+# tps WORKLOAD CLIENTS [LINK]: one pgbench run (LINK socket or rtt); prints transactions/s.
 tps() {
     local target=(-h "$PG_ONCE_WORK/bench" -p "$PORT")
-    [ "${2:-socket}" = rtt ] && target=(-h 127.0.0.1 -p "$PROXY_PORT")
-    "$PG_BIN/pgbench" "${target[@]}" -U postgres -n -M prepared -c "$CLIENTS" -j 2 \
+    [ "${3:-socket}" = rtt ] && target=(-h 127.0.0.1 -p "$PROXY_PORT")
+    "$PG_BIN/pgbench" "${target[@]}" -U postgres -n -M prepared -c "$2" -j 2 \
         -T "$SECONDS_PER_RUN" -f "$SQL/$1.sql" postgres 2>&1 |
         sed -n 's/^tps = \([0-9.]*\) .*/\1/p'
 }
 
 # stats "v1 v2 ...": median min max
 stats() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{a[NR]=$1} END {printf "%.0f %.0f %.0f", a[int((NR+1)/2)], a[1], a[NR]}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
+progress() { printf '\r  %-60s' "$*" >&2; }
+progress_done() { printf '\r%70s\r' '' >&2; }
 
-# row LABEL RUNS_A RUNS_B: a markdown row comparing two series of tps figures.
-row() {
-    local ma mina maxa mb minb maxb
-    read -r ma mina maxa <<<"$(stats "$2")"
-    read -r mb minb maxb <<<"$(stats "$3")"
-    printf '| %s | %s (%s-%s) | %s (%s-%s) | %.2fx |\n' "$1" "$ma" "$mina" "$maxa" "$mb" "$minb" \
-        "$maxb" "$(awk -v a="$ma" -v b="$mb" 'BEGIN {print a / b}')"
-}
-
-# compare A B LABEL [LINK]
+# compare A B CLIENTS LABEL [LINK]: alternate A and B, print a markdown row, log JSON.
 compare() {
-    local runs_a="" runs_b=""
+    local a=$1 b=$2 clients=$3 label=$4 link=${5:-socket} runs_a="" runs_b=""
     for ((r = 1; r <= ROUNDS; r++)); do
-        printf '\r  %-50s round %d/%d ' "$3" "$r" "$ROUNDS" >&2
-        runs_a+=" $(tps "$1" "${4:-socket}")"
-        runs_b+=" $(tps "$2" "${4:-socket}")"
+        progress "$label, round $r/$ROUNDS"
+        runs_a+=" $(tps "$a" "$clients" "$link")"
+        runs_b+=" $(tps "$b" "$clients" "$link")"
     done
-    printf '\r%70s\r' '' >&2
-    row "$3" "$runs_a" "$runs_b"
+    progress_done
+    local ma mina maxa mb minb maxb
+    read -r ma mina maxa <<<"$(stats "$runs_a")"
+    read -r mb minb maxb <<<"$(stats "$runs_b")"
+    printf '| %s | %s (%s-%s) | %s (%s-%s) | %sx |\n' "$label" "$ma" "$mina" "$maxa" "$mb" "$minb" "$maxb" "$(ratio "$ma" "$mb")"
+    printf '{"bench":"pgbench","a":"%s","b":"%s","clients":%s,"link":"%s","a_tps":[%s],"b_tps":[%s]}\n' \
+        "$a" "$b" "$clients" "$link" "$(tr ' ' ',' <<<"${runs_a# }")" "$(tr ' ' ',' <<<"${runs_b# }")" >>"$RESULTS"
 }
 
-harness() { "$BIN/bench" --rounds "${HARNESS_ROUNDS:-$ROUNDS}" "$@"; }
+harness() { "$BIN/bench" --rounds "${HARNESS_ROUNDS:-$ROUNDS}" --json-out "$RESULTS" "$@"; }
 
-say "1/4 pgbench: claim+complete cycles and hits"
-echo "### 1. Cycles and hits (pgbench, $CLIENTS clients, prepared, ${SECONDS_PER_RUN} s runs)"
+report() {
+cat <<EOF
+# pg_once benchmarks
+
+Written by \`scripts/bench.sh\` on $(date -u +%Y-%m-%d): $(nproc) cores, $(free -g | awk '/Mem/ {print $2}') GiB,
+PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}') (fsync off, shared_buffers 256MB), pg_once $(grep -m1 '^version' "$REPO_ROOT/Cargo.toml" | cut -d'"' -f2) release build,
+clients on the same machine. Every figure is the median of $ROUNDS alternating runs, with
+the range in parentheses; ratios compare medians from the same run. Raw figures:
+\`bench/results/results.jsonl\`.
+
+![claim+complete cycles per second by clients](bench/results/cycles.png)
+![queue jobs per second by workers](bench/results/queue.png)
+![stampede answer latency](bench/results/stampede.png)
+
+EOF
+
+say "1/5 cycles and hits"
+echo "## 1. Cycles and hits"
+echo
+echo "pgbench, prepared statements, ${SECONDS_PER_RUN} s runs. A claim+complete cycle is two round trips"
+echo "with pg_once (claim_key, complete_key) and three with the hand-made protocol (SELECT,"
+echo "INSERT ... ON CONFLICT DO NOTHING, UPDATE with a NOTIFY trigger). The proxy adds ${RTT_US} us of"
+echo "round-trip time, as between a pod and its database."
 echo
 echo "| A vs B | A tx/s | B tx/s | A / B |"
 echo "|---|---|---|---|"
-compare once_cycle handmade_cycle "claim+complete vs hand-made, local socket"
-compare once_hit pk_select "claim_key hit vs primary-key SELECT, local socket"
-compare once_hit select1 "claim_key hit vs SELECT 1, local socket"
-compare once_cycle handmade_cycle "claim+complete vs hand-made, ${RTT_US} us RTT" rtt
-compare once_hit pk_select "claim_key hit vs primary-key SELECT, ${RTT_US} us RTT" rtt
+for c in 1 8 32; do
+    compare once_cycle handmade_cycle "$c" "claim+complete vs hand-made, $c clients, local socket"
+done
+for c in 1 8 32; do
+    compare once_cycle handmade_cycle "$c" "claim+complete vs hand-made, $c clients, ${RTT_US} us RTT" rtt
+done
+compare once_hit pk_select 8 "claim_key hit vs primary-key SELECT, 8 clients"
+compare once_hit select1 8 "claim_key hit vs SELECT 1, 8 clients"
+compare once_hit pk_select 8 "claim_key hit vs primary-key SELECT, 8 clients, ${RTT_US} us RTT" rtt
 echo
 
-say "2/4 stampede: many callers on one cold key"
-echo "### 2. Stampede: 200 callers on one cold key, 500 ms computation"
+say "2/5 stampede"
+echo "## 2. Stampede: callers on one cold key, 500 ms computation"
 echo
-echo "Milliseconds (server clock) from the owner's complete_key to each other caller's answer."
+echo "Milliseconds by the server's clock from the owner's complete_key to each other caller's"
+echo "answer. Everything runs on the same $(nproc) cores, so 200 callers answered at once queue for CPU."
 echo
 echo "| how callers wait | computations | p50 ms | p99 ms | max ms |"
 echo "|---|---|---|---|---|"
 harness --dsn "$DSN" --label "20 callers, claim_key(wait), preloaded: woken" stampede --strategy server --callers 20
 harness --dsn "$PLAIN_DSN" --label "20 callers, claim_key(wait), not preloaded: polls every 20 ms" stampede --strategy server --callers 20
-harness --dsn "$DSN" --label "claim_key(wait), preloaded: woken" stampede --strategy server
-harness --dsn "$PLAIN_DSN" --label "claim_key(wait), not preloaded: polls every 20 ms" stampede --strategy server
-harness --dsn "$DSN" --label "LISTEN first, preloaded: relayed NOTIFY" stampede --strategy listen
-harness --dsn "$PLAIN_DSN" --label "LISTEN first, not preloaded: direct NOTIFY" stampede --strategy listen
-harness --dsn "$DSN" --label "retry claim_key every 100 ms" stampede --strategy poll100
-harness --dsn "$DSN" --label "retry claim_key every 1 s" stampede --strategy poll1000
+harness --dsn "$DSN" --label "200 callers, claim_key(wait), preloaded: woken" stampede --strategy server
+harness --dsn "$PLAIN_DSN" --label "200 callers, claim_key(wait), not preloaded: polls every 20 ms" stampede --strategy server
+harness --dsn "$DSN" --label "200 callers, LISTEN first, preloaded: relayed NOTIFY" stampede --strategy listen
+harness --dsn "$PLAIN_DSN" --label "200 callers, LISTEN first, not preloaded: direct NOTIFY" stampede --strategy listen
+harness --dsn "$DSN" --label "200 callers, retry claim_key every 100 ms" stampede --strategy poll100
+harness --dsn "$DSN" --label "200 callers, retry claim_key every 1 s" stampede --strategy poll1000
 echo
 
-say "3/4 takeover after a killed owner"
-echo "### 3. Takeover: ms from pg_terminate_backend of the owner to a waiter holding the claim"
+say "3/5 failover"
+echo "## 3. Failover: a killed owner"
+echo
+echo "Milliseconds from pg_terminate_backend of the owner to a waiting caller holding the claim."
 echo
 echo "| design | takeover ms |"
 echo "|---|---|"
-harness --dsn "$DSN" --label "pg_once preloaded (30 s lease)" takeover
-harness --dsn "$PLAIN_DSN" --label "pg_once not preloaded (30 s lease)" takeover
-HARNESS_ROUNDS=1 harness --dsn "$DSN" --label "lease only, 5 s lease (once.backend_liveness = off)" takeover --lease-s 5 --lease-only
+harness --dsn "$DSN" --label "pg_once preloaded, 30 s lease" takeover
+harness --dsn "$PLAIN_DSN" --label "pg_once not preloaded, 30 s lease" takeover
+HARNESS_ROUNDS=1 harness --dsn "$DSN" --label "lease only (once.backend_liveness = off), 5 s lease" takeover --lease-s 5 --lease-only
 echo
 
-say "4/4 complete commits with 100 listeners, by once.notify"
-echo "### 4. claim+complete cycles/s with 100 LISTEN connections on channel once"
+say "4/5 listeners"
+echo "## 4. Commits with 100 LISTEN connections, by once.notify"
 echo
-echo "Idle listeners LISTEN and then never read (the server still delivers to their sockets);"
-echo "reading listeners receive every notification, on this same machine."
+echo "claim+complete cycles/s, 8 clients. Idle listeners LISTEN and then never read (the server"
+echo "still delivers to their sockets); reading listeners receive every notification, on this"
+echo "same machine."
 echo
 echo "| listeners | once.notify | tx/s | vs off |"
 echo "|---|---|---|---|"
-# listeners_table idle|reading
-listeners_table() {
-    local flag=() runs_off="" runs_relay="" runs_direct=""
-    [ "$1" = idle ] && flag=(--idle)
+for kind in idle reading; do
+    flag=() runs_off="" runs_relay="" runs_direct=""
+    [ "$kind" = idle ] && flag=(--idle)
     for ((r = 1; r <= ROUNDS; r++)); do
         for mode in off relay direct; do
-            printf '\r  %s listeners, %s, round %d/%d ' "$1" "$mode" "$r" "$ROUNDS" >&2
+            progress "$kind listeners, once.notify = $mode, round $r/$ROUNDS"
             # Fresh listeners for every run, so idle ones start with empty socket buffers.
             exec 3> >("$BIN/bench" --dsn "$DSN" listeners --count 100 "${flag[@]}" >/dev/null 2>&1)
             sleep 3
-            local t
-            t=$(PGOPTIONS="-c once.notify=$mode" tps once_cycle)
+            t=$(PGOPTIONS="-c once.notify=$mode" tps once_cycle 8)
             exec 3>&-
             sleep 1
             printf -v "runs_$mode" '%s %s' "$(eval echo \$runs_$mode)" "$t"
         done
     done
-    printf '\r%60s\r' '' >&2
-    local off m min max
+    progress_done
     read -r off _ _ <<<"$(stats "$runs_off")"
     for mode in off relay direct; do
-        local runs_var="runs_$mode"
+        runs_var="runs_$mode"
         read -r m min max <<<"$(stats "${!runs_var}")"
-        printf '| 100 %s | %s | %s (%s-%s) | %.0f%% |\n' "$1" "$mode" "$m" "$min" "$max" \
-            "$(awk -v a="$m" -v b="$off" 'BEGIN {print 100 * a / b}')"
+        printf '| 100 %s | %s | %s (%s-%s) | %.0f%% |\n' "$kind" "$mode" "$m" "$min" "$max" "$(awk -v a="$m" -v b="$off" 'BEGIN {print 100 * a / b}')"
+        printf '{"bench":"listeners","kind":"%s","notify":"%s","tps":[%s]}\n' "$kind" "$mode" "$(tr ' ' ',' <<<"$(echo ${!runs_var})")" >>"$RESULTS"
     done
-}
-listeners_table idle
-listeners_table reading
+done
 echo
-echo "Machine: $(nproc) cores, $(free -g | awk '/Mem/ {print $2}') GiB; PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}'), fsync off; $(date -u +%Y-%m-%d)."
+
+say "5/5 queue"
+echo "## 5. Queue"
+echo
+echo "Jobs/s for workers taking jobs with claim_next (n jobs at a time) and completing them"
+echo "(complete_key, or complete_keys for n = 10), vs a plain table with the same index and"
+echo "UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED LIMIT n). 4 s runs."
+echo
+echo "| workers | n | pg_once jobs/s | plain jobs/s | pg_once / plain |"
+echo "|---|---|---|---|---|"
+for n in 1 10; do
+    for w in 1 4 16 64; do
+        progress "queue, $w workers, n = $n"
+        a=$(harness --dsn "$DSN" --label x queue --with once --workers "$w" --batch "$n" --seconds 4 | awk -F'|' '{print $3}' | awk '{print $1}')
+        b=$(harness --dsn "$DSN" --label x queue --with plain --workers "$w" --batch "$n" --seconds 4 | awk -F'|' '{print $3}' | awk '{print $1}')
+        progress_done
+        printf '| %s | %s | %.0f | %.0f | %sx |\n' "$w" "$n" "$a" "$b" "$(ratio "$a" "$b")"
+    done
+done
+echo
+echo "Sizes of once.entries over $BLOAT_CYCLES claim_next + complete_key + enqueue_key(refresh)"
+echo "cycles on 10,000 keys, 8 workers, in a database of their own, autovacuum on, reap_stale"
+echo "every second with once.history_retention = 1 minute:"
+echo
+cluster_psql bench "$PORT" -q -c "CREATE DATABASE bloat" >/dev/null
+cluster_psql bench "$PORT" -q -d bloat -c "CREATE EXTENSION pg_once" \
+    -c "ALTER DATABASE bloat SET once.history_retention = '1min'" >/dev/null
+"$BIN/bench" --dsn "host=127.0.0.1 port=$PORT user=postgres dbname=bloat" bloat --keys 10000 --cycles "$BLOAT_CYCLES" --workers 8 | tee -a "$RESULTS" |
+    python3 -c '
+import json, sys
+r = json.loads(sys.stdin.read())
+mb = lambda b: "%.1f MB" % (b / 1e6)
+print("| when | heap | indexes | dead rows | once.attempts |")
+print("|---|---|---|---|---|")
+for s in r["sizes"]:
+    print("| %s | %s | %s | %d | %s |" % (s["at"], mb(s["heap_bytes"]), mb(s["index_bytes"]), s["dead_tuples"], mb(s["attempts_bytes"])))
+print()
+print("%d cycles in %.0f s (%.0f cycles/s)." % (r["cycles"], r["seconds"], r["cycles"] / r["seconds"]))
+'
+}
+
+report >"$REPORT"
+say "plotting"
+venv=$PG_ONCE_WORK/plot-venv
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/pip" install --quiet --disable-pip-version-check matplotlib
+"$venv/bin/python" "$REPO_ROOT/bench/plot.py" "$RESULTS" "$OUT"
+say "wrote $REPORT and plots in $OUT"
+cat "$REPORT"

@@ -62,7 +62,8 @@ enum What {
         seconds: u64,
     },
     /// Cycle `keys` keys through claim_next, complete_key and enqueue_key(refresh) until
-    /// `cycles` cycles are done; report table and index sizes along the way.
+    /// `cycles` cycles are done, calling reap_stale meanwhile; report table and index sizes
+    /// after the first `keys` cycles and at the end.
     Bloat {
         #[arg(long, default_value_t = 10_000)]
         keys: i32,
@@ -619,6 +620,8 @@ async fn bloat(dsn: &str, keys: i32, cycles: u64, workers: usize) -> Result<()> 
             first = true;
             report.push(sizes("after the first 10k cycles").await?);
         }
+        // What the pg_once worker does where it runs: trims history, purges, reclaims.
+        admin.execute("SELECT * FROM once.reap_stale()", &[]).await?;
         if Instant::now() >= next_print {
             eprint!(
                 "\r  bloat: {n}/{cycles} cycles, {:.0}/s   ",
