@@ -9,6 +9,7 @@
 #                                   and restart tests that kill -9 and stop -m immediate
 #   5. invariant soak               tools' soak: random operations, killed connections,
 #                                   guarantees checked throughout (about a minute in all)
+#   6. example clients              examples/python (psycopg 3), examples/node (pg)
 #
 # Steps 3 and 4 run twice, against throwaway clusters on 127.0.0.1: one without
 # preloading (polling, direct NOTIFY, no worker) on $PG_ONCE_TEST_PORT, and one with
@@ -20,11 +21,11 @@ started=$SECONDS
 ensure_toolchain
 cd "$REPO_ROOT"
 
-say "1/5 formatting and lints"
+say "1/6 formatting and lints"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
-say "2/5 unit tests: cargo pgrx test"
+say "2/6 unit tests: cargo pgrx test"
 cargo pgrx test pg15 --runas postgres --pgdata "$PG_ONCE_WORK/pgrx-test"
 
 install_extension debug
@@ -36,7 +37,7 @@ run_server_tests() {
     cluster_start "$name" "$port" "$@"
     export PG_ONCE_DSN="host=127.0.0.1 port=$port user=postgres dbname=postgres"
 
-    say "3/5 SQL regression tests, $name server: pg_regress"
+    say "3/6 SQL regression tests, $name server: pg_regress"
     local out=$PG_ONCE_WORK/regress-$name
     rm -rf "$out"
     if ! "$($PG_CONFIG --pkglibdir)/pgxs/src/test/regress/pg_regress" \
@@ -50,7 +51,7 @@ run_server_tests() {
     # Isolation specs expire leases by hand; a worker reaping them in between would make
     # their output depend on timing, so they run on the server without one.
     if [ "$name" = plain ]; then
-        say "3/5 isolation specs, $name server: pg_isolation_regress"
+        say "3/6 isolation specs, $name server: pg_isolation_regress"
         out=$PG_ONCE_WORK/isolation
         rm -rf "$out"
         if ! "$($PG_CONFIG --pkglibdir)/pgxs/src/test/isolation/pg_isolation_regress" \
@@ -62,19 +63,30 @@ run_server_tests() {
         fi
     fi
 
-    say "4/5 multi-connection tests, $name server"
+    say "4/6 multi-connection tests, $name server"
     cluster_psql "$name" "$port" -q -c "CREATE EXTENSION pg_once"
     cargo test -p pg_once_multi --quiet --test protocol --test wakeups --test queue
     # These kill and restart the server: alone, one at a time.
     PG_ONCE_DATA_DIR=$PG_ONCE_WORK/$name/data \
         cargo test -p pg_once_multi --quiet --test crash -- --test-threads=1
 
-    say "5/5 invariant soak, $name server, $soak_seconds s"
+    say "5/6 invariant soak, $name server, $soak_seconds s"
     cargo run --quiet -p pg_once_tools --bin soak -- --seconds "$soak_seconds" | tail -25
+
+    say "6/6 Python and Node clients, $name server"
+    (cd examples/python && "$py_venv/bin/python" -m unittest test_client)
+    (cd examples/node && PG_ONCE_DSN="postgres://postgres@127.0.0.1:$port/postgres" node --test test.js |
+        grep -E '^# (pass|fail)')
     cluster_stop "$name"
 }
 
 trap 'cluster_stop plain; cluster_stop preloaded' EXIT
+say "installing the example clients' dependencies"
+py_venv=$PG_ONCE_WORK/py-venv
+[ -x "$py_venv/bin/python" ] || python3 -m venv "$py_venv"
+"$py_venv/bin/pip" install --quiet --disable-pip-version-check -r examples/python/requirements.txt
+(cd examples/node && npm ci --silent --no-audit --no-fund)
+
 soak_seconds=${SOAK_PLAIN_SECONDS:-20}
 run_server_tests plain "$PORT"
 soak_seconds=${SOAK_PRELOADED_SECONDS:-40}
