@@ -48,6 +48,10 @@ run_server_tests() {
         exit 1
     fi
 
+    if [ "$name" = plain ]; then
+        python3 scripts/check-docs.py
+    fi
+
     # Isolation specs expire leases by hand; a worker reaping them in between would make
     # their output depend on timing, so they run on the server without one.
     if [ "$name" = plain ]; then

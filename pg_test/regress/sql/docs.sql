@@ -1,0 +1,50 @@
+-- The transcripts of docs/sql-reference.md. scripts/check-docs.py checks that every psql
+-- block of that page appears verbatim in this test's expected output, so the page cannot
+-- drift from what the server does.
+CREATE EXTENSION pg_once;
+SET application_name = 'docs';
+SET intervalstyle = postgres;
+-- claim_key: a cold key is claimed
+SELECT outcome, token > 0 AS has_token, attempts FROM once.claim_key('https://example.com/a');
+-- claim_key: the same session asking again waits for itself
+SELECT outcome FROM once.claim_key('https://example.com/a');
+-- heartbeat_key
+SELECT once.heartbeat_key('https://example.com/a', token, '1 minute') > now() AS extended
+  FROM once.entries WHERE key = 'https://example.com/a';
+-- complete_key
+SELECT once.complete_key('https://example.com/a', token, '{"title": "A"}', ttl => '1 hour')
+  FROM once.entries WHERE key = 'https://example.com/a';
+-- claim_key: a hit
+SELECT outcome, result, expires_at > now() AS expires FROM once.claim_key('https://example.com/a');
+-- complete_key: a stale token changes nothing
+SELECT once.complete_key('https://example.com/a', 1, '{"title": "stale"}');
+-- fail_key
+SELECT once.fail_key('https://example.com/b', token, 'upstream returned 503', retry_after => '5 minutes')
+  FROM once.claim_key('https://example.com/b');
+SELECT outcome, error, retry_at > now() AS later FROM once.claim_key('https://example.com/b');
+-- release_key
+SELECT once.release_key('https://example.com/c', token) FROM once.claim_key('https://example.com/c');
+SELECT outcome FROM once.claim_key('https://example.com/c');
+-- invalidate_key
+SELECT once.invalidate_key('https://example.com/a'), once.invalidate_key('https://example.com/a');
+-- bad input
+SELECT * FROM once.claim_key('');
+SELECT * FROM once.claim_key('k', lease => '0');
+SELECT once.complete_key('k', NULL, '{}');
+-- reap_stale
+SELECT * FROM once.reap_stale();
+-- queue mode
+SELECT once.create_queue('thumbnails', max_attempts => 3, backoff => '10 seconds');
+SELECT once.enqueue_key('img/1', '{"w": 128}', 'thumbnails');
+SELECT once.enqueue_key('img/1', '{"w": 128}', 'thumbnails');
+SELECT key, payload, attempt FROM once.claim_next('thumbnails', worker => 'worker-1');
+SELECT key FROM once.complete_keys(ARRAY['img/1'], ARRAY[(SELECT token FROM once.entries WHERE key = 'img/1')],
+                                   ARRAY['{"url": "s3://thumbs/1"}']::jsonb[]);
+SELECT key, worker, outcome FROM once.attempts;
+SELECT queue, depth, due, running, dead, completed_last_minute FROM once.queue_stats ORDER BY queue;
+SELECT once.invalidate_keys(queue => 'thumbnails');
+SELECT once.drop_queue('thumbnails');
+SELECT once.enqueue_key('img/2', queue => 'nope');
+-- stats
+SELECT queued, running, done, failed FROM once.stats;
+DROP EXTENSION pg_once;
