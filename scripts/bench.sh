@@ -216,10 +216,10 @@ cluster_psql bench "$PORT" -q -d bloat -c "CREATE EXTENSION pg_once" \
 import json, sys
 r = json.loads(sys.stdin.read())
 mb = lambda b: "%.1f MB" % (b / 1e6)
-print("| when | heap | indexes | dead rows | once.attempts |")
+print("| after cycles | heap | indexes | dead rows | once.attempts |")
 print("|---|---|---|---|---|")
 for s in r["sizes"]:
-    print("| %s | %s | %s | %d | %s |" % (s["at"], mb(s["heap_bytes"]), mb(s["index_bytes"]), s["dead_tuples"], mb(s["attempts_bytes"])))
+    print("| %d | %s | %s | %d | %s |" % (s["cycles"], mb(s["heap_bytes"]), mb(s["index_bytes"]), s["dead_tuples"], mb(s["attempts_bytes"])))
 print()
 print("%d cycles in %.0f s (%.0f cycles/s)." % (r["cycles"], r["seconds"], r["cycles"] / r["seconds"]))
 '

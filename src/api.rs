@@ -149,10 +149,10 @@ fn drop_queue(name: Option<&str>) {
     queue::drop_queue(name);
 }
 
-/// enqueue_key(key, payload, queue, priority, run_at, refresh, max_attempts). `payload` is
-/// read from fcinfo to pass the jsonb through untouched.
+/// enqueue_key(key, payload, queue, priority, run_at, refresh, max_attempts). The
+/// arguments after `key` are read from fcinfo: `payload` must pass through as the jsonb it
+/// already is, and typed parameters after it would have to come before it.
 #[pg_extern(sql = false)]
-#[allow(clippy::too_many_arguments)]
 fn enqueue_key(key: Option<&str>, fcinfo: pg_sys::FunctionCallInfo) -> &'static str {
     let key = Key::new(key);
     // SAFETY: functions.sql declares the arguments in this order and with these types.

@@ -15,22 +15,13 @@ use crate::entry::{self, Entry};
 use crate::jsonb::Jsonb;
 use crate::liveness::{self, OwnerWatch};
 use crate::shmem::{self, Counter};
+use crate::statements::types::*;
 use crate::statements::{self, Statement};
 use crate::subxact;
 use pgrx::datum::{DatumWithOid, Interval, TimestampWithTimeZone};
-use pgrx::pg_sys::{self, PgOid};
+use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::ffi::CStr;
-
-const BYTEA: PgOid = PgOid::from_untagged(pg_sys::BYTEAOID);
-const TEXT: PgOid = PgOid::from_untagged(pg_sys::TEXTOID);
-const INT4: PgOid = PgOid::from_untagged(pg_sys::INT4OID);
-const INT8: PgOid = PgOid::from_untagged(pg_sys::INT8OID);
-const BOOL: PgOid = PgOid::from_untagged(pg_sys::BOOLOID);
-const TIMESTAMPTZ: PgOid = PgOid::from_untagged(pg_sys::TIMESTAMPTZOID);
-const INTERVAL: PgOid = PgOid::from_untagged(pg_sys::INTERVALOID);
-const JSONB: PgOid = PgOid::from_untagged(pg_sys::JSONBOID);
-const FLOAT8: PgOid = PgOid::from_untagged(pg_sys::FLOAT8OID);
 
 /// What a claim attempt decided (the `outcome` of once.claim plus its details).
 pub enum Claim {
@@ -268,18 +259,9 @@ pub fn attempt(key: &Key, lease: Interval, watch: &mut OwnerWatch) -> Claim {
             continue; // someone else inserted it first: look again
         };
         let gone_reason = match entry.state.as_str() {
-            "done" if entry.fresh() => {
-                shmem::count(Counter::Hits);
-                return Claim::Hit {
-                    token: entry.token,
-                    result: entry.result.expect("a done entry has a result"),
-                    expires_at: entry.expires_at,
-                    attempts: entry.attempts,
-                };
-            }
-            // Being re-processed (enqueued with refresh): the previous result is still
-            // served until the new one lands.
-            "queued" | "running" if entry.result.is_some() && entry.fresh() => {
+            // A fresh result; also while the key is re-processed (enqueued with refresh):
+            // the previous result is served until the new one lands.
+            "done" | "queued" | "running" if entry.result.is_some() && entry.fresh() => {
                 shmem::count(Counter::Hits);
                 return Claim::Hit {
                     token: entry.token,

@@ -34,7 +34,7 @@ pub static DATABASES: GucSetting<Option<CString>> =
 pub static HISTORY_RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(7 * 24 * 3600);
 
 /// Milliseconds a pg_once worker lets notifications gather after sending a batch.
-pub static RELAY_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(20);
+pub static RELAY_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(50);
 
 /// Milliseconds between two reap_stale runs of a pg_once worker.
 pub static REAPER_NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);

@@ -20,21 +20,10 @@ use crate::claim::Me;
 use crate::jsonb::Jsonb;
 use crate::liveness;
 use crate::shmem::{self, Counter};
+use crate::statements::types::*;
 use crate::statements::{self, Statement};
 use pgrx::datum::{DatumWithOid, Interval, TimestampWithTimeZone};
-use pgrx::pg_sys::{self, PgOid};
-
-const BYTEA: PgOid = PgOid::from_untagged(pg_sys::BYTEAOID);
-const TEXT: PgOid = PgOid::from_untagged(pg_sys::TEXTOID);
-const INT4: PgOid = PgOid::from_untagged(pg_sys::INT4OID);
-const INT8: PgOid = PgOid::from_untagged(pg_sys::INT8OID);
-const BOOL: PgOid = PgOid::from_untagged(pg_sys::BOOLOID);
-const TIMESTAMPTZ: PgOid = PgOid::from_untagged(pg_sys::TIMESTAMPTZOID);
-const INTERVAL: PgOid = PgOid::from_untagged(pg_sys::INTERVALOID);
-const JSONB: PgOid = PgOid::from_untagged(pg_sys::JSONBOID);
-const BYTEA_ARRAY: PgOid = PgOid::from_untagged(pg_sys::BYTEAARRAYOID);
-const INT8_ARRAY: PgOid = PgOid::from_untagged(pg_sys::INT8ARRAYOID);
-const JSONB_ARRAY: PgOid = PgOid::from_untagged(pg_sys::JSONBARRAYOID);
+use pgrx::pg_sys;
 
 static QUEUE_EXISTS: Statement =
     Statement::new("SELECT 1 FROM once.queues WHERE name = $1", &[TEXT]);

@@ -12,6 +12,24 @@ use std::cell::RefCell;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
+/// Parameter types of the statements.
+pub mod types {
+    use pgrx::pg_sys::{self, PgOid};
+
+    pub const BYTEA: PgOid = PgOid::from_untagged(pg_sys::BYTEAOID);
+    pub const TEXT: PgOid = PgOid::from_untagged(pg_sys::TEXTOID);
+    pub const INT4: PgOid = PgOid::from_untagged(pg_sys::INT4OID);
+    pub const INT8: PgOid = PgOid::from_untagged(pg_sys::INT8OID);
+    pub const FLOAT8: PgOid = PgOid::from_untagged(pg_sys::FLOAT8OID);
+    pub const BOOL: PgOid = PgOid::from_untagged(pg_sys::BOOLOID);
+    pub const TIMESTAMPTZ: PgOid = PgOid::from_untagged(pg_sys::TIMESTAMPTZOID);
+    pub const INTERVAL: PgOid = PgOid::from_untagged(pg_sys::INTERVALOID);
+    pub const JSONB: PgOid = PgOid::from_untagged(pg_sys::JSONBOID);
+    pub const BYTEA_ARRAY: PgOid = PgOid::from_untagged(pg_sys::BYTEAARRAYOID);
+    pub const INT8_ARRAY: PgOid = PgOid::from_untagged(pg_sys::INT8ARRAYOID);
+    pub const JSONB_ARRAY: PgOid = PgOid::from_untagged(pg_sys::JSONBARRAYOID);
+}
+
 /// SQL text and the types of its parameters.
 pub struct Statement {
     sql: &'static str,

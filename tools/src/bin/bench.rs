@@ -563,7 +563,7 @@ async fn bloat(dsn: &str, keys: i32, cycles: u64, workers: usize) -> Result<()> 
     admin
         .execute("SELECT count(once.enqueue_key('bloat/' || i, queue => 'bloat')) FROM generate_series(1, $1) i", &[&keys])
         .await?;
-    let sizes = |label: &'static str| {
+    let sizes_after = |cycles: u64| {
         let admin = &admin;
         async move {
             let row = admin
@@ -577,7 +577,7 @@ async fn bloat(dsn: &str, keys: i32, cycles: u64, workers: usize) -> Result<()> 
             let (heap, indexes, history, dead): (i64, i64, i64, i64) =
                 (row.get(0), row.get(1), row.get(2), row.get(3));
             anyhow::Ok(
-                json!({"at": label, "heap_bytes": heap, "index_bytes": indexes, "attempts_bytes": history, "dead_tuples": dead}),
+                json!({"cycles": cycles, "heap_bytes": heap, "index_bytes": indexes, "attempts_bytes": history, "dead_tuples": dead}),
             )
         }
     };
@@ -611,14 +611,23 @@ async fn bloat(dsn: &str, keys: i32, cycles: u64, workers: usize) -> Result<()> 
         }));
     }
     let started = Instant::now();
-    let mut first = false;
+    // Sizes after the first pass over every key, then at fractions of the run: a bounded
+    // table levels off.
+    let mut checkpoints: Vec<u64> = vec![keys as u64];
+    checkpoints.extend(
+        [10, 4, 2]
+            .iter()
+            .map(|d| cycles / d)
+            .filter(|&c| c > keys as u64),
+    );
+    checkpoints.sort_unstable();
     let mut next_print = Instant::now();
     while done.load(std::sync::atomic::Ordering::Relaxed) < cycles {
         tokio::time::sleep(Duration::from_millis(250)).await;
         let n = done.load(std::sync::atomic::Ordering::Relaxed);
-        if !first && n >= keys as u64 {
-            first = true;
-            report.push(sizes("after the first 10k cycles").await?);
+        if checkpoints.first().is_some_and(|&c| n >= c) {
+            let c = checkpoints.remove(0);
+            report.push(sizes_after(c).await?);
         }
         if Instant::now() >= next_print {
             // What the pg_once worker does where it runs: trim history, purge, reclaim.
@@ -636,7 +645,7 @@ async fn bloat(dsn: &str, keys: i32, cycles: u64, workers: usize) -> Result<()> 
         t.await??;
     }
     eprintln!();
-    report.push(sizes("after all cycles").await?);
+    report.push(sizes_after(cycles).await?);
     admin
         .execute("DELETE FROM once.entries WHERE queue = 'bloat'", &[])
         .await?;
