@@ -53,25 +53,15 @@ pub fn notify_now(key: &str) {
 /// A key left the running state in the current transaction.
 fn key_resolved(key: &str, tag: u64) {
     let shared = shmem::shared();
-    let relay = match guc::NOTIFY.get() {
-        NotifyMode::Off => false,
-        NotifyMode::Direct => {
-            notify_now(key);
-            shmem::count(Counter::NotifiedDirect);
-            false
-        }
-        // SAFETY: MyDatabaseId is set once connected.
-        NotifyMode::Relay => {
-            match shared.and_then(|s| s.relay_for(unsafe { pg_sys::MyDatabaseId })) {
-                Some(_) => true,
-                None => {
-                    notify_now(key);
-                    shmem::count(Counter::NotifiedDirect);
-                    false
-                }
-            }
-        }
-    };
+    let mode = guc::NOTIFY.get();
+    // SAFETY: MyDatabaseId is set once connected.
+    let database = unsafe { pg_sys::MyDatabaseId };
+    let relay =
+        mode == NotifyMode::Relay && shared.is_some_and(|s| s.relay_for(database).is_some());
+    if mode != NotifyMode::Off && !relay {
+        notify_now(key);
+        shmem::count(Counter::NotifiedDirect);
+    }
     if shared.is_some() {
         PENDING.with_borrow_mut(|p| {
             p.wake.push(tag);

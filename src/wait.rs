@@ -43,10 +43,11 @@ impl Drop for Announcement<'_> {
 pub fn claim_waiting(key: &Key, lease: Interval, wait_micros: i128) -> Claim {
     let deadline = now() as i128 + wait_micros;
     let mut watch = OwnerWatch::default();
-    let _announcement = shmem::shared()
+    // Lives until the wait ends, then withdraws the announcement.
+    let announcement = shmem::shared()
         .and_then(|shared| shared.my_slot())
         .map(|slot| Announcement::new(slot, key.tag));
-    let woken_by_shared_memory = _announcement.is_some();
+    let woken_by_shared_memory = announcement.is_some();
     let mut waited = false;
     loop {
         // Reset before looking: a wake-up that arrives after the look leaves the latch set
