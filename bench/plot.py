@@ -20,6 +20,17 @@ def load(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
+def save(fig, ax, path, xlabel, ylabel, title, legend_size=None):
+    """Labels, grid and legend every chart shares; writes the PNG."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_size)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def cycles(rows, out):
     """claim+complete cycles/s by clients: pg_once vs hand-made, per link."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -34,13 +45,8 @@ def cycles(rows, out):
             where = "local socket" if link == "socket" else "0.5 ms RTT"
             ax.plot(xs, [points[x] for x in xs], style, marker="o", label=f"{name}, {where}")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("clients")
-    ax.set_ylabel("claim+complete cycles / s")
-    ax.set_title("Cycles on distinct keys (median of rounds)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "cycles.png", dpi=110)
+    save(fig, ax, out / "cycles.png", "clients", "claim+complete cycles / s",
+         "Cycles on distinct keys (median of rounds)")
 
 
 def queue(rows, out):
@@ -56,13 +62,7 @@ def queue(rows, out):
         style = "-" if impl == "once" else "--"
         ax.plot(xs, [statistics.median(points[x]) for x in xs], style, marker="o", label=f"{name}, n = {batch}")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("workers")
-    ax.set_ylabel("jobs / s")
-    ax.set_title("claim_next + complete, by workers")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "queue.png", dpi=110)
+    save(fig, ax, out / "queue.png", "workers", "jobs / s", "claim_next + complete, by workers")
 
 
 def stampede(rows, out):
@@ -76,13 +76,8 @@ def stampede(rows, out):
         values = sorted(values)
         ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=label)
     ax.set_xscale("symlog", linthresh=1)
-    ax.set_xlabel("ms from the owner's complete_key to the caller's answer")
-    ax.set_ylabel("fraction of callers answered")
-    ax.set_title("Stampede on one cold key")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "stampede.png", dpi=110)
+    save(fig, ax, out / "stampede.png", "ms from the owner's complete_key to the caller's answer",
+         "fraction of callers answered", "Stampede on one cold key", legend_size=7)
 
 
 def main():

@@ -31,6 +31,23 @@ cargo pgrx test pg15 --runas postgres --pgdata "$PG_ONCE_WORK/pgrx-test"
 install_extension debug
 cargo build --quiet -p pg_once_multi --tests
 
+# run_pgxs_suite SUITE PORT OUTDIR DB TEST...: runs PostgreSQL's pg_regress (SUITE regress)
+# or pg_isolation_regress (SUITE isolation) on pg_test/SUITE against the server on PORT,
+# printing the diffs when a test fails.
+run_pgxs_suite() {
+    local suite=$1 port=$2 out=$PG_ONCE_WORK/$3 db=$4
+    shift 4
+    local tool=pg_regress
+    [ "$suite" = isolation ] && tool=pg_isolation_regress
+    rm -rf "$out"
+    if ! "$($PG_CONFIG --pkglibdir)/pgxs/src/test/$suite/$tool" \
+            --bindir="$PG_BIN" --inputdir="pg_test/$suite" --outputdir="$out" \
+            --host=127.0.0.1 --port="$port" --user=postgres --dbname="$db" "$@"; then
+        cat "$out/regression.diffs" >&2
+        exit 1
+    fi
+}
+
 # run_server_tests NAME PORT [postgresql.conf lines...]
 run_server_tests() {
     local name=$1 port=$2; shift 2
@@ -38,15 +55,8 @@ run_server_tests() {
     export PG_ONCE_DSN="host=127.0.0.1 port=$port user=postgres dbname=postgres"
 
     say "3/6 SQL regression tests, $name server: pg_regress"
-    local out=$PG_ONCE_WORK/regress-$name
-    rm -rf "$out"
-    if ! "$($PG_CONFIG --pkglibdir)/pgxs/src/test/regress/pg_regress" \
-            --bindir="$PG_BIN" --inputdir=pg_test/regress --outputdir="$out" \
-            --host=127.0.0.1 --port="$port" --user=postgres --dbname=pg_once_regress \
-            $(cd pg_test/regress/sql && ls *.sql | sed 's/\.sql$//'); then
-        cat "$out/regression.diffs" >&2
-        exit 1
-    fi
+    run_pgxs_suite regress "$port" regress-$name pg_once_regress \
+        $(cd pg_test/regress/sql && ls *.sql | sed 's/\.sql$//')
 
     if [ "$name" = plain ]; then
         python3 scripts/check-docs.py
@@ -56,15 +66,8 @@ run_server_tests() {
     # their output depend on timing, so they run on the server without one.
     if [ "$name" = plain ]; then
         say "3/6 isolation specs, $name server: pg_isolation_regress"
-        out=$PG_ONCE_WORK/isolation
-        rm -rf "$out"
-        if ! "$($PG_CONFIG --pkglibdir)/pgxs/src/test/isolation/pg_isolation_regress" \
-                --bindir="$PG_BIN" --inputdir=pg_test/isolation --outputdir="$out" \
-                --host=127.0.0.1 --port="$port" --user=postgres --dbname=pg_once_isolation \
-                $(cd pg_test/isolation/specs && ls *.spec | sed 's/\.spec$//'); then
-            cat "$out/regression.diffs" >&2
-            exit 1
-        fi
+        run_pgxs_suite isolation "$port" isolation pg_once_isolation \
+            $(cd pg_test/isolation/specs && ls *.spec | sed 's/\.spec$//')
     fi
 
     say "4/6 multi-connection tests, $name server"

@@ -3,7 +3,8 @@
 
 use anyhow::Result;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::task::JoinHandle;
 use tokio_postgres::Client;
 
 pub use pg_once_tools as once;
@@ -30,4 +31,19 @@ pub fn fresh_key(name: &str) -> String {
         .unwrap()
         .as_nanos();
     format!("{name}/{nanos}/{}", COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Calls claim_key on its own task, so the test can act while it waits. The task
+/// yields the claim and the instant claim_key returned, for measuring wake-up times.
+pub fn spawn_claim(
+    client: Client,
+    key: &str,
+    lease: Duration,
+    wait: Duration,
+) -> JoinHandle<(Result<once::Claim>, Instant)> {
+    let key = key.to_owned();
+    tokio::spawn(async move {
+        let claim = once::claim_key(&client, &key, lease, wait).await;
+        (claim, Instant::now())
+    })
 }

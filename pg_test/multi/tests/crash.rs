@@ -2,7 +2,7 @@
 //! at a time, against a cluster it may kill (PG_ONCE_DATA_DIR names its data directory).
 
 use anyhow::{Context, Result};
-use pg_once_multi::{fresh_key, once};
+use pg_once_multi::{fresh_key, once, spawn_claim};
 use serde_json::json;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -198,19 +198,12 @@ async fn a_client_whose_socket_closes_mid_compute_is_taken_over_within_a_second(
         .is("claimed"));
 
     let waiter = connect_when_up().await?;
-    let waiting = {
-        let key = key.clone();
-        tokio::spawn(async move {
-            let claim = once::claim_key(
-                &waiter,
-                &key,
-                Duration::from_secs(30),
-                Duration::from_secs(10),
-            )
-            .await;
-            (claim, Instant::now())
-        })
-    };
+    let waiting = spawn_claim(
+        waiter,
+        &key,
+        Duration::from_secs(30),
+        Duration::from_secs(10),
+    );
     tokio::time::sleep(Duration::from_millis(200)).await;
     driver.abort(); // the socket closes; no SQL, no Terminate message
     let closed = Instant::now();

@@ -2,7 +2,7 @@
 //! committed, notifications are really delivered, owners are really terminated.
 
 use anyhow::Result;
-use pg_once_multi::{admin, fresh_key, once, session};
+use pg_once_multi::{admin, fresh_key, once, session, spawn_claim};
 use serde_json::json;
 use std::time::{Duration, Instant};
 use tokio::time::timeout;
@@ -140,13 +140,7 @@ async fn waiter_is_handed_the_claim_when_the_owner_is_terminated() -> Result<()>
             .is("claimed")
     );
 
-    let waiting = {
-        let key = key.clone();
-        tokio::spawn(async move {
-            let claim = once::claim_key(&waiter, &key, LEASE, Duration::from_secs(30)).await;
-            (claim, Instant::now())
-        })
-    };
+    let waiting = spawn_claim(waiter, &key, LEASE, Duration::from_secs(30));
     tokio::time::sleep(Duration::from_millis(200)).await; // the waiter is blocked by now
     once::terminate_backend(&admin, once::backend_pid(&owner).await?).await?;
     let terminated = Instant::now();

@@ -3,7 +3,7 @@
 //! what its mode promises.
 
 use anyhow::Result;
-use pg_once_multi::{admin, fresh_key, once, session};
+use pg_once_multi::{admin, fresh_key, once, session, spawn_claim};
 use serde_json::json;
 use std::time::{Duration, Instant};
 use tokio::time::timeout;
@@ -25,13 +25,7 @@ async fn a_waiter_never_wakes_to_a_result_it_cannot_see() -> Result<()> {
     let (owner, waiter) = (session().await?, session().await?);
     let key = fresh_key("wake-after-commit");
     let claim = once::claim_key(&owner, &key, LEASE, NO_WAIT).await?;
-    let waiting = {
-        let key = key.clone();
-        tokio::spawn(async move {
-            let c = once::claim_key(&waiter, &key, LEASE, Duration::from_secs(10)).await;
-            (c, Instant::now())
-        })
-    };
+    let waiting = spawn_claim(waiter, &key, LEASE, Duration::from_secs(10));
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     // complete_key runs, but its transaction stays open: nothing is visible yet.
@@ -62,17 +56,12 @@ async fn a_rolled_back_completion_wakes_nobody_to_a_result() -> Result<()> {
     let (owner, waiter) = (session().await?, session().await?);
     let key = fresh_key("rolled-back");
     let claim = once::claim_key(&owner, &key, LEASE, NO_WAIT).await?;
-    let waiting = {
-        let key = key.clone();
-        tokio::spawn(async move {
-            once::claim_key(&waiter, &key, LEASE, Duration::from_millis(1500)).await
-        })
-    };
+    let waiting = spawn_claim(waiter, &key, LEASE, Duration::from_millis(1500));
     tokio::time::sleep(Duration::from_millis(200)).await;
     owner.batch_execute("BEGIN").await?;
     once::complete_key(&owner, &key, claim.token.unwrap(), &json!("never"), None).await?;
     owner.batch_execute("ROLLBACK").await?;
-    let got = waiting.await??;
+    let got = waiting.await?.0?;
     assert!(
         got.is("wait"),
         "the owner is still computing, so the waiter keeps waiting: {got:?}"
@@ -85,13 +74,7 @@ async fn wake_latency() -> Result<Duration> {
     let (owner, waiter) = (session().await?, session().await?);
     let key = fresh_key("latency");
     let claim = once::claim_key(&owner, &key, LEASE, NO_WAIT).await?;
-    let waiting = {
-        let key = key.clone();
-        tokio::spawn(async move {
-            let c = once::claim_key(&waiter, &key, LEASE, Duration::from_secs(10)).await;
-            (c, Instant::now())
-        })
-    };
+    let waiting = spawn_claim(waiter, &key, LEASE, Duration::from_secs(10));
     tokio::time::sleep(Duration::from_millis(100)).await;
     once::complete_key(&owner, &key, claim.token.unwrap(), &json!(1), None).await?;
     let completed = Instant::now();
@@ -242,15 +225,10 @@ async fn with_notify_off_waiters_are_still_answered_and_nothing_is_sent() -> Res
     owner.batch_execute("SET once.notify = off").await?;
     let key = fresh_key("silent");
     let claim = once::claim_key(&owner, &key, LEASE, NO_WAIT).await?;
-    let waiting = {
-        let key = key.clone();
-        tokio::spawn(
-            async move { once::claim_key(&waiter, &key, LEASE, Duration::from_secs(10)).await },
-        )
-    };
+    let waiting = spawn_claim(waiter, &key, LEASE, Duration::from_secs(10));
     tokio::time::sleep(Duration::from_millis(100)).await;
     once::complete_key(&owner, &key, claim.token.unwrap(), &json!(1), None).await?;
-    assert!(waiting.await??.is("hit"));
+    assert!(waiting.await?.0?.is("hit"));
     let heard = timeout(Duration::from_millis(500), async {
         while let Some(n) = rx.recv().await {
             if n.payload() == key {
