@@ -206,6 +206,17 @@ COMMENT ON FUNCTION once.backend_alive(integer, timestamptz) IS
 $$Whether the backend with this pid that started at this time is still running (the
 pid alone could have been reused). NULL if either argument is NULL.$$;
 
+CREATE FUNCTION once.row_superseded(tid)
+RETURNS boolean
+LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'row_superseded_wrapper';
+
+COMMENT ON FUNCTION once.row_superseded(tid) IS
+$$Used by claim_next: whether a committed transaction has already updated or deleted the
+once.entries row version at this ctid (so no snapshot taken from now on sees it). NULL if
+the argument is NULL.$$;
+
 CREATE FUNCTION once.runtime()
 RETURNS TABLE (shared_memory boolean, notify text, workers integer, counters bigint[])
 LANGUAGE c VOLATILE SECURITY DEFINER PARALLEL SAFE

@@ -7,6 +7,7 @@
 
 use crate::args::{self, Key};
 use crate::claim::{self, Claim};
+use crate::entry;
 use crate::errors;
 use crate::jsonb::Jsonb;
 use crate::liveness;
@@ -284,6 +285,12 @@ fn complete_keys(
 #[pg_extern(sql = false)]
 fn backend_alive(pid: Option<i32>, started: Option<TimestampWithTimeZone>) -> Option<bool> {
     Some(liveness::backend_alive(pid?, started?.into_inner()))
+}
+
+/// claim_next's filter: see entry::superseded.
+#[pg_extern(sql = false)]
+fn row_superseded(tid: Option<pg_sys::ItemPointerData>) -> Option<bool> {
+    Some(entry::superseded(tid?))
 }
 
 /// How pg_once runs in this server, and its counters since start (NULL without shared

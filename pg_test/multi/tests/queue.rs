@@ -4,6 +4,7 @@ use anyhow::Result;
 use pg_once_multi::{admin, fresh_key, session};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
+use tokio_postgres::Client;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn concurrent_workers_never_get_the_same_key() -> Result<()> {
@@ -76,5 +77,103 @@ async fn concurrent_workers_never_get_the_same_key() -> Result<()> {
     admin
         .execute("SELECT once.drop_queue($1)", &[&queue])
         .await?;
+    Ok(())
+}
+
+/// once.row_superseded(tid) for a ctid given as text.
+async fn superseded(client: &Client, tid: &str) -> Result<Option<bool>> {
+    let row = client
+        .query_one("SELECT once.row_superseded($1::text::tid)", &[&tid])
+        .await?;
+    Ok(row.get(0))
+}
+
+/// once.row_superseded, claim_next's filter, says yes only for a row version that a
+/// committed transaction replaced or deleted: never for the current version, one that is
+/// only locked, or one whose update is in progress or was rolled back. (A wrong yes would
+/// make claim_next pass over a key that is still queued.)
+#[tokio::test(flavor = "multi_thread")]
+async fn row_superseded_is_true_only_for_versions_a_commit_replaced() -> Result<()> {
+    let admin = admin().await?;
+    let other = session().await?;
+    let key = fresh_key("superseded");
+    admin
+        .execute("SELECT once.enqueue_key($1)", &[&key])
+        .await?;
+    let ctid = || async {
+        let row = admin
+            .query_one(
+                "SELECT ctid::text FROM once.entries WHERE key = $1",
+                &[&key],
+            )
+            .await?;
+        anyhow::Ok(row.get::<_, String>(0))
+    };
+    let queued = ctid().await?;
+    assert_eq!(
+        superseded(&admin, &queued).await?,
+        Some(false),
+        "current version"
+    );
+
+    let lock = "SELECT 1 FROM once.entries WHERE key = $1 FOR UPDATE";
+    other.batch_execute("BEGIN").await?;
+    other.execute(lock, &[&key]).await?;
+    assert_eq!(
+        superseded(&admin, &queued).await?,
+        Some(false),
+        "locked, in progress"
+    );
+    other.batch_execute("COMMIT").await?;
+    assert_eq!(
+        superseded(&admin, &queued).await?,
+        Some(false),
+        "locked, committed"
+    );
+
+    let update = "UPDATE once.entries SET priority = priority + 1 WHERE key = $1";
+    other.batch_execute("BEGIN").await?;
+    other.execute(update, &[&key]).await?;
+    assert_eq!(
+        superseded(&admin, &queued).await?,
+        Some(false),
+        "update in progress"
+    );
+    other.batch_execute("ROLLBACK").await?;
+    assert_eq!(
+        superseded(&admin, &queued).await?,
+        Some(false),
+        "update rolled back"
+    );
+
+    other.execute(update, &[&key]).await?;
+    assert_eq!(
+        superseded(&admin, &queued).await?,
+        Some(true),
+        "updated, committed"
+    );
+    let updated = ctid().await?;
+    assert_ne!(updated, queued);
+    assert_eq!(
+        superseded(&admin, &updated).await?,
+        Some(false),
+        "the new version"
+    );
+
+    other
+        .execute("SELECT once.invalidate_key($1)", &[&key])
+        .await?;
+    assert_eq!(
+        superseded(&admin, &updated).await?,
+        Some(true),
+        "deleted, committed"
+    );
+
+    // Bad input: no such row version, or NULL.
+    assert_eq!(superseded(&admin, "(4294967294,1)").await?, Some(false));
+    let row = admin
+        .query_one("SELECT once.row_superseded(NULL)", &[])
+        .await?;
+    assert_eq!(row.get::<_, Option<bool>>(0), None);
     Ok(())
 }
