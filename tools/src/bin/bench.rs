@@ -468,6 +468,7 @@ async fn queue(
         }
     }
     admin.batch_execute("VACUUM ANALYZE").await?;
+    settle(&admin).await?;
     let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let deadline = Instant::now() + seconds;
     let mut tasks = Vec::new();
@@ -553,6 +554,28 @@ async fn queue(
         "bench": "queue", "with": format!("{with:?}").to_lowercase(), "workers": workers,
         "batch": batch, "jobs": done, "cycles_per_s": done as f64 / elapsed,
     }))
+}
+
+/// Start a measurement from a quiet server: the previous run's dirty pages written and no
+/// autovacuum worker busy with its leftovers. On 2 cores a vacuum that starts in the middle
+/// of a 4 s run takes half the machine from whichever side happens to run next.
+async fn settle(admin: &tokio_postgres::Client) -> Result<()> {
+    admin.batch_execute("CHECKPOINT").await?;
+    let give_up = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < give_up {
+        let busy: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'",
+                &[],
+            )
+            .await?
+            .get(0);
+        if busy == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
 }
 
 async fn bloat(dsn: &str, keys: i32, cycles: u64, workers: usize) -> Result<()> {
