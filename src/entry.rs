@@ -73,7 +73,7 @@ pub fn read(key: &Key) -> Option<Entry> {
     // reader), a registered snapshot for the scan and for detoasting, and every value
     // copied into the caller's memory context before the slot is dropped.
     unsafe {
-        let (table_oid, index_oid) = entries_oids();
+        let [table_oid, index_oid] = once_relations([c"entries", c"entries_pkey"]);
         let table = pg_sys::table_open(table_oid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let index = pg_sys::index_open(index_oid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let attnums = COLUMNS.map(|name| attnum(table, name));
@@ -129,15 +129,20 @@ pub fn read(key: &Key) -> Option<Entry> {
     }
 }
 
-/// The OIDs of once.entries and of its primary key.
-unsafe fn entries_oids() -> (pg_sys::Oid, pg_sys::Oid) {
+/// The OIDs of relations of schema once (each lookup is a syscache probe: cheap, but
+/// superseded runs once per claim_next candidate, so it looks up only what it opens).
+unsafe fn once_relations<const N: usize>(names: [&CStr; N]) -> [pg_sys::Oid; N] {
     let namespace = pg_sys::get_namespace_oid(c"once".as_ptr(), false);
-    let table_oid = pg_sys::get_relname_relid(c"entries".as_ptr(), namespace);
-    let index_oid = pg_sys::get_relname_relid(c"entries_pkey".as_ptr(), namespace);
-    if table_oid == pg_sys::InvalidOid || index_oid == pg_sys::InvalidOid {
-        error!("pg_once: once.entries or its primary key is missing; reinstall the extension");
-    }
-    (table_oid, index_oid)
+    names.map(|name| {
+        let oid = pg_sys::get_relname_relid(name.as_ptr(), namespace);
+        if oid == pg_sys::InvalidOid {
+            error!(
+                "pg_once: relation once.{} is missing; reinstall the extension",
+                name.to_string_lossy()
+            );
+        }
+        oid
+    })
 }
 
 /// Has a committed transaction already updated or deleted the once.entries row version at
@@ -158,7 +163,7 @@ pub fn superseded(tid: pg_sys::ItemPointerData) -> bool {
     // safe); the tid is checked against the relation's size before the page is read, the
     // tuple header is read under a share lock on its buffer, and the pin is released.
     unsafe {
-        let (table_oid, _) = entries_oids();
+        let [table_oid] = once_relations([c"entries"]);
         let table = pg_sys::relation_open(table_oid, pg_sys::NoLock as pg_sys::LOCKMODE);
         let (block, _) = pgrx::itemptr::item_pointer_get_both(tid);
         let blocks =
