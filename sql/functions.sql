@@ -206,16 +206,17 @@ COMMENT ON FUNCTION once.backend_alive(integer, timestamptz) IS
 $$Whether the backend with this pid that started at this time is still running (the
 pid alone could have been reused). NULL if either argument is NULL.$$;
 
-CREATE FUNCTION once.row_superseded(tid)
+CREATE FUNCTION once.row_taken(tid)
 RETURNS boolean
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'row_superseded_wrapper';
+AS 'MODULE_PATHNAME', 'row_taken_wrapper';
 
-COMMENT ON FUNCTION once.row_superseded(tid) IS
-$$Used by claim_next: whether a committed transaction has already updated or deleted the
-once.entries row version at this ctid (so no snapshot taken from now on sees it). NULL if
-the argument is NULL.$$;
+COMMENT ON FUNCTION once.row_taken(tid) IS
+$$Used by claim_next: whether the once.entries row version at this ctid was already
+updated or deleted by a committed transaction, or is held (locked, updated or deleted) by
+another transaction in progress. Either way claim_next passes over it without trying to
+lock it. NULL if the argument is NULL.$$;
 
 CREATE FUNCTION once.runtime()
 RETURNS TABLE (shared_memory boolean, notify text, workers integer, counters bigint[])

@@ -287,10 +287,10 @@ fn backend_alive(pid: Option<i32>, started: Option<TimestampWithTimeZone>) -> Op
     Some(liveness::backend_alive(pid?, started?.into_inner()))
 }
 
-/// claim_next's filter: see entry::superseded.
+/// claim_next's filter: see entry::taken.
 #[pg_extern(sql = false)]
-fn row_superseded(tid: Option<pg_sys::ItemPointerData>) -> Option<bool> {
-    Some(entry::superseded(tid?))
+fn row_taken(tid: Option<pg_sys::ItemPointerData>) -> Option<bool> {
+    Some(entry::taken(tid?))
 }
 
 /// How pg_once runs in this server, and its counters since start (NULL without shared

@@ -130,7 +130,7 @@ pub fn read(key: &Key) -> Option<Entry> {
 }
 
 /// The OIDs of relations of schema once (each lookup is a syscache probe: cheap, but
-/// superseded runs once per claim_next candidate, so it looks up only what it opens).
+/// taken runs once per claim_next candidate, so it looks up only what it opens).
 unsafe fn once_relations<const N: usize>(names: [&CStr; N]) -> [pg_sys::Oid; N] {
     let namespace = pg_sys::get_namespace_oid(c"once".as_ptr(), false);
     names.map(|name| {
@@ -145,20 +145,27 @@ unsafe fn once_relations<const N: usize>(names: [&CStr; N]) -> [pg_sys::Oid; N] 
     })
 }
 
-/// Has a committed transaction already updated or deleted the once.entries row version at
-/// `tid`? That is, is this version dead to every snapshot taken from now on?
+/// Is the once.entries row version at `tid` of no use to a claimer in this transaction:
+/// updated or deleted by a committed transaction, or held (locked, updated or deleted) by
+/// another transaction still in progress?
 ///
-/// claim_next asks this of each candidate its (older) snapshot still sees as queued,
-/// before locking it. Without the question, FOR UPDATE SKIP LOCKED meets a row another
-/// worker claimed and committed since that snapshot, follows it to its running version,
-/// locks that version and only then finds it no longer queued: the lock stays until
-/// claim_next's transaction ends, and the owner's complete_key waits for it. With 64
-/// workers on 2 cores, completions spent more time waiting there than anywhere else.
-/// A row updated after this check is still handled by the lock and its re-check, so the
-/// answer only has to be right when it says yes. (A row updated but still queued, say by
-/// an administrator's UPDATE, is passed over by that one call; the next sees its new
-/// version.)
-pub fn superseded(tid: pg_sys::ItemPointerData) -> bool {
+/// claim_next asks this of each candidate its snapshot sees as queued, before locking it.
+/// - Replaced by a commit: another worker claimed the key since claim_next's snapshot.
+///   Without the question FOR UPDATE SKIP LOCKED follows the row to its running version,
+///   locks that version and only then finds it no longer queued; the lock stays until
+///   claim_next's transaction ends, and the owner's complete_key waits for it (with 64
+///   workers on 2 cores, completions spent more time waiting there than anywhere else).
+/// - Held by a transaction in progress: another worker is claiming it right now. SKIP
+///   LOCKED would skip it too, but only after taking the page's buffer lock exclusively to
+///   try; with 64 workers reading the same few pages at the head of a queue those
+///   exclusive locks queued up behind each other. This answer needs only a share lock.
+///
+/// A row taken after this check is still handled by FOR UPDATE and its re-check, so a no
+/// never does harm; a yes must be right when given. (A row updated but still queued, say
+/// by an administrator's UPDATE, is passed over by that one call; the next sees its new
+/// version. A holder that rolls back right after the check costs that one call the row,
+/// as SKIP LOCKED would have.)
+pub fn taken(tid: pg_sys::ItemPointerData) -> bool {
     // SAFETY: the caller's statement holds a lock on once.entries (so NoLock opens are
     // safe); the tid is checked against the relation's size before the page is read, the
     // tuple header is read under a share lock on its buffer, and the pin is released.
@@ -180,7 +187,7 @@ pub fn superseded(tid: pg_sys::ItemPointerData) -> bool {
             let any = &raw mut pg_sys::SnapshotAnyData;
             if pg_sys::heap_fetch(table, any, &mut tuple, &mut buffer, true) {
                 pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_SHARE as i32);
-                answer = replaced_by_committed(tuple.t_data);
+                answer = taken_elsewhere(tuple.t_data);
                 pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_UNLOCK as i32);
             }
             if buffer != pg_sys::InvalidBuffer as pg_sys::Buffer {
@@ -192,31 +199,39 @@ pub fn superseded(tid: pg_sys::ItemPointerData) -> bool {
     }
 }
 
-/// Does this tuple header name an updater or deleter that has committed? (Lockers do not
-/// count: a row that is only locked is still current.)
-unsafe fn replaced_by_committed(header: pg_sys::HeapTupleHeader) -> bool {
+/// Does this tuple header name, as its xmax, an updater or deleter that has committed, or
+/// another transaction in progress (a locker, updater or deleter)? Our own transaction and
+/// its subtransactions never count: what we hold, FOR UPDATE handles.
+unsafe fn taken_elsewhere(header: pg_sys::HeapTupleHeader) -> bool {
     let infomask = (*header).t_infomask as u32;
     if infomask & pg_sys::HEAP_XMAX_INVALID != 0 {
         return false;
     }
-    let multi = infomask & pg_sys::HEAP_XMAX_IS_MULTI != 0;
     let locked_only = infomask & pg_sys::HEAP_XMAX_LOCK_ONLY != 0
         || infomask & (pg_sys::HEAP_XMAX_IS_MULTI | pg_sys::HEAP_LOCK_MASK)
             == pg_sys::HEAP_XMAX_EXCL_LOCK;
-    if locked_only {
-        return false;
-    }
-    if !multi && infomask & pg_sys::HEAP_XMAX_COMMITTED != 0 {
-        return true;
-    }
-    let updater = if multi {
+    let xmax = if infomask & pg_sys::HEAP_XMAX_IS_MULTI != 0 {
+        // Several holders at once: rare here (nothing takes shared row locks on
+        // once.entries). Only an updater among them is looked at; FOR UPDATE SKIP LOCKED
+        // decides about lockers.
+        if locked_only {
+            return false;
+        }
         pg_sys::HeapTupleGetUpdateXid(header)
+    } else if infomask & pg_sys::HEAP_XMAX_COMMITTED != 0 {
+        // Hinted: a committed locker no longer holds anything; a committed updater replaced
+        // this version.
+        return !locked_only;
     } else {
         (*header).t_choice.t_heap.t_xmax
     };
-    updater != pg_sys::InvalidTransactionId
-        && !pg_sys::TransactionIdIsCurrentTransactionId(updater)
-        && pg_sys::TransactionIdDidCommit(updater)
+    if xmax == pg_sys::InvalidTransactionId || pg_sys::TransactionIdIsCurrentTransactionId(xmax) {
+        return false;
+    }
+    // In progress first: a transaction is marked committed before it leaves the proc
+    // array, and either way a holder counts.
+    pg_sys::TransactionIdIsInProgress(xmax)
+        || (!locked_only && pg_sys::TransactionIdDidCommit(xmax))
 }
 
 /// Attribute number of column `name` of `table`.

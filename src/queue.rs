@@ -16,9 +16,12 @@
 //! would then lock the claimed (running) version, find it no longer queued, skip it, and
 //! keep the lock until claim_next's transaction ends, so that the owner's complete_key
 //! waits for a worker that never got the key. With 64 workers on 2 cores completions spent
-//! more time waiting there than anywhere else, and jobs/s fell to half of the peak.
-//! claim_next therefore first asks once.row_superseded(ctid) (see entry::superseded) and
-//! passes over versions a committed transaction has replaced, without locking them.
+//! more time waiting there than anywhere else, and jobs/s fell to half of the peak. A key
+//! another worker is claiming right now SKIP LOCKED skips, but only after an exclusive
+//! lock on its page, and 64 workers at the head of one queue queued up on those.
+//! claim_next therefore first asks once.row_taken(ctid) (see entry::taken) and passes over
+//! versions a committed transaction has replaced or another transaction holds, without
+//! trying to lock them.
 //!
 //! Deadlocks: claim_next never waits (SKIP LOCKED). Every operation that locks several
 //! keys (invalidate_keys, complete_keys) locks them in key_hash order, and every other
@@ -81,7 +84,7 @@ static CLAIM_NEXT: Statement = Statement::new(
     "WITH next AS (
          SELECT key_hash FROM once.entries
           WHERE state = 'queued' AND queue = $1 AND run_at <= clock_timestamp()
-            AND NOT once.row_superseded(ctid)
+            AND NOT once.row_taken(ctid)
           ORDER BY errors, priority, run_at
           LIMIT $2
             FOR UPDATE SKIP LOCKED)

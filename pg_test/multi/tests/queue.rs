@@ -80,23 +80,24 @@ async fn concurrent_workers_never_get_the_same_key() -> Result<()> {
     Ok(())
 }
 
-/// once.row_superseded(tid) for a ctid given as text.
-async fn superseded(client: &Client, tid: &str) -> Result<Option<bool>> {
+/// once.row_taken(tid) for a ctid given as text.
+async fn taken(client: &Client, tid: &str) -> Result<Option<bool>> {
     let row = client
-        .query_one("SELECT once.row_superseded($1::text::tid)", &[&tid])
+        .query_one("SELECT once.row_taken($1::text::tid)", &[&tid])
         .await?;
     Ok(row.get(0))
 }
 
-/// once.row_superseded, claim_next's filter, says yes only for a row version that a
-/// committed transaction replaced or deleted: never for the current version, one that is
-/// only locked, or one whose update is in progress or was rolled back. (A wrong yes would
-/// make claim_next pass over a key that is still queued.)
+/// once.row_taken, claim_next's filter, says yes only for a row version that a committed
+/// transaction replaced or deleted, or that another transaction in progress holds: never
+/// for the current version once its holder has finished, nor for one whose update was
+/// rolled back, nor for what the asking transaction holds itself. (A wrong yes would make
+/// claim_next pass over a key that is free to take.)
 #[tokio::test(flavor = "multi_thread")]
-async fn row_superseded_is_true_only_for_versions_a_commit_replaced() -> Result<()> {
+async fn row_taken_is_true_only_for_versions_held_or_replaced_elsewhere() -> Result<()> {
     let admin = admin().await?;
     let other = session().await?;
-    let key = fresh_key("superseded");
+    let key = fresh_key("taken");
     admin
         .execute("SELECT once.enqueue_key($1)", &[&key])
         .await?;
@@ -111,7 +112,7 @@ async fn row_superseded_is_true_only_for_versions_a_commit_replaced() -> Result<
     };
     let queued = ctid().await?;
     assert_eq!(
-        superseded(&admin, &queued).await?,
+        taken(&admin, &queued).await?,
         Some(false),
         "current version"
     );
@@ -120,42 +121,65 @@ async fn row_superseded_is_true_only_for_versions_a_commit_replaced() -> Result<
     other.batch_execute("BEGIN").await?;
     other.execute(lock, &[&key]).await?;
     assert_eq!(
-        superseded(&admin, &queued).await?,
-        Some(false),
-        "locked, in progress"
+        taken(&admin, &queued).await?,
+        Some(true),
+        "locked by another transaction in progress"
     );
+    assert_eq!(
+        taken(&other, &queued).await?,
+        Some(false),
+        "locked by the asking transaction"
+    );
+    other.batch_execute("SAVEPOINT s").await?;
+    other
+        .execute(
+            "UPDATE once.entries SET priority = priority WHERE key = $1",
+            &[&key],
+        )
+        .await?;
+    assert_eq!(
+        taken(&other, &queued).await?,
+        Some(false),
+        "locked and updated by the asking transaction and its subtransaction"
+    );
+    assert_eq!(
+        taken(&admin, &queued).await?,
+        Some(true),
+        "locked and updated by another transaction in progress (a multixact)"
+    );
+    other.batch_execute("ROLLBACK TO s").await?;
     other.batch_execute("COMMIT").await?;
     assert_eq!(
-        superseded(&admin, &queued).await?,
+        taken(&admin, &queued).await?,
         Some(false),
-        "locked, committed"
+        "locked, committed: the lock is gone"
     );
 
     let update = "UPDATE once.entries SET priority = priority + 1 WHERE key = $1";
     other.batch_execute("BEGIN").await?;
     other.execute(update, &[&key]).await?;
     assert_eq!(
-        superseded(&admin, &queued).await?,
-        Some(false),
+        taken(&admin, &queued).await?,
+        Some(true),
         "update in progress"
     );
     other.batch_execute("ROLLBACK").await?;
     assert_eq!(
-        superseded(&admin, &queued).await?,
+        taken(&admin, &queued).await?,
         Some(false),
         "update rolled back"
     );
 
     other.execute(update, &[&key]).await?;
     assert_eq!(
-        superseded(&admin, &queued).await?,
+        taken(&admin, &queued).await?,
         Some(true),
         "updated, committed"
     );
     let updated = ctid().await?;
     assert_ne!(updated, queued);
     assert_eq!(
-        superseded(&admin, &updated).await?,
+        taken(&admin, &updated).await?,
         Some(false),
         "the new version"
     );
@@ -164,16 +188,14 @@ async fn row_superseded_is_true_only_for_versions_a_commit_replaced() -> Result<
         .execute("SELECT once.invalidate_key($1)", &[&key])
         .await?;
     assert_eq!(
-        superseded(&admin, &updated).await?,
+        taken(&admin, &updated).await?,
         Some(true),
         "deleted, committed"
     );
 
     // Bad input: no such row version, or NULL.
-    assert_eq!(superseded(&admin, "(4294967294,1)").await?, Some(false));
-    let row = admin
-        .query_one("SELECT once.row_superseded(NULL)", &[])
-        .await?;
+    assert_eq!(taken(&admin, "(4294967294,1)").await?, Some(false));
+    let row = admin.query_one("SELECT once.row_taken(NULL)", &[]).await?;
     assert_eq!(row.get::<_, Option<bool>>(0), None);
     Ok(())
 }
