@@ -14,14 +14,16 @@
 #      LOCKED table; table and index sizes over a million cycles on 10,000 keys.
 #
 # Comparisons alternate (A B A B ...) so both sides see the same machine state; figures
-# are the median and the range over ROUNDS. Settings: ROUNDS (3), SECONDS_PER_RUN (10),
-# RTT_US (500), BLOAT_CYCLES (1000000). A full run takes about 30 minutes.
+# are the median and the range over ROUNDS. Settings: ROUNDS (3), QUEUE_ROUNDS (5),
+# SECONDS_PER_RUN (10), RTT_US (500), BLOAT_CYCLES (1000000). A full run takes about 35
+# minutes.
 source "$(dirname "$0")/lib.sh"
 PORT=${PG_ONCE_BENCH_PORT:-55434}
 PLAIN_PORT=$((PORT + 1))
 PROXY_PORT=$((PORT + 2))
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-10}
 ROUNDS=${ROUNDS:-3}
+QUEUE_ROUNDS=${QUEUE_ROUNDS:-5}
 RTT_US=${RTT_US:-500}
 BLOAT_CYCLES=${BLOAT_CYCLES:-1000000}
 SQL=$REPO_ROOT/bench/pgbench
@@ -97,7 +99,7 @@ cat <<EOF
 
 Written by \`scripts/bench.sh\` on $(date -u +%Y-%m-%d): $(nproc) cores, $(free -g | awk '/Mem/ {print $2}') GiB,
 PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}') (fsync off, shared_buffers 256MB), pg_once $(grep -m1 '^version' "$REPO_ROOT/Cargo.toml" | cut -d'"' -f2) release build,
-clients on the same machine. Every figure is the median of $ROUNDS runs, with the range in
+clients on the same machine. Every figure is the median of $ROUNDS runs ($QUEUE_ROUNDS in section 5), with the range in
 parentheses; ratios compare medians from the same run. Comparisons (sections 1, 4 and 5)
 alternate their two sides run by run; stampede and failover rows run their rounds back to
 back. Raw figures:
@@ -223,9 +225,10 @@ echo "## 5. Queue"
 echo
 echo "Jobs/s for workers taking jobs with claim_next (n jobs at a time) and completing them"
 echo "(complete_key, or complete_keys for n = 10), vs a plain table with the same index and"
-echo "UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED LIMIT n). 4 s runs, pg_once and"
-echo "plain alternating. \"of peak\" is the median at this many workers over the best median"
-echo "for the same n."
+echo "UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED LIMIT n). 4 s runs from a"
+echo "backlog of queued jobs, $QUEUE_ROUNDS rounds; each round runs every worker count, pg_once"
+echo "and plain alternating. \"of peak\" is the median at this many workers over the best"
+echo "median for the same n."
 echo
 echo "| workers | n | pg_once jobs/s | plain jobs/s | pg_once / plain | pg_once of peak | plain of peak |"
 echo "|---|---|---|---|---|---|---|"
@@ -234,15 +237,20 @@ queue_round() {
     HARNESS_ROUNDS=1 harness --dsn "$DSN" --label x queue --with "$1" --workers "$2" --batch "$3" --seconds 4 |
         awk -F'|' '{split($3, v, " "); print v[1]}'
 }
+# Each round visits every worker count, so that a slow spell of the machine (a checkpoint,
+# autovacuum of what earlier sections left) lands on several counts rather than on all
+# rounds of one.
 for n in 1 10; do
     declare -A once_runs=() plain_runs=()
     peak_once=0 peak_plain=0
-    for w in 1 4 16 64; do
-        for ((r = 1; r <= ROUNDS; r++)); do
-            progress "queue, $w workers, n = $n, round $r/$ROUNDS"
+    for ((r = 1; r <= QUEUE_ROUNDS; r++)); do
+        for w in 1 4 16 64; do
+            progress "queue, n = $n, round $r/$QUEUE_ROUNDS, $w workers"
             once_runs[$w]+=" $(queue_round once "$w" "$n")"
             plain_runs[$w]+=" $(queue_round plain "$w" "$n")"
         done
+    done
+    for w in 1 4 16 64; do
         read -r m _ _ <<<"$(stats "${once_runs[$w]}")"
         peak_once=$(awk -v a="$m" -v b="$peak_once" 'BEGIN {print (a > b ? a : b)}')
         read -r m _ _ <<<"$(stats "${plain_runs[$w]}")"
