@@ -15,7 +15,7 @@
 #
 # Comparisons alternate (A B A B ...) so both sides see the same machine state; figures
 # are the median and the range over ROUNDS. Settings: ROUNDS (3), QUEUE_ROUNDS (5),
-# SECONDS_PER_RUN (10), RTT_US (500), BLOAT_CYCLES (1000000). A full run takes about 45
+# SECONDS_PER_RUN (10), RTT_US (500), BLOAT_CYCLES (1000000). A full run takes about 35
 # minutes.
 source "$(dirname "$0")/lib.sh"
 PORT=${PG_ONCE_BENCH_PORT:-55434}
