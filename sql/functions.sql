@@ -206,10 +206,13 @@ COMMENT ON FUNCTION once.backend_alive(integer, timestamptz) IS
 $$Whether the backend with this pid that started at this time is still running (the
 pid alone could have been reused). NULL if either argument is NULL.$$;
 
+-- Not SECURITY DEFINER, unlike the others: claim_next calls it for every candidate row,
+-- and entering a SECURITY DEFINER function with a pinned search_path costs more than the
+-- answer. It checks that the caller may SELECT from once.entries (claim_next calls it as
+-- the owner) and uses no search_path.
 CREATE FUNCTION once.row_taken(tid)
 RETURNS boolean
-LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL SAFE
 AS 'MODULE_PATHNAME', 'row_taken_wrapper';
 
 COMMENT ON FUNCTION once.row_taken(tid) IS

@@ -50,6 +50,15 @@ pub fn undefined_object(message: String, hint: &str) -> ! {
     raise(PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT, message, hint)
 }
 
+/// 42501: the current role may not do this.
+pub fn insufficient_privilege(message: String, hint: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+        message,
+        hint,
+    )
+}
+
 /// 55006: the object is still in use (a queue that still has keys).
 pub fn object_in_use(message: String, hint: &str) -> ! {
     raise(PgSqlErrorCode::ERRCODE_OBJECT_IN_USE, message, hint)

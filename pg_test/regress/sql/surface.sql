@@ -5,14 +5,15 @@ CREATE EXTENSION pg_once;
 SELECT p.oid::regprocedure AS function, pg_get_function_result(p.oid) AS returns
   FROM pg_proc p WHERE p.pronamespace = 'once'::regnamespace ORDER BY p.proname;
 
--- Every function is documented, SECURITY DEFINER (but the immutable digest) and pins its
+-- Every function is documented, SECURITY DEFINER (but the immutable digest, the trigger
+-- and claim_next's per-row filter, which checks privileges itself) and pins its
 -- search_path.
 SELECT p.oid::regprocedure AS undocumented FROM pg_proc p
  WHERE p.pronamespace = 'once'::regnamespace AND obj_description(p.oid, 'pg_proc') IS NULL;
 SELECT p.oid::regprocedure AS not_pinned FROM pg_proc p
  WHERE p.pronamespace = 'once'::regnamespace
    AND p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'c')
-   AND p.proname <> 'notify_key_resolved'
+   AND p.proname NOT IN ('notify_key_resolved', 'row_taken')
    AND (NOT p.prosecdef OR NOT 'search_path=pg_catalog, pg_temp' = ANY (p.proconfig));
 
 -- One key's life. Timestamps vary, so they are shown as facts about them.
