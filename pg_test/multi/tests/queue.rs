@@ -199,3 +199,38 @@ async fn row_taken_is_true_only_for_versions_held_or_replaced_elsewhere() -> Res
     assert_eq!(row.get::<_, Option<bool>>(0), None);
     Ok(())
 }
+
+/// row_taken is not SECURITY DEFINER (it runs once per claim_next candidate), so it checks
+/// privileges itself: a role that may execute it but not SELECT from once.entries (the
+/// README's grants) gets 42501, not a look at the rows' lock state.
+#[tokio::test(flavor = "multi_thread")]
+async fn row_taken_refuses_roles_that_cannot_read_entries() -> Result<()> {
+    let admin = admin().await?;
+    // All in one transaction that is rolled back: the role never outlives the test.
+    admin
+        .batch_execute(
+            "BEGIN;
+             CREATE ROLE once_multi_no_select;
+             GRANT USAGE ON SCHEMA once TO once_multi_no_select;
+             GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA once TO once_multi_no_select;
+             SET LOCAL ROLE once_multi_no_select;",
+        )
+        .await?;
+    let error = taken(&admin, "(0,1)")
+        .await
+        .expect_err("row_taken answered a role without SELECT on once.entries");
+    let db_error = error
+        .downcast_ref::<tokio_postgres::Error>()
+        .and_then(|e| e.as_db_error())
+        .unwrap_or_else(|| panic!("not a server error: {error:?}"));
+    assert_eq!(
+        db_error.code(),
+        &tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE
+    );
+    assert_eq!(
+        db_error.message(),
+        "permission denied for function once.row_taken"
+    );
+    admin.batch_execute("ROLLBACK").await?;
+    Ok(())
+}
