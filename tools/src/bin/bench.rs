@@ -474,19 +474,20 @@ async fn queue(
     settle(&admin).await?;
     let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let dry = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    // Workers are long-lived connections. A new backend first pays for mapping the shared
-    // buffers it touches (page faults were 8% of all CPU in a 64-worker run), so jobs are
-    // counted only after every worker has been working for QUEUE_WARMUP.
+    // Workers are long-lived connections. Every worker connects before any starts (64
+    // connections take about a second while others work), and a new backend first pays
+    // for mapping the shared buffers it touches (page faults were 8% of all CPU in a
+    // 64-worker run), so jobs are counted only after every worker has worked for
+    // QUEUE_WARMUP.
+    let mut clients = Vec::with_capacity(workers);
+    for _ in 0..workers {
+        clients.push(once::connect(dsn).await?);
+    }
     let counted_from = Instant::now() + QUEUE_WARMUP;
     let deadline = counted_from + seconds;
     let mut tasks = Vec::new();
-    for w in 0..workers {
-        let (client, name, done, dry) = (
-            once::connect(dsn).await?,
-            name.clone(),
-            done.clone(),
-            dry.clone(),
-        );
+    for (w, client) in clients.into_iter().enumerate() {
+        let (name, done, dry) = (name.clone(), done.clone(), dry.clone());
         tasks.push(tokio::spawn(async move {
             let worker = format!("w{w}");
             let (claim, complete) = match with {
