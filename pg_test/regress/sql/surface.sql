@@ -15,6 +15,10 @@ SELECT p.oid::regprocedure AS not_pinned FROM pg_proc p
    AND p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'c')
    AND p.proname NOT IN ('notify_key_resolved', 'row_taken')
    AND (NOT p.prosecdef OR NOT 'search_path=pg_catalog, pg_temp' = ANY (p.proconfig));
+-- The two queue functions whose statements take LIMIT n or arrays run on generic plans,
+-- which PostgreSQL would otherwise never pick for them (it planned them on every call).
+SELECT p.proname, c AS setting FROM pg_proc p, unnest(p.proconfig) AS c
+ WHERE p.pronamespace = 'once'::regnamespace AND c LIKE 'plan_cache_mode=%' ORDER BY 1;
 
 -- One key's life. Timestamps vary, so they are shown as facts about them.
 \set key 'https://example.com/page?id=1'
