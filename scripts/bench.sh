@@ -36,9 +36,21 @@ ensure_toolchain
 install_extension release
 say "building the benchmark tools"
 (cd "$REPO_ROOT" && cargo build --release --quiet -p pg_once_tools --bin bench --bin latency_proxy)
-say "starting throwaway clusters on 127.0.0.1:$PORT (preloaded) and :$PLAIN_PORT (not)"
-cluster_start bench "$PORT" "shared_preload_libraries = 'pg_once'" "once.databases = 'postgres'"
-cluster_start bench-plain "$PLAIN_PORT"
+# Huge pages. With 4 kB pages a backend takes a page fault the first time it touches each
+# shared buffer; 64 freshly connected queue workers spent 10% of all CPU there, a cost a
+# long-lived connection pool pays once. Servers with large shared_buffers run on huge
+# pages, and so do the benchmark clusters when the kernel lets us reserve them (2 clusters
+# of 256 MB need about 300 pages of 2 MB).
+HUGE_PAGES=off
+if [ "$(grep -s HugePages_Free /proc/meminfo | awk '{print $2}')" -ge 320 ] 2>/dev/null ||
+    { sysctl -qw vm.nr_hugepages=$(($(cat /proc/sys/vm/nr_hugepages) + 320)) 2>/dev/null &&
+        [ "$(awk '/HugePages_Free/ {print $2}' /proc/meminfo)" -ge 320 ]; }; then
+    HUGE_PAGES=on
+fi
+say "starting throwaway clusters on 127.0.0.1:$PORT (preloaded) and :$PLAIN_PORT (not), huge pages $HUGE_PAGES"
+cluster_start bench "$PORT" "shared_preload_libraries = 'pg_once'" "once.databases = 'postgres'" \
+    "huge_pages = $HUGE_PAGES"
+cluster_start bench-plain "$PLAIN_PORT" "huge_pages = $HUGE_PAGES"
 "$BIN/latency_proxy" --listen "127.0.0.1:$PROXY_PORT" --upstream "127.0.0.1:$PORT" \
     --delay-us $((RTT_US / 2)) &
 proxy=$!
@@ -98,7 +110,7 @@ cat <<EOF
 # pg_once benchmarks
 
 Written by \`scripts/bench.sh\` on $(date -u +%Y-%m-%d): $(nproc) cores, $(free -g | awk '/Mem/ {print $2}') GiB,
-PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}') (fsync off, shared_buffers 256MB), pg_once $(grep -m1 '^version' "$REPO_ROOT/Cargo.toml" | cut -d'"' -f2) release build,
+PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}') (fsync off, shared_buffers 256MB, huge pages $HUGE_PAGES), pg_once $(grep -m1 '^version' "$REPO_ROOT/Cargo.toml" | cut -d'"' -f2) release build,
 clients on the same machine. Every figure is the median of $ROUNDS runs ($QUEUE_ROUNDS in section 5), with the range in
 parentheses; ratios compare medians from the same run. Comparisons (sections 1, 4 and 5)
 alternate their two sides run by run; stampede and failover rows run their rounds back to
