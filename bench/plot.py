@@ -50,11 +50,13 @@ def cycles(rows, out):
 
 
 def queue(rows, out):
-    """jobs/s by workers: pg_once vs plain SKIP LOCKED table, n = 1 and 10."""
+    """jobs/s by workers, one connection each: pg_once vs plain SKIP LOCKED table, n = 1 and 10."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     series = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        if r["bench"] == "queue":
+        # Shared connections and capped in-flight runs are rows of the table, not points here.
+        own = r.get("connections", r.get("workers")) == r.get("workers") == r.get("in_flight", r.get("workers"))
+        if r["bench"] == "queue" and own:
             series[(r["with"], r["batch"])][r["workers"]].append(r["cycles_per_s"])
     for (impl, batch), points in sorted(series.items()):
         xs = sorted(points)

@@ -24,6 +24,7 @@ PROXY_PORT=$((PORT + 2))
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-10}
 ROUNDS=${ROUNDS:-3}
 QUEUE_ROUNDS=${QUEUE_ROUNDS:-5}
+POOL=$((2 * $(nproc)))
 RTT_US=${RTT_US:-500}
 BLOAT_CYCLES=${BLOAT_CYCLES:-1000000}
 SQL=$REPO_ROOT/bench/pgbench
@@ -241,26 +242,49 @@ echo "UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED LIMIT n), draini
 echo "of queued jobs. Workers keep their connections, as long-lived workers do: each run counts"
 echo "the jobs of 4 s that start after every worker has worked for 1 s. $QUEUE_ROUNDS rounds; each"
 echo "round runs every worker count, pg_once and plain alternating. \"of peak\" is the median"
-echo "at this many workers over the best median for the same n."
+echo "at this many workers over the best median for the same n with one connection per worker."
+echo "Two more rows per n: 64 workers sharing $POOL connections (2 per core, the usual pool size;"
+echo "each statement has a connection to itself, as from a pool or through PgBouncer in"
+echo "transaction mode), and 64 workers with a connection each, of which at most $POOL are in a"
+echo "claim+complete cycle at once (64 server processes still take turns on the CPUs, but only"
+echo "$POOL claims run together)."
 echo
 echo "| workers | n | pg_once jobs/s | plain jobs/s | pg_once / plain | pg_once of peak | plain of peak |"
 echo "|---|---|---|---|---|---|---|"
-# queue_round IMPL WORKERS N: one 4 s round; prints jobs/s.
+# queue_round IMPL WORKERS N [bench options]: one 4 s round; prints jobs/s.
 queue_round() {
-    HARNESS_ROUNDS=1 harness --dsn "$DSN" --label x queue --with "$1" --workers "$2" --batch "$3" --seconds 4 |
+    HARNESS_ROUNDS=1 harness --dsn "$DSN" --label x queue --with "$1" --workers "$2" --batch "$3" --seconds 4 "${@:4}" |
         awk -F'|' '{split($3, v, " "); print v[1]}'
 }
-# Each round visits every worker count, so that a slow spell of the machine (a checkpoint,
-# autovacuum of what earlier sections left) lands on several counts rather than on all
+# Worker setups: a count (one connection each), COUNTcPOOL (sharing POOL connections) or
+# COUNTfPOOL (POOL in flight).
+setup_options() {
+    case $1 in
+    *c*) echo "--connections ${1#*c}" ;;
+    *f*) echo "--in-flight ${1#*f}" ;;
+    esac
+}
+setup_label() {
+    case $1 in
+    *c*) echo "${1%c*} over ${1#*c} connections" ;;
+    *f*) echo "${1%f*}, ${1#*f} in flight" ;;
+    *) echo "$1" ;;
+    esac
+}
+SETUPS="1 4 16 64 64c$POOL 64f$POOL"
+# Each round visits every setup, so that a slow spell of the machine (a checkpoint,
+# autovacuum of what earlier sections left) lands on several of them rather than on all
 # rounds of one.
 for n in 1 10; do
     declare -A once_runs=() plain_runs=()
     peak_once=0 peak_plain=0
     for ((r = 1; r <= QUEUE_ROUNDS; r++)); do
-        for w in 1 4 16 64; do
-            progress "queue, n = $n, round $r/$QUEUE_ROUNDS, $w workers"
-            once_runs[$w]+=" $(queue_round once "$w" "$n")"
-            plain_runs[$w]+=" $(queue_round plain "$w" "$n")"
+        for w in $SETUPS; do
+            progress "queue, n = $n, round $r/$QUEUE_ROUNDS, workers: $(setup_label "$w")"
+            # shellcheck disable=SC2046 # the options are words
+            once_runs[$w]+=" $(queue_round once "${w%%[cf]*}" "$n" $(setup_options "$w"))"
+            # shellcheck disable=SC2046
+            plain_runs[$w]+=" $(queue_round plain "${w%%[cf]*}" "$n" $(setup_options "$w"))"
         done
     done
     for w in 1 4 16 64; do
@@ -270,10 +294,10 @@ for n in 1 10; do
         peak_plain=$(awk -v a="$m" -v b="$peak_plain" 'BEGIN {print (a > b ? a : b)}')
     done
     progress_done
-    for w in 1 4 16 64; do
+    for w in $SETUPS; do
         read -r ma mina maxa <<<"$(stats "${once_runs[$w]}")"
         read -r mb minb maxb <<<"$(stats "${plain_runs[$w]}")"
-        printf '| %s | %s | %s (%s-%s) | %s (%s-%s) | %sx | %.0f%% | %.0f%% |\n' "$w" "$n" \
+        printf '| %s | %s | %s (%s-%s) | %s (%s-%s) | %sx | %.0f%% | %.0f%% |\n' "$(setup_label "$w")" "$n" \
             "$ma" "$mina" "$maxa" "$mb" "$minb" "$maxb" "$(ratio "$ma" "$mb")" \
             "$(awk -v a="$ma" -v b="$peak_once" 'BEGIN {print 100 * a / b}')" \
             "$(awk -v a="$mb" -v b="$peak_plain" 'BEGIN {print 100 * a / b}')"

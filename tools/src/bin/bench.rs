@@ -60,6 +60,15 @@ enum What {
         batch: i32,
         #[arg(long, default_value_t = 5)]
         seconds: u64,
+        /// Server connections the workers share (default: one each). Worker libraries run
+        /// many workers per process over a small pool.
+        #[arg(long)]
+        connections: Option<usize>,
+        /// At most this many workers run a claim and its completion at once (default: all).
+        /// With one connection each, this separates how many server processes take turns
+        /// on the CPUs from how many claims run at the same time.
+        #[arg(long)]
+        in_flight: Option<usize>,
     },
     /// Cycle `keys` keys through claim_next, complete_key and enqueue_key(refresh) until
     /// `cycles` cycles are done, calling reap_stale meanwhile; report table and index sizes
@@ -134,15 +143,16 @@ async fn main() -> Result<()> {
                 workers,
                 batch,
                 seconds,
+                connections,
+                in_flight,
             } => {
-                queue(
-                    &args.dsn,
-                    with,
+                let shape = QueueShape {
                     workers,
+                    connections: connections.unwrap_or(workers).clamp(1, workers),
+                    in_flight: in_flight.unwrap_or(workers).clamp(1, workers),
                     batch,
-                    Duration::from_secs(seconds),
-                )
-                .await?
+                };
+                queue(&args.dsn, with, shape, Duration::from_secs(seconds)).await?
             }
             What::Bloat {
                 keys,
@@ -430,13 +440,30 @@ const JOBS_PER_SECOND_CAP: u64 = 80_000;
 /// How long queue workers work before their jobs count.
 const QUEUE_WARMUP: Duration = Duration::from_secs(1);
 
+/// How the queue benchmark's workers reach the server.
+#[derive(Clone, Copy)]
+struct QueueShape {
+    workers: usize,
+    /// Connections, shared round-robin; a shared connection runs its workers' statements
+    /// one after another, as a pool would.
+    connections: usize,
+    /// Workers allowed in a claim+complete cycle at once.
+    in_flight: usize,
+    batch: i32,
+}
+
 async fn queue(
     dsn: &str,
     with: QueueImpl,
-    workers: usize,
-    batch: i32,
+    shape: QueueShape,
     seconds: Duration,
 ) -> Result<serde_json::Value> {
+    let QueueShape {
+        workers,
+        connections,
+        in_flight,
+        batch,
+    } = shape;
     let admin = once::connect(dsn).await?;
     let jobs = (JOBS_PER_SECOND_CAP * (seconds + QUEUE_WARMUP).as_secs()) as i64;
     let name = format!("bench_{}", std::process::id());
@@ -474,22 +501,26 @@ async fn queue(
     settle(&admin).await?;
     let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let dry = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    // Workers are long-lived connections. Every worker connects before any starts (64
-    // connections take about a second while others work), and a new backend first pays
-    // for mapping the shared buffers it touches (page faults were 8% of all CPU in a
-    // 64-worker run), so jobs are counted only after every worker has worked for
-    // QUEUE_WARMUP.
-    let mut clients = Vec::with_capacity(workers);
-    for _ in 0..workers {
-        clients.push(once::connect(dsn).await?);
+    // Connections are long-lived, as workers' are. All connect before any worker starts
+    // (64 connections take about a second while others work), and a new backend first
+    // pays for mapping the shared buffers it touches (without huge pages, page faults were
+    // 8% of all CPU in a 64-worker run), so jobs count only after QUEUE_WARMUP.
+    let mut clients = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        clients.push(Arc::new(tokio::sync::Mutex::new(once::connect(dsn).await?)));
     }
+    let gate = Arc::new(tokio::sync::Semaphore::new(in_flight));
     let counted_from = Instant::now() + QUEUE_WARMUP;
     let deadline = counted_from + seconds;
     let mut tasks = Vec::new();
-    for (w, client) in clients.into_iter().enumerate() {
-        let (name, done, dry) = (name.clone(), done.clone(), dry.clone());
+    for w in 0..workers {
+        // A shared connection serves one statement at a time, as a pool or PgBouncer in
+        // transaction mode would (tokio-postgres alone would pipeline them).
+        let connection = clients[w % connections].clone();
+        let (name, done, dry, gate) = (name.clone(), done.clone(), dry.clone(), gate.clone());
         tasks.push(tokio::spawn(async move {
             let worker = format!("w{w}");
+            let client = connection.lock().await;
             let (claim, complete) = match with {
                 QueueImpl::Once => (
                     client.prepare("SELECT key, token FROM once.claim_next($1, worker => $2, n => $3::bigint::int)").await?,
@@ -517,14 +548,21 @@ async fn queue(
                         .await?,
                 ),
             };
+            drop(client);
             while Instant::now() < deadline {
-                let rows = client.query(&claim, &[&name, &worker, &(batch as i64)]).await?;
+                let _turn = gate.acquire().await?;
+                let rows = connection
+                    .lock()
+                    .await
+                    .query(&claim, &[&name, &worker, &(batch as i64)])
+                    .await?;
                 if rows.is_empty() {
                     dry.store(true, std::sync::atomic::Ordering::Relaxed);
                     break;
                 }
                 let keys: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
                 let tokens: Vec<i64> = rows.iter().map(|r| r.get(1)).collect();
+                let client = connection.lock().await;
                 match (with, batch) {
                     (QueueImpl::Once, 1) => {
                         client.query_one(&complete, &[&keys[0], &tokens[0]]).await?;
@@ -536,6 +574,7 @@ async fn queue(
                         client.execute(&complete, &[&keys]).await?;
                     }
                 }
+                drop(client);
                 if Instant::now() >= counted_from {
                     done.fetch_add(keys.len() as u64, std::sync::atomic::Ordering::Relaxed);
                 }
@@ -568,7 +607,7 @@ async fn queue(
     );
     Ok(json!({
         "bench": "queue", "with": format!("{with:?}").to_lowercase(), "workers": workers,
-        "batch": batch, "jobs": done, "cycles_per_s": done as f64 / elapsed,
+        "connections": connections, "in_flight": in_flight, "batch": batch, "jobs": done, "cycles_per_s": done as f64 / elapsed,
     }))
 }
 
