@@ -41,13 +41,19 @@ say "building the benchmark tools"
 # shared buffer; 64 freshly connected queue workers spent 10% of all CPU there, a cost a
 # long-lived connection pool pays once. Servers with large shared_buffers run on huge
 # pages, and so do the benchmark clusters when the kernel lets us reserve them (2 clusters
-# of 256 MB need about 300 pages of 2 MB).
+# of 256 MB need about 300 pages of 2 MB). The reservation is given back at exit.
 HUGE_PAGES=off
+HUGE_PAGES_BEFORE=$(cat /proc/sys/vm/nr_hugepages 2>/dev/null || echo 0)
 if [ "$(grep -s HugePages_Free /proc/meminfo | awk '{print $2}')" -ge 320 ] 2>/dev/null ||
-    { sysctl -qw vm.nr_hugepages=$(($(cat /proc/sys/vm/nr_hugepages) + 320)) 2>/dev/null &&
+    { sysctl -qw vm.nr_hugepages=$((HUGE_PAGES_BEFORE + 320)) 2>/dev/null &&
         [ "$(awk '/HugePages_Free/ {print $2}' /proc/meminfo)" -ge 320 ]; }; then
     HUGE_PAGES=on
 fi
+restore_huge_pages() {
+    [ "$(cat /proc/sys/vm/nr_hugepages)" = "$HUGE_PAGES_BEFORE" ] ||
+        sysctl -qw vm.nr_hugepages="$HUGE_PAGES_BEFORE" 2>/dev/null || true
+}
+trap restore_huge_pages EXIT
 say "starting throwaway clusters on 127.0.0.1:$PORT (preloaded) and :$PLAIN_PORT (not), huge pages $HUGE_PAGES"
 cluster_start bench "$PORT" "shared_preload_libraries = 'pg_once'" "once.databases = 'postgres'" \
     "huge_pages = $HUGE_PAGES"
@@ -55,7 +61,7 @@ cluster_start bench-plain "$PLAIN_PORT" "huge_pages = $HUGE_PAGES"
 "$BIN/latency_proxy" --listen "127.0.0.1:$PROXY_PORT" --upstream "127.0.0.1:$PORT" \
     --delay-us $((RTT_US / 2)) &
 proxy=$!
-trap 'kill $proxy 2>/dev/null; cluster_stop bench; cluster_stop bench-plain' EXIT
+trap 'kill $proxy 2>/dev/null; cluster_stop bench; cluster_stop bench-plain; restore_huge_pages' EXIT
 cluster_psql bench "$PORT" -q -c "CREATE EXTENSION pg_once" \
     -f "$SQL/handmade_setup.sql" -f "$SQL/hot_setup.sql" >/dev/null
 cluster_psql bench-plain "$PLAIN_PORT" -q -c "CREATE EXTENSION pg_once" >/dev/null
