@@ -43,10 +43,14 @@ say "building the benchmark tools"
 # pages, and so do the benchmark clusters when the kernel lets us reserve them (2 clusters
 # of 256 MB need about 300 pages of 2 MB). The reservation is given back at exit.
 HUGE_PAGES=off
+HUGE_PAGES_NEEDED=320
 HUGE_PAGES_BEFORE=$(cat /proc/sys/vm/nr_hugepages 2>/dev/null || echo 0)
-if [ "$(grep -s HugePages_Free /proc/meminfo | awk '{print $2}')" -ge 320 ] 2>/dev/null ||
-    { sysctl -qw vm.nr_hugepages=$((HUGE_PAGES_BEFORE + 320)) 2>/dev/null &&
-        [ "$(awk '/HugePages_Free/ {print $2}' /proc/meminfo)" -ge 320 ]; }; then
+enough_huge_pages() {
+    [ "$(awk '/HugePages_Free/ {print $2}' /proc/meminfo 2>/dev/null)" -ge "$HUGE_PAGES_NEEDED" ] 2>/dev/null
+}
+if enough_huge_pages ||
+    { sysctl -qw vm.nr_hugepages=$((HUGE_PAGES_BEFORE + HUGE_PAGES_NEEDED)) 2>/dev/null &&
+        enough_huge_pages; }; then
     HUGE_PAGES=on
 fi
 restore_huge_pages() {
