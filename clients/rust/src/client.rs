@@ -1,0 +1,581 @@
+//! [`Client`]: get a key's cached result or compute it once across every process, through
+//! a connection pool.
+
+use crate::error::{Error, Result};
+use crate::listener::{Interest, Listener};
+use crate::raw::{self, Owner};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+use tokio_postgres::NoTls;
+
+/// How a [`Client`] claims, waits and caches. Every field has a default
+/// (`Options::default()`); per-call overrides go in [`CallOptions`].
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Lease of a claim; heartbeats renew it every `lease / 3`. Default 30 s.
+    pub lease: Duration,
+    /// How long a call waits in total for someone else's computation before
+    /// [`Error::Timeout`]. Default 30 s.
+    pub wait: Duration,
+    /// How long results are cached (None: until invalidated). Default None.
+    pub ttl: Option<Duration>,
+    /// How long a failure is served to other callers before the key may be computed again.
+    /// Default 1 s: long enough that the crowd woken by the failure shares it instead of
+    /// each retrying a broken upstream, short enough not to poison the key.
+    pub retry_after: Duration,
+    /// Use the process's LISTEN connection (owner liveness and wake-ups). Default true.
+    /// With false, waiting calls poll with jittered backoff (50 ms doubling to 1 s) and
+    /// claims are held by their lease alone (`owner_pid => 0`).
+    pub listen: bool,
+    /// Conninfo of the LISTEN connection: direct or session-pooled, never
+    /// transaction-pooled. Default: the conninfo given to [`Client::connect`]; required
+    /// with [`Client::from_pool`] when `listen` is true.
+    pub listen_conninfo: Option<String>,
+    /// Connections in the pool made by [`Client::connect`]. Default 10.
+    pub pool_size: usize,
+    /// How often a waiting call asks the server again without a notification (jittered).
+    /// Default 1 s.
+    pub recheck: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            lease: Duration::from_secs(30),
+            wait: Duration::from_secs(30),
+            ttl: None,
+            retry_after: Duration::from_secs(1),
+            listen: true,
+            listen_conninfo: None,
+            pool_size: 10,
+            recheck: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Per-call overrides of [`Options`]; None keeps the client's setting.
+#[derive(Debug, Clone, Default)]
+pub struct CallOptions {
+    pub lease: Option<Duration>,
+    pub wait: Option<Duration>,
+    /// `Some(None)`: cache until invalidated.
+    pub ttl: Option<Option<Duration>>,
+    pub retry_after: Option<Duration>,
+}
+
+/// The settings one call runs with.
+#[derive(Debug, Clone)]
+pub(crate) struct Resolved {
+    pub lease: Duration,
+    pub wait: Duration,
+    pub ttl: Option<Duration>,
+    pub retry_after: Duration,
+}
+
+/// Run one pg_once call on a pooled connection, held only for that call:
+/// `with_conn!(inner, |c| raw::claim_key(c, ...))` evaluates to the call's `Result`.
+///
+/// A call that fails because its connection did (a terminated backend, a restarted
+/// PgBouncer, a pool that could not connect) is tried again on another connection, up to 4
+/// times: every pg_once call is safe to repeat, and claims belong to the LISTEN connection,
+/// not to the pooled one. (A macro rather than a function taking an async closure: the
+/// closure's borrowed futures would not be provably `Send` for `tokio::spawn`.)
+macro_rules! with_conn {
+    ($inner:expr, |$c:ident| $call:expr) => {{
+        let inner: &$crate::client::Inner = &$inner;
+        let mut attempt: u32 = 0;
+        loop {
+            attempt += 1;
+            let result: $crate::Result<_> = match inner.pool.get().await {
+                Ok(conn) => {
+                    let $c: &tokio_postgres::Client = &conn;
+                    $call.await
+                }
+                Err(e) => Err(e.into()),
+            };
+            match result {
+                Err(e) if e.is_connection_error() && attempt < 4 => {
+                    let pause = std::time::Duration::from_millis(50 * u64::from(attempt));
+                    tokio::time::sleep($crate::jitter(pause)).await;
+                }
+                other => break other,
+            }
+        }
+    }};
+}
+
+type Outcome = Shared<BoxFuture<'static, Result<Value>>>;
+
+pub(crate) struct Inner {
+    pub pool: Pool,
+    pub options: Options,
+    pub listener: Option<Listener>,
+    /// Keys this process is resolving right now, so concurrent calls make one claim.
+    inflight: Mutex<HashMap<String, Outcome>>,
+}
+
+/// A pg_once client for one process: a pool for the calls, one LISTEN connection for
+/// owner liveness and wake-ups, and in-process coalescing. Cheap to clone (shared state);
+/// dropping the last clone closes the LISTEN connection, which ends the process's claims.
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("options", &self.inner.options)
+            .field("owner_pid", &self.owner_pid())
+            .finish()
+    }
+}
+
+impl Client {
+    /// Connect to `conninfo` (libpq style, e.g. `host=... port=... user=... dbname=...`),
+    /// which may be PgBouncer in transaction mode, with a pool of `options.pool_size`.
+    /// Must be called inside a tokio runtime. Connections are made lazily; the LISTEN
+    /// connection goes to `options.listen_conninfo`, or to `conninfo`.
+    pub async fn connect(conninfo: &str, mut options: Options) -> Result<Client> {
+        let config: tokio_postgres::Config = conninfo
+            .parse()
+            .map_err(|e| Error::Config(format!("conninfo: {e}")))?;
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                // A connection that died is noticed by its next call, which is retried on
+                // another one (see `with_conn!`); no extra round trip per checkout.
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(options.pool_size.max(1))
+            .build()
+            .map_err(|e| Error::Config(format!("pool: {e}")))?;
+        if options.listen_conninfo.is_none() {
+            options.listen_conninfo = Some(conninfo.to_owned());
+        }
+        Client::from_pool(pool, options)
+    }
+
+    /// Use an existing deadpool-postgres pool (its connections must be in autocommit,
+    /// which they are unless you leave a transaction open). With `listen` true,
+    /// `options.listen_conninfo` must be set: a pool does not say where it connects.
+    pub fn from_pool(pool: Pool, options: Options) -> Result<Client> {
+        if options.lease.is_zero() {
+            return Err(Error::Config("lease must be positive".into()));
+        }
+        let listener = if options.listen {
+            let conninfo = options.listen_conninfo.clone().ok_or_else(|| {
+                Error::Config(
+                    "listen is true but listen_conninfo is not set: give the conninfo of a \
+                     direct (or session-pooled) connection, or set listen: false"
+                        .into(),
+                )
+            })?;
+            Some(Listener::start(conninfo)?)
+        } else {
+            None
+        };
+        Ok(Client {
+            inner: Arc::new(Inner {
+                pool,
+                options,
+                listener,
+                inflight: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// The pool the calls go through.
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
+    /// The backend pid of the LISTEN connection (the `owner_pid` of this process's claims),
+    /// while it is connected. None with `listen: false`.
+    pub fn owner_pid(&self) -> Option<i32> {
+        self.inner.listener.as_ref().and_then(|l| l.pid())
+    }
+
+    /// Wait until the LISTEN connection is up (claims would wait for it anyway). Useful at
+    /// start-up to fail fast on a bad `listen_conninfo`.
+    pub async fn ready(&self, patience: Duration) -> Result<()> {
+        if let Some(l) = &self.inner.listener {
+            l.owner(patience).await?;
+        }
+        Ok(())
+    }
+
+    /// The cached result of `key`, or compute it with `compute` if nobody else is; if
+    /// somebody is, wait for their result. Across processes one caller computes; within
+    /// this process concurrent calls for `key` share one claim and one outcome (the first
+    /// caller's `compute` runs, the others' are dropped).
+    ///
+    /// The computation runs on its own task, heartbeated every `lease / 3`; it finishes
+    /// (and stores its result) even if every caller stops waiting. Errors: the compute
+    /// function's ([`Error::Compute`], after failing the key with its text), a failure
+    /// shared by another process ([`Error::Failed`]), [`Error::Timeout`] after `wait`,
+    /// [`Error::ClaimLost`], [`Error::Serialize`] / [`Error::Deserialize`], and
+    /// connection errors.
+    pub async fn get_or_compute<T, E, F, Fut>(
+        &self,
+        key: &str,
+        compute: F,
+        opts: CallOptions,
+    ) -> Result<T>
+    where
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: Into<Box<dyn std::error::Error + Send + Sync>> + 'static,
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
+    {
+        let value = self.get_or_compute_value(key, compute, opts).await?;
+        serde_json::from_value(value).map_err(|e| Error::Deserialize {
+            key: key.to_owned(),
+            source: Arc::new(e),
+        })
+    }
+
+    /// [`Client::get_or_compute`] returning the JSON as stored.
+    pub async fn get_or_compute_value<T, E, F, Fut>(
+        &self,
+        key: &str,
+        compute: F,
+        opts: CallOptions,
+    ) -> Result<Value>
+    where
+        T: Serialize + Send + 'static,
+        E: Into<Box<dyn std::error::Error + Send + Sync>> + 'static,
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
+    {
+        let outcome = {
+            let mut inflight = self.inner.inflight.lock().unwrap();
+            match inflight.get(key) {
+                Some(outcome) => outcome.clone(),
+                None => {
+                    let compute: Compute = Box::new(move || {
+                        async move {
+                            let value = compute()
+                                .await
+                                .map_err(|e| ComputeError::Failed(e.into()))?;
+                            serde_json::to_value(value).map_err(ComputeError::Serialize)
+                        }
+                        .boxed()
+                    });
+                    let inner = self.inner.clone();
+                    let owned_key = key.to_owned();
+                    let settings = self.inner.resolve(&opts);
+                    // Its own task: the claim is seen through to the end even if every
+                    // caller is cancelled, so the key is never left claimed by nobody.
+                    let task = tokio::spawn(async move {
+                        let result = resolve(&inner, &owned_key, compute, &settings).await;
+                        inner.inflight.lock().unwrap().remove(&owned_key);
+                        result
+                    });
+                    let owned_key = key.to_owned();
+                    let outcome = async move {
+                        task.await.unwrap_or_else(|e| {
+                            Err(Error::Compute {
+                                key: owned_key,
+                                source: Arc::new(std::io::Error::other(format!(
+                                    "the task resolving the key ended: {e}"
+                                ))),
+                            })
+                        })
+                    }
+                    .boxed()
+                    .shared();
+                    inflight.insert(key.to_owned(), outcome.clone());
+                    outcome
+                }
+            }
+        };
+        outcome.await
+    }
+
+    /// Wrap an async function as a cached one: `key` names the argument's result, `f`
+    /// computes it. Calls go through [`Client::get_or_compute`].
+    ///
+    /// ```no_run
+    /// # async fn demo(client: pg_once_client::Client) -> pg_once_client::Result<()> {
+    /// use pg_once_client::CallOptions;
+    /// let title = client.cached(
+    ///     |url: &String| format!("title:{url}"),
+    ///     |url: String| async move { Ok::<_, std::io::Error>(format!("Title of {url}")) },
+    ///     CallOptions::default(),
+    /// );
+    /// let t: String = title.call("https://example.com".to_string()).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn cached<A, K, F, Fut, T, E>(&self, key: K, f: F, opts: CallOptions) -> Cached<K, F>
+    where
+        K: Fn(&A) -> String,
+        F: Fn(A) -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
+    {
+        Cached {
+            client: self.clone(),
+            key,
+            f,
+            opts,
+        }
+    }
+
+    /// Forget `key` (its result, failure or running claim); false if it was absent.
+    pub async fn invalidate(&self, key: &str) -> Result<bool> {
+        with_conn!(self.inner, |c| raw::invalidate_key(c, key))
+    }
+
+    /// Add `key` to `queue` for the workers ([`Client::work`]): `queued`, `requeued`,
+    /// `duplicate` or `cached`.
+    pub async fn enqueue(&self, key: &str, payload: Option<&Value>, queue: &str) -> Result<String> {
+        with_conn!(self.inner, |c| raw::enqueue_key(c, key, payload, queue, 0))
+    }
+}
+
+/// An async function whose results are cached by pg_once, made by [`Client::cached`].
+#[derive(Clone)]
+pub struct Cached<K, F> {
+    client: Client,
+    key: K,
+    f: F,
+    opts: CallOptions,
+}
+
+impl<K, F> Cached<K, F> {
+    /// The result for `arg`: cached, computed elsewhere, or computed here with `f(arg)`.
+    pub async fn call<A, Fut, T, E>(&self, arg: A) -> Result<T>
+    where
+        A: Send + 'static,
+        K: Fn(&A) -> String,
+        F: Fn(A) -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: Into<Box<dyn std::error::Error + Send + Sync>> + 'static,
+    {
+        let key = (self.key)(&arg);
+        let f = self.f.clone();
+        self.client
+            .get_or_compute(&key, move || f(arg), self.opts.clone())
+            .await
+    }
+}
+
+/// What a compute function can end with, before it is turned into an [`Error`].
+pub(crate) enum ComputeError {
+    Failed(Box<dyn std::error::Error + Send + Sync>),
+    Serialize(serde_json::Error),
+}
+
+pub(crate) type Compute =
+    Box<dyn FnOnce() -> BoxFuture<'static, std::result::Result<Value, ComputeError>> + Send>;
+
+impl Inner {
+    pub(crate) fn resolve(&self, opts: &CallOptions) -> Resolved {
+        let o = &self.options;
+        Resolved {
+            lease: opts.lease.unwrap_or(o.lease),
+            wait: opts.wait.unwrap_or(o.wait),
+            ttl: opts.ttl.unwrap_or(o.ttl),
+            retry_after: opts.retry_after.unwrap_or(o.retry_after),
+        }
+    }
+
+    /// The owner to claim as: the LISTEN connection's pid, or the lease alone.
+    pub(crate) async fn owner(&self, patience: Duration) -> Result<Owner> {
+        match &self.listener {
+            Some(l) => l.owner(patience.max(Duration::from_secs(5))).await,
+            None => Ok(Owner::LeaseOnly),
+        }
+    }
+}
+
+/// Claim, wait or read `key` until it has an outcome (this runs once per key per process).
+async fn resolve(inner: &Inner, key: &str, compute: Compute, s: &Resolved) -> Result<Value> {
+    let started = Instant::now();
+    let deadline = started + s.wait;
+    let mut poll_backoff = Duration::from_millis(50);
+    let mut compute = Some(compute);
+    loop {
+        // Interest first, then the question: a completion in between still wakes us.
+        let mut interest: Option<Interest> = inner.listener.as_ref().map(|l| l.interest(key));
+        let owner = inner
+            .owner(deadline.saturating_duration_since(Instant::now()))
+            .await?;
+        let claim = with_conn!(inner, |c| raw::claim_key(
+            c,
+            key,
+            s.lease,
+            Duration::ZERO,
+            owner
+        ))?;
+        match claim.outcome.as_str() {
+            "hit" => return Ok(claim.result.unwrap_or(Value::Null)),
+            "failed" => {
+                return Err(Error::Failed {
+                    key: key.to_owned(),
+                    message: claim.error.unwrap_or_default(),
+                    retry_at: claim.retry_at,
+                })
+            }
+            "claimed" => {
+                drop(interest);
+                let token = claim
+                    .token
+                    .ok_or_else(|| Error::Protocol("a claim without a token".into()))?;
+                let compute = compute
+                    .take()
+                    .expect("a key is claimed at most once per call");
+                return run_claimed(inner, key, token, compute, s).await;
+            }
+            "wait" => {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(Error::Timeout {
+                        key: key.to_owned(),
+                        waited: started.elapsed(),
+                    });
+                }
+                let mut until = deadline;
+                if let Some(expiry) = claim.lease_expires_at {
+                    // Ask again just after the owner's lease runs out.
+                    let left = expiry
+                        .duration_since(SystemTime::now())
+                        .unwrap_or(Duration::ZERO);
+                    until = until.min(now + left + Duration::from_millis(20));
+                }
+                match interest.as_mut() {
+                    Some(interest) => {
+                        until = until.min(now + crate::jitter(inner.options.recheck));
+                        tokio::select! {
+                            _ = interest.changed() => {}
+                            _ = tokio::time::sleep_until(until.into()) => {}
+                        }
+                    }
+                    None => {
+                        until = until.min(now + crate::jitter(poll_backoff));
+                        poll_backoff = (poll_backoff * 2).min(Duration::from_secs(1));
+                        tokio::time::sleep_until(until.into()).await;
+                    }
+                }
+            }
+            other => return Err(Error::Protocol(format!("claim_key outcome {other:?}"))),
+        }
+    }
+}
+
+/// How a claimed computation ended.
+pub(crate) enum Ran {
+    Done(std::result::Result<Value, ComputeError>),
+    /// heartbeat_key said the claim was lost: the computation was stopped.
+    Lost,
+}
+
+/// Run `compute` while heartbeating the claim every `lease / 3`. A panic counts as an error.
+pub(crate) async fn compute_with_heartbeat(
+    inner: &Inner,
+    key: &str,
+    token: i64,
+    lease: Duration,
+    compute: BoxFuture<'static, std::result::Result<Value, ComputeError>>,
+) -> Ran {
+    let work = AssertUnwindSafe(compute).catch_unwind().map(|r| match r {
+        Ok(r) => r,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            Err(ComputeError::Failed(
+                format!("compute panicked: {what}").into(),
+            ))
+        }
+    });
+    let heartbeats = async {
+        let every = lease / 3;
+        loop {
+            tokio::time::sleep(every).await;
+            match with_conn!(inner, |c| raw::heartbeat_key(c, key, token, lease)) {
+                Ok(Some(_)) => {}
+                Ok(None) => return,
+                // The database is unreachable for now: the lease still has two thirds to
+                // go, so keep computing and try again at the next beat.
+                Err(_) => {}
+            }
+        }
+    };
+    tokio::select! {
+        done = work => Ran::Done(done),
+        () = heartbeats => Ran::Lost,
+    }
+}
+
+/// This process holds the claim: compute, then complete, fail or release the key.
+async fn run_claimed(
+    inner: &Inner,
+    key: &str,
+    token: i64,
+    compute: Compute,
+    s: &Resolved,
+) -> Result<Value> {
+    let lost = || Error::ClaimLost {
+        key: key.to_owned(),
+    };
+    match compute_with_heartbeat(inner, key, token, s.lease, compute()).await {
+        Ran::Lost => Err(lost()),
+        Ran::Done(Ok(value)) => {
+            let stored = with_conn!(inner, |c| raw::complete_key(c, key, token, &value, s.ttl));
+            match stored {
+                Ok(true) => Ok(value),
+                Ok(false) => Err(lost()),
+                Err(e) => {
+                    // Could not store it: give the key back rather than leave it claimed.
+                    let _ = with_conn!(inner, |c| raw::release_key(c, key, token));
+                    Err(e)
+                }
+            }
+        }
+        Ran::Done(Err(ComputeError::Failed(source))) => {
+            let message = source.to_string();
+            with_conn!(inner, |c| raw::fail_key(
+                c,
+                key,
+                token,
+                &message,
+                s.retry_after
+            ))?;
+            Err(Error::Compute {
+                key: key.to_owned(),
+                source: Arc::from(source),
+            })
+        }
+        Ran::Done(Err(ComputeError::Serialize(e))) => {
+            // Nothing can be cached. Fail the key with the reason rather than release
+            // it: released, every waiter would claim it in turn and fail the same way.
+            let message = format!("the result is not JSON-serialisable: {e}");
+            with_conn!(inner, |c| raw::fail_key(
+                c,
+                key,
+                token,
+                &message,
+                s.retry_after
+            ))?;
+            Err(Error::Serialize {
+                key: key.to_owned(),
+                source: Arc::new(e),
+            })
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! The one error type of this crate. It is `Clone` because one outcome (a result or an
+//! error) is handed to every caller that coalesced onto the same computation.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// Short for `std::result::Result<T, pg_once_client::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What can go wrong talking to pg_once.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A pg_once call failed: the server refused it (bad input, with a SQLSTATE and hint)
+    /// or the connection broke.
+    #[error("pg_once: {0}")]
+    Db(#[source] Arc<tokio_postgres::Error>),
+    /// No pooled connection could be had (pool closed, timed out, or connecting failed).
+    #[error("pg_once: no connection from the pool: {0}")]
+    Pool(#[source] Arc<deadpool_postgres::PoolError>),
+    /// The process's LISTEN connection (owner liveness and wake-ups) is not available.
+    #[error("pg_once: the LISTEN connection is unavailable: {0}")]
+    Listener(String),
+    /// Options that cannot work together.
+    #[error("pg_once: bad configuration: {0}")]
+    Config(String),
+    /// This process computed the key and the compute function returned an error (or
+    /// panicked). The key was failed with the error text, so that waiters share it.
+    #[error("computing {key:?} failed: {source}")]
+    Compute {
+        key: String,
+        #[source]
+        source: Arc<dyn std::error::Error + Send + Sync>,
+    },
+    /// The last attempt at the key, possibly by another process, failed; its error is
+    /// served until `retry_at`, then the key may be computed again.
+    #[error("{key:?} failed: {message} (retry at {retry_at:?})")]
+    Failed {
+        key: String,
+        message: String,
+        retry_at: Option<SystemTime>,
+    },
+    /// The call's overall `wait` ran out while another caller was still computing the key.
+    #[error("timed out after {waited:?} waiting for {key:?} to be computed elsewhere")]
+    Timeout { key: String, waited: Duration },
+    /// This process's claim on the key ended before its result was stored (its lease ran
+    /// out, its LISTEN connection died, or the key was invalidated); the result was
+    /// discarded because a newer claim, or no claim, stands.
+    #[error("the claim on {key:?} was lost before its result was stored")]
+    ClaimLost { key: String },
+    /// The compute function's result could not be turned into JSON. Nothing was cached;
+    /// the key was failed with this reason (served for `retry_after`, then computed anew).
+    #[error("the result for {key:?} is not JSON-serialisable: {source}")]
+    Serialize {
+        key: String,
+        #[source]
+        source: Arc<serde_json::Error>,
+    },
+    /// The cached JSON does not deserialise into the type the caller asked for.
+    #[error("the cached result for {key:?} does not fit the requested type: {source}")]
+    Deserialize {
+        key: String,
+        #[source]
+        source: Arc<serde_json::Error>,
+    },
+    /// The server answered something this client does not understand (version mismatch).
+    #[error("pg_once: unexpected answer from the server: {0}")]
+    Protocol(String),
+}
+
+impl From<tokio_postgres::Error> for Error {
+    fn from(e: tokio_postgres::Error) -> Self {
+        Error::Db(Arc::new(e))
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for Error {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        Error::Pool(Arc::new(e))
+    }
+}
+
+impl Error {
+    /// The SQLSTATE of a server error, e.g. `"22023"`.
+    pub fn sqlstate(&self) -> Option<&str> {
+        match self {
+            Error::Db(e) => e.code().map(|c| c.code()),
+            _ => None,
+        }
+    }
+
+    /// Whether the error says the connection, not the call, failed, so the same call on
+    /// another connection may succeed: a closed socket, a terminated backend (class 57),
+    /// a connection exception (class 08), or no connection from the pool.
+    pub fn is_connection_error(&self) -> bool {
+        match self {
+            Error::Pool(_) => true,
+            Error::Db(e) => {
+                e.is_closed()
+                    || match e.code() {
+                        None => true,
+                        Some(c) => c.code().starts_with("57") || c.code().starts_with("08"),
+                    }
+            }
+            _ => false,
+        }
+    }
+}

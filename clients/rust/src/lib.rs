@@ -1,0 +1,53 @@
+//! Rust client for [pg_once](https://github.com/): compute each expensive, cacheable key
+//! once across a fleet of processes, with nothing but PostgreSQL.
+//!
+//! [`Client`] is what applications use: [`Client::get_or_compute`] (and its wrapper
+//! [`Client::cached`]) returns a key's cached result or computes it exactly once while
+//! every other caller, in this process or another, waits for it; [`Client::work`] runs a
+//! queue worker loop. It goes through a deadpool-postgres pool, which may point at
+//! PgBouncer in transaction mode: every call is one unnamed statement in autocommit, and
+//! waiting calls hold no pooled connection. One direct LISTEN connection per process
+//! carries the wake-ups and names the process as the owner of its claims, so a process
+//! that dies loses them within about a second. [`raw`] has one function per SQL call.
+//!
+//! ```no_run
+//! use pg_once_client::{CallOptions, Client, Options};
+//! # async fn demo() -> pg_once_client::Result<()> {
+//! let client = Client::connect(
+//!     "host=pgbouncer port=6432 user=app dbname=app",
+//!     Options {
+//!         listen_conninfo: Some("host=db port=5432 user=app dbname=app".into()),
+//!         ..Options::default()
+//!     },
+//! )
+//! .await?;
+//! let page: serde_json::Value = client
+//!     .get_or_compute(
+//!         "https://example.com/a",
+//!         || async { Ok::<_, std::io::Error>(serde_json::json!({"title": "A"})) },
+//!         CallOptions::default(),
+//!     )
+//!     .await?;
+//! # Ok(()) }
+//! ```
+//!
+//! The behaviour every pg_once client shares is specified in `docs/clients.md`.
+
+#[macro_use]
+mod client;
+mod error;
+mod listener;
+pub mod raw;
+mod worker;
+
+pub use client::{Cached, CallOptions, Client, Options};
+pub use error::{Error, Result};
+pub use listener::CHANNEL;
+pub use raw::{Claim, Job, Owner, Reaped};
+pub use worker::{WorkOptions, WorkReport};
+
+/// `d` scaled by a random factor in [0.5, 1.0]: spreads out processes that would
+/// otherwise ask the server at the same instants.
+pub(crate) fn jitter(d: std::time::Duration) -> std::time::Duration {
+    d.mul_f64(0.5 + fastrand::f64() / 2.0)
+}

@@ -1,0 +1,241 @@
+//! The process's one LISTEN connection.
+//!
+//! It does two jobs. It names the process as the owner of its claims: it calls
+//! `once.owner_session()` and every claim passes the returned pid as `owner_pid`, so when
+//! the process dies (and this connection with it) the server ends its claims within about
+//! a second, while pooled server connections can come and go. And it multiplexes wake-ups:
+//! every key is notified on channel `once` with the key as payload, and each waiting call
+//! registers an [`Interest`] in its key before asking the server, so a completion that
+//! lands between the question and the sleep still wakes it.
+//!
+//! When the connection is lost it reconnects with backoff, LISTENs again and gets a new
+//! pid; meanwhile claims wait for it, and every waiter is woken (notifications may have
+//! been missed) to ask the server again.
+
+use crate::error::{Error, Result};
+use crate::raw::Owner;
+use futures_util::{stream, StreamExt};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_postgres::{AsyncMessage, NoTls};
+
+/// The channel pg_once notifies on.
+pub const CHANNEL: &str = "once";
+
+/// How the LISTEN connection is doing.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct State {
+    /// The owner to claim as; None while (re)connecting.
+    pub owner: Option<Owner>,
+    /// The backend pid of the LISTEN connection, when connected.
+    pub pid: Option<i32>,
+    /// Why the last connection attempt failed, for error messages.
+    pub last_error: Option<String>,
+}
+
+/// Per-key wake-up senders; a key is in the map while some call is interested in it.
+#[derive(Default)]
+struct Registry {
+    keys: Mutex<HashMap<String, watch::Sender<u64>>>,
+}
+
+impl Registry {
+    fn wake(&self, key: &str) {
+        if let Some(tx) = self.keys.lock().unwrap().get(key) {
+            tx.send_modify(|n| *n += 1);
+        }
+    }
+    fn wake_all(&self) {
+        for tx in self.keys.lock().unwrap().values() {
+            tx.send_modify(|n| *n += 1);
+        }
+    }
+}
+
+/// A waiting call's registration for one key. Any notification of the key (or a
+/// reconnection of the listener) after it was created makes [`Interest::changed`] return.
+pub(crate) struct Interest {
+    registry: Arc<Registry>,
+    key: String,
+    rx: Option<watch::Receiver<u64>>,
+}
+
+impl Interest {
+    /// Resolves once the key was notified since the interest was created or last woken.
+    pub async fn changed(&mut self) {
+        if let Some(rx) = self.rx.as_mut() {
+            if rx.changed().await.is_err() {
+                // Cannot happen while we hold a receiver (the sender stays in the map);
+                // never spin if it does.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+impl Drop for Interest {
+    fn drop(&mut self) {
+        let mut keys = self.registry.keys.lock().unwrap();
+        self.rx.take();
+        if keys
+            .get(&self.key)
+            .is_some_and(|tx| tx.receiver_count() == 0)
+        {
+            keys.remove(&self.key);
+        }
+    }
+}
+
+/// Handle on the listener task; dropping it closes the LISTEN connection, which ends the
+/// claims it owns.
+pub(crate) struct Listener {
+    registry: Arc<Registry>,
+    state: watch::Receiver<State>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Aborts a spawned task when dropped, so a connection's driver dies with its owner.
+struct AbortOnDrop(JoinHandle<()>);
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Listener {
+    /// Start the listener task; it connects in the background.
+    pub fn start(conninfo: String) -> Result<Self> {
+        let config: tokio_postgres::Config = conninfo
+            .parse()
+            .map_err(|e| Error::Config(format!("listen conninfo: {e}")))?;
+        let registry = Arc::new(Registry::default());
+        let (state_tx, state) = watch::channel(State::default());
+        let task = tokio::spawn(run(config, registry.clone(), state_tx));
+        Ok(Listener {
+            registry,
+            state,
+            task,
+        })
+    }
+
+    /// Register interest in `key`: call before asking the server about it.
+    pub fn interest(&self, key: &str) -> Interest {
+        let mut keys = self.registry.keys.lock().unwrap();
+        let rx = keys
+            .entry(key.to_owned())
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe();
+        Interest {
+            registry: self.registry.clone(),
+            key: key.to_owned(),
+            rx: Some(rx),
+        }
+    }
+
+    /// The owner to claim as, waiting up to `patience` for the connection to be up.
+    pub async fn owner(&self, patience: Duration) -> Result<Owner> {
+        let mut state = self.state.clone();
+        let waited = tokio::time::timeout(patience, state.wait_for(|s| s.owner.is_some())).await;
+        match waited {
+            Ok(Ok(s)) => Ok(s.owner.expect("waited for it")),
+            _ => Err(Error::Listener(
+                self.state
+                    .borrow()
+                    .last_error
+                    .clone()
+                    .unwrap_or_else(|| format!("not connected after {patience:?}")),
+            )),
+        }
+    }
+
+    /// The backend pid of the LISTEN connection, if connected.
+    pub fn pid(&self) -> Option<i32> {
+        self.state.borrow().pid
+    }
+}
+
+/// Connect, LISTEN, name the owner, relay notifications; on loss, start over.
+async fn run(config: tokio_postgres::Config, registry: Arc<Registry>, state: watch::Sender<State>) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match session(&config, &registry, &state).await {
+            Ok(()) => backoff = Duration::from_millis(50),
+            Err(e) => {
+                state.send_modify(|s| s.last_error = Some(e.to_string()));
+            }
+        }
+        // The connection is gone: claims must wait for the next one, and every waiter
+        // asks the server again (its key's notification may have been missed).
+        state.send_modify(|s| {
+            s.owner = None;
+            s.pid = None;
+        });
+        registry.wake_all();
+        tokio::time::sleep(crate::jitter(backoff)).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// One LISTEN connection, from connecting until it closes. Ok if it was up at some point.
+async fn session(
+    config: &tokio_postgres::Config,
+    registry: &Registry,
+    state: &watch::Sender<State>,
+) -> Result<()> {
+    let (client, mut connection) = config.connect(NoTls).await?;
+    let (tx, mut notifications) = mpsc::unbounded_channel();
+    let _driver = AbortOnDrop(tokio::spawn(async move {
+        let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = messages.next().await {
+            if let AsyncMessage::Notification(n) = message {
+                if n.channel() == CHANNEL && tx.send(n.payload().to_owned()).is_err() {
+                    break;
+                }
+            }
+        }
+        // Dropping tx tells the session the connection is gone.
+    }));
+    client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+    let pid = match client.simple_query("SELECT once.owner_session()").await {
+        Ok(_) => None,
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_FUNCTION) => {
+            // A server that predates owner_session(): claims fall back to belonging to
+            // the connection that makes them (owner_pid left out).
+            Some(Owner::Connection)
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let backend: i32 = match client
+        .simple_query("SELECT pg_backend_pid()")
+        .await?
+        .into_iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).and_then(|v| v.parse().ok()),
+            _ => None,
+        }) {
+        Some(p) => p,
+        None => return Err(Error::Protocol("pg_backend_pid() returned no row".into())),
+    };
+    let owner = pid.unwrap_or(Owner::Session(backend));
+    state.send_modify(|s| {
+        s.owner = Some(owner);
+        s.pid = Some(backend);
+        s.last_error = None;
+    });
+    // Anything notified while we were away was missed: everyone looks again.
+    registry.wake_all();
+    while let Some(key) = notifications.recv().await {
+        registry.wake(&key);
+    }
+    drop(client);
+    Ok(())
+}

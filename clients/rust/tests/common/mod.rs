@@ -1,0 +1,72 @@
+//! Shared by the integration tests: the two setups (direct, and PgBouncer in transaction
+//! mode) and helpers. Each test runs once per setup.
+
+#![allow(dead_code)]
+
+use pg_once_client::{Client, Options};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// One way of reaching the server.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    pub name: &'static str,
+    /// Where the pooled calls go.
+    pub pool_dsn: String,
+    /// The server itself: LISTEN connections and the test's own admin connection.
+    pub direct_dsn: String,
+}
+
+/// `PG_ONCE_DSN` (direct) and, if set, `PG_ONCE_BOUNCER_DSN` (PgBouncer, transaction mode).
+pub fn setups() -> Vec<Setup> {
+    let direct = std::env::var("PG_ONCE_DSN")
+        .expect("set PG_ONCE_DSN to a server with pg_once preloaded and created");
+    let mut setups = vec![Setup {
+        name: "direct",
+        pool_dsn: direct.clone(),
+        direct_dsn: direct.clone(),
+    }];
+    match std::env::var("PG_ONCE_BOUNCER_DSN") {
+        Ok(bouncer) => setups.push(Setup {
+            name: "pgbouncer",
+            pool_dsn: bouncer,
+            direct_dsn: direct,
+        }),
+        Err(_) => eprintln!("PG_ONCE_BOUNCER_DSN is not set: the PgBouncer setup is skipped"),
+    }
+    setups
+}
+
+impl Setup {
+    /// A client like one process's: pooled calls through this setup, LISTEN direct.
+    /// `tag` becomes the application_name of its connections (`tag` pooled, `tag-listen`).
+    pub async fn client(&self, tag: &str, options: Options) -> Client {
+        Client::connect(
+            &format!("{} application_name={tag}", self.pool_dsn),
+            Options {
+                listen_conninfo: Some(format!("{} application_name={tag}-listen", self.direct_dsn)),
+                ..options
+            },
+        )
+        .await
+        .expect("client")
+    }
+
+    pub async fn admin(&self) -> tokio_postgres::Client {
+        let (client, connection) = tokio_postgres::connect(&self.direct_dsn, tokio_postgres::NoTls)
+            .await
+            .expect("admin connection");
+        tokio::spawn(connection);
+        client
+    }
+}
+
+/// A key (or name) unique to this test run.
+pub fn fresh(name: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{name}-{nanos}-{}", COUNTER.fetch_add(1, Ordering::Relaxed))
+}

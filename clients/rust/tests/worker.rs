@@ -1,0 +1,206 @@
+//! The queue worker loop: every job completed exactly once across workers; shutdown stops
+//! claiming and releases what cannot finish in time.
+
+mod common;
+
+use common::{fresh, setups};
+use pg_once_client::{raw, Options, WorkOptions};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workers_complete_every_job_once_and_stop_on_shutdown() {
+    for setup in setups() {
+        let admin = setup.admin().await;
+        let queue = fresh("rust-q").replace('-', "_");
+        raw::create_queue(
+            &admin,
+            &queue,
+            3,
+            Duration::from_millis(100),
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+        let keys: Vec<String> = (0..60).map(|i| format!("{queue}/job/{i}")).collect();
+        for key in &keys {
+            let payload = json!({ "n": key });
+            assert_eq!(
+                raw::enqueue_key(&admin, key, Some(&payload), &queue, 0)
+                    .await
+                    .unwrap(),
+                "queued"
+            );
+        }
+        let seen: Arc<Mutex<HashMap<String, usize>>> = Default::default();
+        let mut workers = Vec::new();
+        let mut stops = Vec::new();
+        for w in 0..3 {
+            let client = setup
+                .client(
+                    &fresh("rust-worker"),
+                    Options {
+                        pool_size: 3,
+                        ..Options::default()
+                    },
+                )
+                .await;
+            let (stop, stopped) = oneshot::channel::<()>();
+            stops.push(stop);
+            let (seen, queue) = (seen.clone(), queue.clone());
+            workers.push(tokio::spawn(async move {
+                client
+                    .work(
+                        &queue,
+                        move |job| {
+                            let seen = seen.clone();
+                            async move {
+                                *seen.lock().unwrap().entry(job.key.clone()).or_default() += 1;
+                                tokio::time::sleep(Duration::from_millis(30)).await;
+                                Ok::<_, std::io::Error>(
+                                    json!({ "done": job.key, "payload": job.payload }),
+                                )
+                            }
+                        },
+                        WorkOptions {
+                            concurrency: 4,
+                            worker: Some(format!("w{w}")),
+                            ..WorkOptions::default()
+                        },
+                        async move {
+                            let _ = stopped.await;
+                        },
+                    )
+                    .await
+            }));
+        }
+        let started = Instant::now();
+        while seen.lock().unwrap().len() < keys.len() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "[{}] jobs not all handled",
+                setup.name
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Let the last completions land, then stop the workers.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let stopping = Instant::now();
+        for stop in stops {
+            let _ = stop.send(());
+        }
+        let mut completed = 0;
+        for w in workers {
+            let report = w.await.unwrap().expect("worker loop");
+            assert_eq!(
+                (report.failed, report.lost, report.errors),
+                (0, 0, 0),
+                "[{}] {report:?}",
+                setup.name
+            );
+            completed += report.completed;
+        }
+        assert!(
+            stopping.elapsed() < Duration::from_secs(3),
+            "[{}] shutdown took {:?}",
+            setup.name,
+            stopping.elapsed()
+        );
+        assert_eq!(completed, keys.len() as u64, "[{}]", setup.name);
+        assert!(
+            seen.lock().unwrap().values().all(|&n| n == 1),
+            "[{}] each job handled once",
+            setup.name
+        );
+        for key in &keys {
+            let claim = raw::claim_key(
+                &admin,
+                key,
+                Duration::from_secs(5),
+                Duration::ZERO,
+                raw::Owner::Connection,
+            )
+            .await
+            .unwrap();
+            assert!(claim.is("hit"), "[{}] {key}: {claim:?}", setup.name);
+            assert_eq!(claim.result.unwrap()["done"], Value::from(key.clone()));
+        }
+
+        // Shutdown with slow jobs in hand: they are released, back to the queue, due now.
+        let slow: Vec<String> = (0..3).map(|i| format!("{queue}/slow/{i}")).collect();
+        for key in &slow {
+            raw::enqueue_key(&admin, key, None, &queue, 0)
+                .await
+                .unwrap();
+        }
+        let client = setup
+            .client(&fresh("rust-worker-slow"), Options::default())
+            .await;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let q = queue.clone();
+        let worker = tokio::spawn(async move {
+            client
+                .work(
+                    &q,
+                    |_job| async {
+                        tokio::time::sleep(Duration::from_secs(60)).await;
+                        Ok::<_, std::io::Error>(json!(null))
+                    },
+                    WorkOptions {
+                        concurrency: 4,
+                        drain: Duration::from_millis(200),
+                        ..WorkOptions::default()
+                    },
+                    async move {
+                        let _ = stopped.await;
+                    },
+                )
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let stopping = Instant::now();
+        stop.send(()).unwrap();
+        let report = worker.await.unwrap().expect("worker loop");
+        assert!(
+            stopping.elapsed() < Duration::from_secs(2),
+            "[{}] shutdown took {:?}",
+            setup.name,
+            stopping.elapsed()
+        );
+        assert_eq!(report.released, 3, "[{}] {report:?}", setup.name);
+        let again = raw::claim_next(
+            &admin,
+            &queue,
+            Duration::from_secs(5),
+            None,
+            10,
+            Duration::ZERO,
+            raw::Owner::Connection,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            again.len(),
+            3,
+            "[{}] released jobs are due again",
+            setup.name
+        );
+        assert!(
+            again.iter().all(|j| j.attempt == 1),
+            "[{}] released attempts do not count: {again:?}",
+            setup.name
+        );
+        for job in again {
+            raw::complete_key(&admin, &job.key, job.token, &json!(null), None)
+                .await
+                .unwrap();
+        }
+        raw::invalidate_keys(&admin, Some(&queue), None)
+            .await
+            .unwrap();
+        raw::drop_queue(&admin, &queue).await.unwrap();
+    }
+}
