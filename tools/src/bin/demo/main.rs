@@ -11,9 +11,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Barrier, Mutex};
 use tokio_postgres::Client;
 
+mod pooled;
+
 #[derive(Parser, Debug)]
 #[command(about = "pg_once demo: many clients, few URLs, each URL scraped once")]
-struct Args {
+pub(crate) struct Args {
     /// libpq connection string of a database with pg_once installed.
     #[arg(long, env = "PG_ONCE_DSN")]
     dsn: String,
@@ -26,6 +28,10 @@ struct Args {
     /// How long one scrape takes, in milliseconds.
     #[arg(long, default_value_t = 2000)]
     scrape_ms: u64,
+    /// Reach the server through this PgBouncer (transaction mode) with pg_once_client:
+    /// one Client per simulated process, each with a direct LISTEN connection (--dsn).
+    #[arg(long)]
+    bouncer_dsn: Option<String>,
 }
 
 /// Lease of a claim: long on purpose, so a takeover well under it shows liveness at work.
@@ -256,6 +262,9 @@ async fn main() -> Result<()> {
     let narrator = Narrator {
         start: Arc::new(Mutex::new(Instant::now())),
     };
+    if let Some(bouncer_dsn) = &args.bouncer_dsn {
+        return pooled::run(&args, bouncer_dsn, narrator).await;
+    }
     let admin = once::connect(&args.dsn).await?;
     let run_id = admin
         .query_one("SELECT nextval('once.token_seq')", &[])
