@@ -1,0 +1,195 @@
+// The process's one LISTEN connection.
+//
+// It does two jobs (docs/clients.md):
+// - it LISTENs on channel "once", where every key that stops running is notified with the
+//   key as the payload, and wakes this process's waiters for that key: a waiting call
+//   holds no pooled connection, only an entry in `#interests`;
+// - it is the owner of this process's claims: `once.owner_session()` names it, and its
+//   pid P goes with every claim_key / claim_next, so the claims end when this process
+//   (and so this connection) dies, and not when a pooled server connection is recycled.
+//
+// It must be a direct or session-pooled connection: under transaction pooling neither
+// LISTEN nor a session's pid means anything.
+import pg from 'pg';
+import { OnceError } from './errors.js';
+import { jitter, sleep } from './util.js';
+
+/** One waiting call's interest in one key. Armed before each claim_key call. */
+class Interest {
+  #notified = false;
+  #wake = null;
+
+  /** Forget earlier notifications: called just before asking the server again. */
+  arm() {
+    this.#notified = false;
+  }
+
+  notify() {
+    this.#notified = true;
+    this.#wake?.();
+  }
+
+  /**
+   * Sleep until notified (since the last arm()) or for `ms`. A notification that arrived
+   * between arm() and this call returns at once: that is why interest is registered
+   * before claim_key and not after it said "wait".
+   */
+  wait(ms) {
+    if (this.#notified) return Promise.resolve();
+    return new Promise((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        this.#wake = null;
+        resolve();
+      };
+      const timer = setTimeout(done, ms);
+      this.#wake = done;
+    });
+  }
+}
+
+export class Listener {
+  #config;
+  #onError;
+  #ownerSession; // () => boolean: whether the server has once.owner_session()
+  #connectTimeoutMs;
+  #client = null;
+  #pid = null;
+  #connecting = null;
+  #closed = false;
+  /** key -> Set<Interest> */
+  #interests = new Map();
+
+  constructor(config, { onError, ownerSession, connectTimeout = 10 }) {
+    // keepAlive: a listener whose network silently died would otherwise never notice,
+    // and this process's waiters would only ever wake on their rechecks.
+    this.#config = { keepAlive: true, application_name: 'pg-once listener', ...config };
+    this.#onError = onError;
+    this.#ownerSession = ownerSession;
+    this.#connectTimeoutMs = connectTimeout * 1000;
+  }
+
+  /** The pid of the current listener connection (connecting first if there is none). */
+  async ownerPid() {
+    if (this.#client && this.#pid !== null) return this.#pid;
+    return this.#connect();
+  }
+
+  /** The current pid, or null while (re)connecting. */
+  get currentPid() {
+    return this.#client ? this.#pid : null;
+  }
+
+  /**
+   * The server refused `pid` as an owner: make sure the connection it names is still
+   * ours and alive (a dead socket is not always noticed at once), reconnecting if not.
+   */
+  async verify(pid) {
+    const client = this.#client;
+    if (!client || this.#pid !== pid) return;
+    try {
+      await client.query('SELECT 1');
+    } catch (err) {
+      this.#lost(client, err);
+    }
+  }
+
+  /** Register interest in `key`; call dispose() when the call is over. */
+  interest(key) {
+    const interest = new Interest();
+    let set = this.#interests.get(key);
+    if (!set) this.#interests.set(key, (set = new Set()));
+    set.add(interest);
+    interest.dispose = () => {
+      set.delete(interest);
+      if (set.size === 0 && this.#interests.get(key) === set) this.#interests.delete(key);
+    };
+    return interest;
+  }
+
+  async close() {
+    this.#closed = true;
+    const client = this.#client;
+    this.#client = null;
+    this.#wakeAll();
+    if (client) await client.end().catch(() => {});
+  }
+
+  #connect() {
+    this.#connecting ??= this.#connectWithRetry().finally(() => {
+      this.#connecting = null;
+    });
+    return this.#connecting;
+  }
+
+  async #connectWithRetry() {
+    const deadline = Date.now() + this.#connectTimeoutMs;
+    let delay = 100;
+    for (;;) {
+      if (this.#closed) throw new OnceError('pg-once: the client has been ended');
+      try {
+        return await this.#connectOnce();
+      } catch (err) {
+        // A server that is restarting comes back; wrong credentials or a wrong host name
+        // do not, but they fail fast anyway, so the same deadline serves both.
+        if (Date.now() + delay > deadline) throw err;
+        await sleep(jitter(delay));
+        delay = Math.min(delay * 2, 2000);
+      }
+    }
+  }
+
+  async #connectOnce() {
+    const client = new pg.Client(this.#config);
+    // Attached before connect(): an unhandled 'error' event would end the process.
+    client.on('error', (err) => this.#lost(client, err));
+    client.on('end', () => this.#lost(client, null));
+    client.on('notification', (msg) => {
+      if (msg.channel === 'once') this.#notified(msg.payload);
+    });
+    let pid;
+    try {
+      await client.connect();
+      // LISTEN before anyone can claim with this pid: from now on no completion is lost.
+      await client.query('LISTEN once');
+      const sql = this.#ownerSession()
+        ? 'SELECT once.owner_session() AS pid'
+        : 'SELECT pg_backend_pid() AS pid'; // a server without owner_session(): pid unused
+      pid = Number((await client.query(sql)).rows[0].pid);
+    } catch (err) {
+      client.end().catch(() => {});
+      throw err;
+    }
+    if (this.#closed) {
+      client.end().catch(() => {});
+      throw new OnceError('pg-once: the client has been ended');
+    }
+    this.#client = client;
+    this.#pid = pid;
+    // Whatever was notified while there was no listener is lost: every waiter re-checks.
+    this.#wakeAll();
+    return pid;
+  }
+
+  #lost(client, err) {
+    if (client !== this.#client) return; // a connection we already gave up on, or one still connecting
+    this.#client = null;
+    this.#pid = null;
+    client.end().catch(() => {});
+    if (this.#closed) return;
+    if (err) this.#onError(new OnceError(`pg-once: the LISTEN connection failed, reconnecting: ${err.message}`, { cause: err }));
+    // Waiters would miss notifications until the new LISTEN: let them ask the server now.
+    this.#wakeAll();
+    // Reconnect now rather than on the next call, so that waiters get notifications again
+    // and the next claim does not pay for the connection.
+    this.#connect().catch((e) => this.#onError(e));
+  }
+
+  #notified(key) {
+    for (const interest of this.#interests.get(key) ?? []) interest.notify();
+  }
+
+  #wakeAll() {
+    for (const set of this.#interests.values()) for (const interest of set) interest.notify();
+  }
+}

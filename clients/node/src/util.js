@@ -1,0 +1,62 @@
+// Small helpers shared by the client, the listener and the worker loop.
+
+export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** `ms` spread over ±25%, so that many processes that started together drift apart. */
+export const jitter = (ms) => ms * (0.75 + Math.random() * 0.5);
+
+// SQLSTATE classes after which the same statement may simply be sent again on another
+// connection: connection exceptions (08: also what PgBouncer reports when it loses a
+// server connection) and the server shutting a backend down (57P01..57P03).
+const RETRYABLE_SQLSTATE = /^(08...|57P0[123])$/;
+const RETRYABLE_SOCKET = new Set(['ECONNRESET', 'ECONNREFUSED', 'EPIPE', 'ETIMEDOUT', 'EHOSTUNREACH', 'ECONNABORTED']);
+
+/**
+ * Whether `err` says the connection went away (rather than that the statement is wrong):
+ * a pooled connection that PgBouncer or an administrator closed, a restarting server.
+ */
+export function isConnectionError(err) {
+  const code = err?.code;
+  if (typeof code === 'string' && (RETRYABLE_SQLSTATE.test(code) || RETRYABLE_SOCKET.has(code))) return true;
+  // node-postgres reports a socket that closed mid-query without a code.
+  return !code && /Connection terminated|connection error|Connection timeout|timeout exceeded when trying to connect/i
+    .test(String(err?.message));
+}
+
+/**
+ * The JSON text of a computation's result, or a TypeError that says why there is none.
+ * JSON.stringify throws on BigInt and cycles, and returns undefined for undefined,
+ * functions and symbols: all three would otherwise reach the server as garbage or NULL.
+ */
+export function toJson(key, value) {
+  let json;
+  try {
+    json = JSON.stringify(value);
+  } catch (err) {
+    throw new TypeError(`pg-once: the result for ${key} is not JSON-serialisable: ${err.message}`, { cause: err });
+  }
+  if (json === undefined) {
+    throw new TypeError(`pg-once: the result for ${key} is not JSON-serialisable: got ${typeof value}`
+      + ' (return null to cache "nothing")');
+  }
+  return json;
+}
+
+/** The text stored with a failure, and shown to the callers it is shared with. */
+export function describeError(err) {
+  const text = err instanceof Error ? (err.message ? `${err.name}: ${err.message}` : err.name) : String(err);
+  // A stack-sized message is no use to the other callers and bloats the row.
+  return text.length > 4000 ? `${text.slice(0, 4000)}…` : text;
+}
+
+/** Seconds (a number) as a positive millisecond count, refusing nonsense early. */
+export function seconds(name, value, { allowZero = false, allowNull = false } = {}) {
+  if (value === null || value === undefined) {
+    if (allowNull) return null;
+    throw new TypeError(`pg-once: ${name} is required (seconds)`);
+  }
+  if (typeof value !== 'number' || !Number.isFinite(value) || value < 0 || (!allowZero && value === 0)) {
+    throw new TypeError(`pg-once: ${name} must be a ${allowZero ? 'non-negative' : 'positive'} number of seconds, got ${value}`);
+  }
+  return value;
+}
