@@ -1,0 +1,138 @@
+"""What the sync and async clients share: SQL text, argument conversion, JSON encoding,
+back-off timing and call counting. Nothing here does I/O."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Optional, Union
+
+from .errors import NotSerializable
+
+Duration = Union[int, float, timedelta]
+
+# Every call is one statement in autocommit, sent unprepared (prepare=False at the call
+# sites): through PgBouncer in transaction mode a named prepared statement could land on a
+# server connection that never saw it. Intervals travel as float seconds through
+# make_interval, which is exact and keeps NULL (ttl => NULL: no expiry) NULL.
+SECS = "make_interval(secs => %s::float8)"
+
+# owner_pid names the backend whose exit ends the claim: the process's LISTEN connection
+# (its pid P comes from once.owner_session()), or 0 for "the lease alone" (listen=False).
+CLAIM_KEY = (
+    "SELECT outcome, token, result, error, lease_expires_at, retry_at"
+    f" FROM once.claim_key(%s, lease => {SECS}, wait => '0', owner_pid => %s::integer)")
+# For servers that predate owner_pid (no once.owner_session()): the claim then belongs to
+# the pooled server connection that made it, as before.
+CLAIM_KEY_LEGACY = (
+    "SELECT outcome, token, result, error, lease_expires_at, retry_at"
+    f" FROM once.claim_key(%s, lease => {SECS}, wait => '0')")
+COMPLETE_KEY = f"SELECT once.complete_key(%s, %s, %s::jsonb, ttl => {SECS})"
+FAIL_KEY = f"SELECT once.fail_key(%s, %s, %s, retry_after => {SECS})"
+HEARTBEAT_KEY = f"SELECT once.heartbeat_key(%s, %s, lease => {SECS})"
+RELEASE_KEY = "SELECT once.release_key(%s, %s)"
+CLAIM_NEXT = (
+    "SELECT key, token, payload, attempt FROM once.claim_next(%s, lease => "
+    f"{SECS}, worker => %s, n => %s, wait => {SECS}, owner_pid => %s::integer)")
+# Without owner_pid and server-side waiting (older servers): the worker polls.
+CLAIM_NEXT_LEGACY = (
+    "SELECT key, token, payload, attempt FROM once.claim_next(%s, lease => "
+    f"{SECS}, worker => %s, n => %s)")
+LISTEN = "LISTEN once"
+OWNER_SESSION = "SELECT once.owner_session()"
+CHANNEL = "once"
+
+# How long a waiter sleeps between two looks at a key when no notification comes: about a
+# second, jittered so that many waiters do not ask in lockstep. A dead owner is noticed by
+# the server on the next look, so this bounds the takeover time of a killed process.
+RECHECK_SECONDS = 1.0
+# listen=False: poll with jittered back-off from 50 ms doubling to 1 s.
+POLL_FIRST, POLL_MAX = 0.05, 1.0
+
+
+def seconds(value: Optional[Duration], name: str) -> Optional[float]:
+    """A duration argument in seconds: int/float seconds or a timedelta; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be seconds (int or float) or a timedelta, got {value!r}")
+    return float(value)
+
+
+def jittered(base: float) -> float:
+    """base ± 20%."""
+    return base * random.uniform(0.8, 1.2)
+
+
+def poll_delays():
+    """listen=False back-off: 50 ms doubling to 1 s, each jittered."""
+    delay = POLL_FIRST
+    while True:
+        yield jittered(delay)
+        delay = min(POLL_MAX, delay * 2)
+
+
+def encode(key: str, value: Any) -> str:
+    """value as JSON text, or NotSerializable. NaN and infinities are refused here, because
+    PostgreSQL's jsonb would refuse them later with a less helpful message."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise NotSerializable(key, value, exc) from exc
+
+
+def error_text(exc: BaseException) -> str:
+    """What fail_key records: the exception's type and message."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def until(moment: Optional[datetime]) -> float:
+    """Seconds from now until a server timestamp (0 if past or unknown)."""
+    if moment is None:
+        return 0.0
+    return max(0.0, (moment - datetime.now(timezone.utc)).total_seconds())
+
+
+class Calls:
+    """Counts the database calls a client made through its pool, by pg_once function
+    (claim_key, complete_key, ...). Tests and the benchmark read it; `total` sums it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter = Counter()
+
+    def add(self, name: str) -> None:
+        with self._lock:
+            self._counts[name] += 1
+
+    def __getitem__(self, name: str) -> int:
+        with self._lock:
+            return self._counts[name]
+
+    @property
+    def total(self) -> int:
+        with self._lock:
+            return sum(self._counts.values())
+
+    def as_dict(self) -> dict:
+        with self._lock:
+            return dict(self._counts)
+
+
+@dataclass
+class Job:
+    """One key claimed from a queue by the worker loop; the handler gets it."""
+
+    key: str
+    token: int
+    payload: Any
+    attempt: int
+    queue: str = ""
+    lost: bool = field(default=False, repr=False)  # set when a heartbeat says the claim is gone

@@ -1,0 +1,538 @@
+"""The asyncio client: AsyncClient(conninfo) or AsyncClient(pool=...), and AsyncWorker.
+
+Same protocol as the sync client (see client.py); computations, heartbeats, the listener
+and handlers are tasks instead of threads. Open it with `async with AsyncClient(...) as
+once:` or `await once.open()` (the first call opens it too)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+import signal
+import time
+from typing import Any, Awaitable, Callable, Dict, Optional, Set
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from . import _common as C
+from ._common import Duration, Job, seconds
+from .errors import ClaimLost, ConfigurationError, NotSerializable, OnceFailed, OnceTimeout
+from ._listener import HEALTH_CHECK_SECONDS, RECONNECT_MAX_SECONDS
+from .client import check_connection
+
+log = logging.getLogger("pg_once")
+
+
+async def _call(fn: Callable[..., Any], *args) -> Any:
+    """Call a coroutine function (or a plain function) and return its result."""
+    result = fn(*args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+class AsyncListener:
+    """The process's one LISTEN connection (asyncio flavour); see _listener.Listener."""
+
+    def __init__(self, conninfo: str, connect_timeout: float):
+        self._conninfo, self._connect_timeout = conninfo, connect_timeout
+        self._interest: Dict[str, Set[asyncio.Event]] = {}
+        self._connected = asyncio.Event()
+        self._pid: Optional[int] = None
+        self.legacy = False
+        self.reconnects = 0
+        self._conn: Optional[psycopg.AsyncConnection] = None
+        self._task: Optional[asyncio.Task] = None
+        self._closed = False
+
+    async def start(self) -> None:
+        await self._connect()
+        self._task = asyncio.create_task(self._run(), name="pg_once-listener")
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except BaseException:
+                pass
+        if self._conn is not None:
+            await self._conn.close()
+        self._wake_all()
+
+    async def owner_pid(self) -> Optional[int]:
+        if not self._connected.is_set():
+            try:
+                await asyncio.wait_for(self._connected.wait(), self._connect_timeout)
+            except asyncio.TimeoutError:
+                raise psycopg.OperationalError(
+                    f"pg_once: the LISTEN connection has been down for {self._connect_timeout:g} s") from None
+        return self._pid
+
+    def watch(self, key: str) -> asyncio.Event:
+        event = asyncio.Event()
+        self._interest.setdefault(key, set()).add(event)
+        return event
+
+    def unwatch(self, key: str, event: asyncio.Event) -> None:
+        events = self._interest.get(key)
+        if events is not None:
+            events.discard(event)
+            if not events:
+                del self._interest[key]
+
+    def _wake_all(self) -> None:
+        for events in self._interest.values():
+            for event in events:
+                event.set()
+
+    async def _connect(self) -> None:
+        conn = await psycopg.AsyncConnection.connect(
+            self._conninfo, autocommit=True, prepare_threshold=None,
+            connect_timeout=max(1, int(self._connect_timeout)))
+        try:
+            await conn.execute(C.LISTEN)
+            try:
+                pid = (await (await conn.execute(C.OWNER_SESSION)).fetchone())[0]
+                legacy = False
+            except psycopg.errors.UndefinedFunction:
+                pid, legacy = None, True
+                log.warning("pg_once: the server has no once.owner_session(); claims belong "
+                            "to the pooled connection that made them (upgrade the extension)")
+        except BaseException:
+            await conn.close()
+            raise
+        self._conn, self._pid, self.legacy = conn, pid, legacy
+        self._connected.set()
+
+    async def _run(self) -> None:
+        last_check = time.monotonic()
+        while not self._closed:
+            try:
+                async for note in self._conn.notifies(timeout=0.5):
+                    if note.channel == C.CHANNEL:
+                        for event in self._interest.get(note.payload, ()):
+                            event.set()
+                if time.monotonic() - last_check > HEALTH_CHECK_SECONDS:
+                    await self._conn.execute("SELECT 1")
+                    last_check = time.monotonic()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if self._closed:
+                    return
+                log.warning("pg_once: LISTEN connection lost (%s); reconnecting", exc)
+                await self._reconnect()
+                last_check = time.monotonic()
+
+    async def _reconnect(self) -> None:
+        self._connected.clear()
+        self._pid = None
+        try:
+            await self._conn.close()
+        except Exception:
+            pass
+        self._wake_all()   # notifications in the gap are lost: everyone looks again
+        delay = 0.05
+        while not self._closed:
+            try:
+                await self._connect()
+                self.reconnects += 1
+                self._wake_all()
+                return
+            except Exception as exc:
+                log.warning("pg_once: LISTEN reconnect failed (%s); retrying in %.2f s", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(RECONNECT_MAX_SECONDS, delay * 2)
+
+
+class AsyncClient:
+    """A pg_once client for asyncio. Arguments as for Client; `pool` is a
+    psycopg_pool.AsyncConnectionPool (opened by you)."""
+
+    def __init__(self, conninfo: Optional[str] = None, *, pool: Optional[AsyncConnectionPool] = None,
+                 listen_conninfo: Optional[str] = None, listen: bool = True,
+                 pool_size: int = 10, connect_timeout: float = 10.0):
+        if (conninfo is None) == (pool is None):
+            raise ConfigurationError("pass either a conninfo string or pool=, not both")
+        self._conninfo, self.pool = conninfo, pool
+        self._own_pool = pool is None
+        self._pool_size, self._connect_timeout = pool_size, connect_timeout
+        self._listen_conninfo = listen_conninfo or conninfo or pool.conninfo
+        self._listener: Optional[AsyncListener] = AsyncListener(
+            self._listen_conninfo, connect_timeout) if listen else None
+        self.calls = C.Calls()
+        self._flights: Dict[str, asyncio.Task] = {}
+        self._opened = False
+        self._open_lock: Optional[asyncio.Lock] = None
+
+    async def open(self) -> "AsyncClient":
+        if self._open_lock is None:
+            self._open_lock = asyncio.Lock()
+        async with self._open_lock:
+            if self._opened:
+                return self
+            if self.pool is None:
+                self.pool = AsyncConnectionPool(
+                    self._conninfo, min_size=1, max_size=self._pool_size, open=False,
+                    name="pg_once", timeout=self._connect_timeout,
+                    kwargs={"autocommit": True, "prepare_threshold": None})
+                await self.pool.open()
+            if self._listener is not None:
+                await self._listener.start()
+            self._opened = True
+        return self
+
+    async def close(self) -> None:
+        for task in list(self._flights.values()):
+            task.cancel()
+        if self._listener is not None:
+            await self._listener.close()
+        if self._own_pool and self.pool is not None:
+            await self.pool.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return await self.open()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def owner_pid(self) -> Optional[int]:
+        """See Client.owner_pid."""
+        if not self._opened:
+            await self.open()
+        return 0 if self._listener is None else await self._listener.owner_pid()
+
+    # -- the public calls ---------------------------------------------------------------
+
+    async def get_or_compute(self, key: str, compute: Callable[[], Awaitable[Any]], *,
+                             ttl: Optional[Duration] = None, lease: Duration = 30,
+                             wait: Duration = 30, retry_after: Duration = 5) -> Any:
+        """See Client.get_or_compute; `compute` is a coroutine function."""
+        if not isinstance(key, str):
+            raise TypeError(f"key must be a str, got {type(key).__name__}")
+        opts = (seconds(ttl, "ttl"), seconds(lease, "lease"), seconds(wait, "wait"),
+                seconds(retry_after, "retry_after"))
+        if not self._opened:
+            await self.open()
+        flight = self._flights.get(key)
+        if flight is None:
+            # The flight runs as its own task, so that a caller that is cancelled does not
+            # cancel the computation the other callers of this key are waiting for.
+            flight = asyncio.create_task(self._resolve(key, compute, *opts))
+            self._flights[key] = flight
+            flight.add_done_callback(functools.partial(self._landed, key))
+            return await asyncio.shield(flight)
+        try:
+            return await asyncio.wait_for(asyncio.shield(flight), opts[2])
+        except asyncio.TimeoutError:
+            raise OnceTimeout(key, opts[2]) from None
+
+    def _landed(self, key: str, task: asyncio.Task) -> None:
+        if self._flights.get(key) is task:
+            del self._flights[key]
+        if not task.cancelled():
+            task.exception()   # retrieved: no "never retrieved" warning if every caller left
+
+    def cached(self, key: Optional[Callable[..., str]] = None, *, ttl: Optional[Duration] = None,
+               lease: Duration = 30, wait: Duration = 30, retry_after: Duration = 5):
+        """Decorator for coroutine functions; see Client.cached."""
+        def decorate(fn):
+            @functools.wraps(fn)
+            async def wrapper(*args, **kwargs):
+                k = key(*args, **kwargs) if key else f"{fn.__module__}.{fn.__qualname__}:{args!r}:{kwargs!r}"
+                return await self.get_or_compute(k, lambda: fn(*args, **kwargs), ttl=ttl,
+                                                 lease=lease, wait=wait, retry_after=retry_after)
+            return wrapper
+        return decorate
+
+    def worker(self, queue: str, handler: Callable, **options) -> "AsyncWorker":
+        return AsyncWorker(self, queue, handler, **options)
+
+    async def work(self, queue: str, handler: Callable, **options) -> int:
+        """Run a queue worker loop until SIGTERM/SIGINT or stop(); see Worker."""
+        return await self.worker(queue, handler, **options).run()
+
+    # -- the protocol ---------------------------------------------------------------------
+
+    async def _resolve(self, key, compute, ttl, lease, wait, retry_after):
+        deadline = time.monotonic() + wait
+        delays = C.poll_delays()
+        listener = self._listener
+        while True:
+            event = listener.watch(key) if listener is not None else None   # before asking
+            try:
+                owner = await self.owner_pid()
+                try:
+                    row = await self._claim(key, lease, owner)
+                except psycopg.errors.InvalidParameterValue:
+                    if listener is None or await listener.owner_pid() == owner:
+                        raise
+                    continue
+                outcome, token, result, error, lease_expires_at, retry_at = row
+                if outcome == "hit":
+                    return result
+                if outcome == "failed":
+                    raise OnceFailed(key, error, retry_at)
+                if outcome == "claimed":
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise OnceTimeout(key, wait)
+                pause = C.jittered(C.RECHECK_SECONDS) if event is not None else next(delays)
+                pause = min(pause, remaining, max(0.02, C.until(lease_expires_at)))
+                if event is not None:
+                    try:
+                        await asyncio.wait_for(event.wait(), pause)
+                    except asyncio.TimeoutError:
+                        pass
+                else:
+                    await asyncio.sleep(pause)
+            finally:
+                if event is not None:
+                    listener.unwatch(key, event)
+        return await self._compute(key, token, compute, ttl, lease, retry_after)
+
+    async def _compute(self, key, token, compute, ttl, lease, retry_after):
+        work = asyncio.ensure_future(_call(compute))
+        lost = []
+        beat = asyncio.create_task(self._beat(key, token, lease, lambda: (lost.append(1), work.cancel())))
+        try:
+            try:
+                value = await work
+            except asyncio.CancelledError:
+                if lost:   # a heartbeat said the claim is gone: stop computing, store nothing
+                    raise ClaimLost(key) from None
+                await self._quietly(self._release, key, token)
+                raise
+            except Exception as exc:
+                await self._quietly(self._fail, key, token, C.error_text(exc), retry_after)
+                raise
+            try:
+                text = C.encode(key, value)
+            except NotSerializable as exc:
+                await self._quietly(self._fail, key, token, str(exc), retry_after)
+                raise
+            beat.cancel()
+            if lost or not await self._complete(key, token, text, ttl):
+                raise ClaimLost(key, value)
+            return value
+        finally:
+            beat.cancel()
+
+    async def _beat(self, key, token, lease, on_lost) -> None:
+        """Extend the claim every lease/3 until cancelled; on_lost() if it was lost."""
+        pause = lease / 3
+        while True:
+            await asyncio.sleep(pause)
+            try:
+                expiry = await self._heartbeat(key, token, lease)
+            except Exception as exc:
+                log.warning("pg_once: heartbeat of %r failed (%s); retrying", key, exc)
+                pause = min(1.0, lease / 6)
+                continue
+            if expiry is None:
+                log.warning("pg_once: the claim on %r was lost; its result will not be stored", key)
+                on_lost()
+                return
+            pause = lease / 3
+
+    async def _quietly(self, call, *args) -> None:
+        try:
+            await call(*args)
+        except Exception as exc:
+            log.warning("pg_once: could not record the outcome of %r (%s); the claim ends "
+                        "with its owner or lease", args[0], exc)
+
+    # -- one database call each, through the pool ------------------------------------------
+
+    async def _execute(self, name: str, sql: str, params: tuple, many: bool = False):
+        if not self._opened:
+            await self.open()
+        self.calls.add(name)
+        for attempt in range(3):
+            async with self.pool.connection() as conn:
+                check_connection(conn)
+                try:
+                    cur = await conn.execute(sql, params, prepare=False)
+                    return await (cur.fetchall() if many else cur.fetchone())
+                except psycopg.OperationalError:
+                    # See Client._execute.
+                    if not conn.broken or attempt == 2:
+                        raise
+            log.info("pg_once: %s retried on a fresh connection", name)
+
+    async def _claim(self, key, lease, owner):
+        if owner is None:
+            return await self._execute("claim_key", C.CLAIM_KEY_LEGACY, (key, lease))
+        return await self._execute("claim_key", C.CLAIM_KEY, (key, lease, owner))
+
+    async def _complete(self, key, token, text, ttl) -> bool:
+        return (await self._execute("complete_key", C.COMPLETE_KEY, (key, token, text, ttl)))[0]
+
+    async def _fail(self, key, token, error, retry_after) -> bool:
+        return (await self._execute("fail_key", C.FAIL_KEY, (key, token, error, retry_after)))[0]
+
+    async def _release(self, key, token) -> bool:
+        return (await self._execute("release_key", C.RELEASE_KEY, (key, token)))[0]
+
+    async def _heartbeat(self, key, token, lease):
+        return (await self._execute("heartbeat_key", C.HEARTBEAT_KEY, (key, token, lease)))[0]
+
+
+class AsyncWorker:
+    """The queue worker loop for asyncio: handler is a coroutine function taking a Job.
+    Options and behaviour as for Worker (handlers run as tasks; a handler whose claim is
+    lost is cancelled)."""
+
+    def __init__(self, client: AsyncClient, queue: str, handler: Callable[[Job], Awaitable[Any]], *,
+                 concurrency: int = 1, lease: Duration = 30, ttl: Optional[Duration] = None,
+                 retry_after: Duration = 0, name: Optional[str] = None,
+                 idle_wait: Duration = 1.0, grace: Duration = 30, signals: bool = True):
+        from .worker import _default_name
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.client, self.queue, self.handler = client, queue, handler
+        self.concurrency = concurrency
+        self.lease, self.ttl = seconds(lease, "lease"), seconds(ttl, "ttl")
+        self.retry_after = seconds(retry_after, "retry_after")
+        self.idle_wait, self.grace = seconds(idle_wait, "idle_wait"), seconds(grace, "grace")
+        self.name = name or _default_name()
+        self.signals = signals
+        self.completed = self.failed = self.released = 0
+        self._stop = asyncio.Event()
+        self._stop_now = asyncio.Event()
+        self._held: Dict[int, Job] = {}
+        self._tasks: Dict[int, asyncio.Task] = {}
+        self._slot_freed = asyncio.Event()
+
+    def stop(self, now: bool = False) -> None:
+        self._stop.set()
+        if now:
+            self._stop_now.set()
+        self._slot_freed.set()
+
+    async def run(self) -> int:
+        restore = self._install_signals()
+        try:
+            try:
+                await self._loop()
+            finally:
+                await self._drain()   # also when claiming raised: settle what we hold
+        finally:
+            restore()
+        return self.completed
+
+    async def _loop(self) -> None:
+        delays = None
+        while not self._stop.is_set():
+            while len(self._held) >= self.concurrency and not self._stop.is_set():
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
+            if self._stop.is_set():
+                return
+            try:
+                jobs = await self._claim(self.concurrency - len(self._held))
+            except (psycopg.OperationalError, psycopg.errors.InvalidParameterValue) as exc:
+                log.warning("pg_once: claim_next on %r failed (%s); retrying", self.queue, exc)
+                await self._sleep(C.jittered(1.0))
+                continue
+            if jobs is None:
+                delays = delays or C.poll_delays()
+                await self._sleep(next(delays))
+                continue
+            delays = None
+            for job in jobs:
+                self._held[job.token] = job
+                self._tasks[job.token] = asyncio.create_task(self._process(job))
+
+    async def _sleep(self, pause: float) -> None:
+        try:
+            await asyncio.wait_for(self._stop.wait(), pause)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _claim(self, n: int):
+        client = self.client
+        owner = await client.owner_pid()
+        if owner is None:
+            rows = await client._execute("claim_next", C.CLAIM_NEXT_LEGACY,
+                                         (self.queue, self.lease, self.name, n), many=True)
+            if not rows:
+                return None
+        else:
+            rows = await client._execute(
+                "claim_next", C.CLAIM_NEXT,
+                (self.queue, self.lease, self.name, n, self.idle_wait, owner), many=True)
+        return [Job(key, token, payload, attempt, self.queue) for key, token, payload, attempt in rows]
+
+    async def _process(self, job: Job) -> None:
+        client = self.client
+        me = asyncio.current_task()
+
+        def on_lost():
+            job.lost = True
+            me.cancel()
+
+        beat = asyncio.create_task(client._beat(job.key, job.token, self.lease, on_lost))
+        try:
+            try:
+                value = await _call(self.handler, job)
+                text = C.encode(job.key, value)
+            except asyncio.CancelledError:
+                if not job.lost and job.token in self._held:
+                    await client._quietly(client._release, job.key, job.token)
+                    self.released += 1
+                return
+            except Exception as exc:
+                if job.lost:
+                    return
+                error = str(exc) if isinstance(exc, NotSerializable) else C.error_text(exc)
+                log.warning("pg_once: job %r failed: %s", job.key, error)
+                await client._quietly(client._fail, job.key, job.token, error, self.retry_after)
+                self.failed += 1
+                return
+            beat.cancel()
+            if job.lost:
+                return
+            if await client._complete(job.key, job.token, text, self.ttl):
+                self.completed += 1
+            else:
+                log.warning("pg_once: job %r lost its claim; its result was not stored", job.key)
+        finally:
+            beat.cancel()
+            self._held.pop(job.token, None)
+            self._tasks.pop(job.token, None)
+            self._slot_freed.set()
+
+    async def _drain(self) -> None:
+        deadline = time.monotonic() + self.grace
+        while self._held and not self._stop_now.is_set() and time.monotonic() < deadline:
+            self._slot_freed.clear()
+            try:
+                await asyncio.wait_for(self._slot_freed.wait(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                break
+        # Handlers still running: cancel them; each releases its key back to the queue.
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _install_signals(self) -> Callable[[], None]:
+        if not self.signals:
+            return lambda: None
+        loop = asyncio.get_running_loop()
+        installed = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, lambda: self.stop(now=self._stop.is_set()))
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass   # not the main thread, or no signals on this platform
+        return lambda: [loop.remove_signal_handler(s) for s in installed]

@@ -1,0 +1,51 @@
+"""The exceptions pg_once raises. All derive from OnceError."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+
+class OnceError(Exception):
+    """Base class of every pg_once client error."""
+
+
+class OnceFailed(OnceError):
+    """The key's last computation failed (here or in another process); the failure is
+    shared with every caller until `retry_at`, after which the next caller computes anew."""
+
+    def __init__(self, key: str, error: str | None, retry_at: datetime | None):
+        super().__init__(f"computing {key!r} failed: {error} (shared until {retry_at})")
+        self.key, self.error, self.retry_at = key, error, retry_at
+
+
+class OnceTimeout(OnceError, TimeoutError):
+    """The caller's `wait` ran out while someone else was still computing the key."""
+
+    def __init__(self, key: str, wait: float):
+        super().__init__(f"{key!r} is still being computed by another caller after waiting {wait:g} s")
+        self.key, self.wait = key, wait
+
+
+class ClaimLost(OnceError):
+    """Our claim ended while we computed (taken over after the lease ran out, or
+    invalidated): the result was NOT stored. The computed value is in `.value`."""
+
+    def __init__(self, key: str, value: object = None):
+        super().__init__(f"the claim on {key!r} was lost while computing: the result was not stored")
+        self.key, self.value = key, value
+
+
+class NotSerializable(OnceError, TypeError):
+    """compute() returned a value that cannot be stored as JSON. The claim was given
+    back as a failure so the key is not stuck."""
+
+    def __init__(self, key: str, value: object, cause: Exception):
+        super().__init__(
+            f"the result of computing {key!r} is not JSON-serialisable "
+            f"({type(value).__name__}: {cause}); return dicts, lists, str, int, float, bool or None")
+        self.key, self.value = key, value
+
+
+class ConfigurationError(OnceError, ValueError):
+    """The client was handed something it cannot work with, e.g. a pool whose
+    connections are not in autocommit."""

@@ -1,0 +1,99 @@
+"""AsyncClient and AsyncWorker: the same guarantees with asyncio tasks."""
+
+import asyncio
+import time
+
+import pytest
+
+from pg_once import NotSerializable, OnceFailed
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_async_many_tasks_one_computation_one_claim(setup, key):
+    async def main():
+        async with setup.async_client() as client, setup.async_client() as other:
+            computed = []
+
+            async def compute(k):
+                computed.append(k)
+                await asyncio.sleep(0.5)
+                return {"k": k}
+
+            keys = [f"{key}/{i}" for i in range(3)]
+            calls = [c.get_or_compute(keys[i % 3], lambda i=i: compute(keys[i % 3]), ttl=60)
+                     for i in range(60) for c in [client if i % 2 else other]]
+            results = await asyncio.gather(*calls)
+            assert sorted(computed) == sorted(keys)
+            assert [r["k"] for r in results] == [keys[i % 3] for i in range(60)]
+            # The first client to ask for a key made one claim; the other waited.
+            assert client.calls["claim_key"] + other.calls["claim_key"] <= 3 + 3 * 3
+            assert min(client.calls["claim_key"], other.calls["claim_key"]) >= 3
+    run(main())
+
+
+def test_async_single_client_one_claim_per_key(setup, key):
+    async def main():
+        async with setup.async_client() as client:
+            n = []
+
+            async def compute():
+                n.append(1)
+                await asyncio.sleep(0.2)
+                return 42
+            assert await asyncio.gather(*[client.get_or_compute(key, compute) for _ in range(50)]) == [42] * 50
+            assert n == [1] and client.calls["claim_key"] == 1
+    run(main())
+
+
+def test_async_errors(setup, key):
+    async def main():
+        async with setup.async_client() as client, setup.async_client() as other:
+            async def boom():
+                await asyncio.sleep(0.3)
+                raise ValueError("nope")
+
+            owner = asyncio.ensure_future(client.get_or_compute(key, boom, retry_after=1))
+            await asyncio.sleep(0.1)
+            with pytest.raises(OnceFailed, match="nope"):
+                await other.get_or_compute(key, boom)
+            with pytest.raises(ValueError):
+                await owner
+
+            async def bad():
+                return {1, 2}
+            with pytest.raises(NotSerializable):
+                await client.get_or_compute(key + "/set", bad, retry_after=0)
+
+            async def good():
+                return "ok"
+            assert await client.get_or_compute(key + "/set", good) == "ok"
+    run(main())
+
+
+def test_async_worker(setup, admin, key):
+    queue = f"py-a{abs(hash(key)) % 10**8}"
+    admin.execute("SELECT once.create_queue(%s)", (queue,))
+    keys = [f"{key}/{i}" for i in range(20)]
+    for k in keys:
+        admin.execute("SELECT once.enqueue_key(%s, NULL, %s)", (k, queue))
+    try:
+        async def main():
+            async with setup.async_client() as client:
+                seen = []
+
+                async def handler(job):
+                    seen.append(job.key)
+                    await asyncio.sleep(0.02)
+                    if len(set(seen)) == len(keys):
+                        worker.stop()
+                    return {"key": job.key}
+                worker = client.worker(queue, handler, concurrency=4, idle_wait=0.2, signals=False)
+                done = await asyncio.wait_for(worker.run(), 20)
+                assert done == len(keys) and sorted(seen) == sorted(keys)
+        run(main())
+    finally:
+        admin.execute("SELECT once.invalidate_keys(queue => %s)", (queue,))
+        admin.execute("SELECT once.drop_queue(%s)", (queue,))

@@ -1,0 +1,107 @@
+"""Several OS processes: one computation per key across all of them, and liveness: a
+killed owner process is taken over within about a second, while an owner whose pooled
+server connections are closed under it keeps its claim."""
+
+import os
+import signal
+import threading
+import time
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from conftest import DIRECT, Child, state
+
+
+def test_many_processes_one_computation_per_key(setup, key):
+    keys = [f"{key}/{i}" for i in range(2)]
+    children = [Child("callers", setup, keys=keys, threads=10, compute_seconds=1.0)
+                for _ in range(4)]
+    reports = [c.finish(timeout=40) for c in children]
+    assert sum(r["computed"] for r in reports) == len(keys)
+    answers = [a for r in reports for a in r["answers"]]
+    assert len(answers) == 40                                   # every caller answered
+    for a in answers:
+        assert a["value"]["key"] == a["key"]
+    # One computing process per key: every caller of a key got that process's value.
+    for k in keys:
+        assert len({a["value"]["pid"] for a in answers if a["key"] == k}) == 1
+    # Coalescing: 10 callers per process, a few claim_key calls (rechecks while waiting).
+    for r in reports:
+        assert r["claim_key"] <= 2 * len(keys) + 2, r["claim_key"]
+
+
+def test_killed_owner_process_is_taken_over_within_seconds(setup, clients, key):
+    owner = Child("owner", setup, key=key, lease=30)
+    assert owner.line()["computing"]
+    client = clients()
+    t_kill = []
+
+    def kill():
+        time.sleep(0.3)
+        t_kill.append(time.monotonic())
+        os.kill(owner.proc.pid, signal.SIGKILL)
+    threading.Thread(target=kill).start()
+    value = client.get_or_compute(key, lambda: "taken over", lease=30)
+    took = time.monotonic() - t_kill[0]
+    owner.proc.wait()
+    assert value == "taken over"
+    assert took < 2.5, f"takeover took {took:.2f} s (the lease is 30 s)"
+
+
+def _terminate_pool_backends(admin, keep):
+    """Close every server connection but ours and the LISTEN connections in `keep`:
+    the pool's (direct) or PgBouncer's server connections."""
+    rows = admin.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'client backend'"
+        " AND datname = current_database() AND pid <> pg_backend_pid() AND pid <> ALL(%s)",
+        (list(keep),)).fetchall()
+    return len(rows)
+
+
+def test_owner_whose_pooled_connections_are_closed_keeps_its_claim(setup, clients, key, admin):
+    pool = ConnectionPool(setup.dsn, min_size=2, max_size=2, open=True, timeout=5,
+                          kwargs={"autocommit": True, "prepare_threshold": None})
+    try:
+        owner = clients(pool=pool)
+        waiter = clients()
+        keep = [owner.owner_pid, waiter.owner_pid]
+        computed, killed = [], []
+        started = threading.Event()
+
+        def compute():
+            computed.append(1)
+            started.set()
+            time.sleep(0.6)
+            killed.append(_terminate_pool_backends(admin, keep))   # mid-compute, twice
+            time.sleep(0.6)
+            killed.append(_terminate_pool_backends(admin, keep))
+            time.sleep(0.6)
+            return "kept"
+
+        got = {}
+        t = threading.Thread(target=lambda: got.setdefault("owner", owner.get_or_compute(
+            key, compute, lease=1.2)))
+        t.start()
+        started.wait(5)
+        assert waiter.get_or_compute(key, lambda: computed.append(2) or "stolen", lease=1.2) == "kept"
+        t.join()
+        assert killed[0] >= 1
+        # complete_key returned true (ClaimLost otherwise), and nobody else computed.
+        assert got["owner"] == "kept"
+        assert computed == [1]
+        assert owner.calls["complete_key"] == 1
+    finally:
+        pool.close()
+
+
+def test_listener_reconnects_with_a_new_owner_pid(clients, key, admin):
+    client = clients()
+    old = client.owner_pid
+    admin.execute("SELECT pg_terminate_backend(%s)", (old,))
+    deadline = time.monotonic() + 10
+    while client._listener.reconnects == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    new = client.owner_pid
+    assert new != old and new > 0
+    assert client.get_or_compute(key, lambda: "after reconnect") == "after reconnect"
