@@ -9,22 +9,41 @@
 -- EXECUTE is revoked from PUBLIC at the end; see README "Granting access".
 
 CREATE FUNCTION once.claim_key(
-    key   text,
-    lease interval DEFAULT '30 seconds',
-    wait  interval DEFAULT '0')
+    key       text,
+    lease     interval DEFAULT '30 seconds',
+    wait      interval DEFAULT '0',
+    owner_pid integer DEFAULT NULL)
 RETURNS once.claim
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'claim_key_wrapper';
 
-COMMENT ON FUNCTION once.claim_key(text, interval, interval) IS
+COMMENT ON FUNCTION once.claim_key(text, interval, interval, integer) IS
 $$Claim a key or get its cached result, in one round trip. outcome is:
 hit (result is set), claimed (you own the key: compute, then complete_key with token),
 failed (the last attempt failed and retry_at is in the future: error is set), or
-wait (someone else is computing it: owner, lease_expires_at are set).
+wait (someone else is computing it: owner, lease_expires_at are set; all NULL while
+another transaction's claim is not committed yet).
 With wait > 0 the call blocks, holding no lock, until the key resolves, its owner is gone
-(then you are given the claim) or wait elapses (then it returns wait).
+(then you are given the claim) or wait elapses (then it returns wait), whatever other
+transactions hold; wait => 0 never waits for a lock.
+owner_pid says what ends your claim besides its lease: NULL this connection (or the lease
+alone if once.backend_liveness is off), 0 the lease alone, or the pid once.owner_session()
+returned on a connection your process keeps open (for calls made through a pool).
 Call it in its own transaction: a claim is only visible to others once committed.$$;
+
+CREATE FUNCTION once.owner_session()
+RETURNS integer
+LANGUAGE c VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'owner_session_wrapper';
+
+COMMENT ON FUNCTION once.owner_session() IS
+$$Make this connection an owner session and return its pid. Claims made on other
+connections (through a pool) with claim_key(..., owner_pid => that pid) or claim_next end
+when this connection closes, as if made on it; when pg_once is preloaded, the pg_once
+worker takes them back at once. Call it on a connection your process keeps open for its
+lifetime, such as its LISTEN connection (direct or session-pooled).$$;
 
 CREATE FUNCTION once.complete_key(
     key    text,
@@ -159,21 +178,26 @@ or being computed: nothing changed) or cached (it has a fresh result: nothing ch
 -- PostgreSQL would plan them again on every call (9% of all CPU in the queue benchmark).
 -- Their generic plans are the same index scans as the custom ones.
 CREATE FUNCTION once.claim_next(
-    queue  text DEFAULT 'default',
-    lease  interval DEFAULT '30 seconds',
-    worker text DEFAULT NULL,
-    n      integer DEFAULT 1)
+    queue     text DEFAULT 'default',
+    lease     interval DEFAULT '30 seconds',
+    worker    text DEFAULT NULL,
+    n         integer DEFAULT 1,
+    wait      interval DEFAULT '0',
+    owner_pid integer DEFAULT NULL)
 RETURNS TABLE (key text, token bigint, payload jsonb, attempt integer)
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS 'MODULE_PATHNAME', 'claim_next_wrapper';
 
-COMMENT ON FUNCTION once.claim_next(text, interval, text, integer) IS
+COMMENT ON FUNCTION once.claim_next(text, interval, text, integer, interval, integer) IS
 $$Claim up to n due keys of a queue, fewest errors first, then smallest priority, then
 oldest due time, with FOR UPDATE SKIP LOCKED: workers never wait for each other and never
 get the same key. Finish each with complete_key, fail_key (retried with backoff) or
-release_key, and heartbeat_key meanwhile. worker names you in the history.$$;
+release_key, and heartbeat_key meanwhile. worker names you in the history.
+With wait > 0 an empty queue is waited on, holding no lock, until a key becomes due
+(enqueued, a backoff ends, a key is sent back) or wait elapses (then no rows).
+owner_pid: as for claim_key.$$;
 
 CREATE FUNCTION once.invalidate_keys(queue text DEFAULT NULL, prefix text DEFAULT NULL)
 RETURNS bigint

@@ -166,6 +166,21 @@ CREATE TRIGGER entries_notify_deleted
     WHEN (OLD.state = 'running')
     EXECUTE FUNCTION once.notify_key_resolved();
 
+-- Wake the workers waiting in claim_next(wait => ...) for a queue when a running key goes
+-- back to it (a failure with retries left, a release, a reaped claim); enqueue_key wakes
+-- them itself. They are woken after commit, and only when pg_once is preloaded.
+CREATE FUNCTION once.wake_queue() RETURNS trigger
+    LANGUAGE c
+    AS 'MODULE_PATHNAME', 'wake_queue_wrapper';
+COMMENT ON FUNCTION once.wake_queue() IS
+    'Trigger function: wake the workers waiting for work in the queue a key went back to.';
+
+CREATE TRIGGER entries_wake_queue
+    AFTER UPDATE ON once.entries
+    FOR EACH ROW
+    WHEN (OLD.state = 'running' AND NEW.state = 'queued')
+    EXECUTE FUNCTION once.wake_queue();
+
 -- Record how each attempt at a queued key ended. The outcome follows from the change:
 -- deleted (invalidated) = cancelled; a new token = taken_over (its owner was gone);
 -- done = completed; no new error = released; an "owner ... is gone" error = abandoned

@@ -6,11 +6,11 @@
 //! 22004 error instead of a silent NULL result.
 
 use crate::args::{self, Key};
-use crate::claim::{self, Claim};
+use crate::claim::{self, Claim, LockBudget};
 use crate::entry;
 use crate::errors;
 use crate::jsonb::Jsonb;
-use crate::liveness;
+use crate::liveness::{self, Owner};
 use crate::queue;
 use crate::wait;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
@@ -23,40 +23,54 @@ fn claim_key(
     key: Option<&str>,
     lease: Option<Interval>,
     wait: Option<Interval>,
+    owner_pid: Option<i32>,
     fcinfo: pg_sys::FunctionCallInfo,
 ) -> pgrx::composite_type!('static, "claim") {
-    let key = Key::new(key);
-    let lease = args::lease(lease);
-    let wait_micros = args::wait(wait);
-    let claim = if wait_micros > 0 {
-        refuse_wait_under_snapshot_isolation();
-        wait::claim_waiting(&key, lease, wait_micros)
-    } else {
-        claim::attempt(&key, lease, &mut liveness::OwnerWatch::default())
-    };
-    claim_row(fcinfo, claim)
+    errors::plain(|| {
+        let key = Key::new(key);
+        let lease = args::lease(lease);
+        let wait_micros = args::wait(wait);
+        let owner = Owner::from_arg(owner_pid);
+        let claim = if wait_micros > 0 {
+            refuse_wait_under_snapshot_isolation("claim_key");
+            wait::claim_waiting(&key, lease, owner, wait_micros)
+        } else {
+            let mut watch = liveness::OwnerWatch::default();
+            // wait => 0 never waits for a lock: an uncommitted claim answers `wait` at once.
+            claim::attempt(&key, lease, owner, &mut watch, LockBudget(1))
+        };
+        claim_row(fcinfo, claim)
+    })
+}
+
+/// once.owner_session(): see liveness::become_owner_session.
+#[pg_extern(sql = false)]
+fn owner_session() -> i32 {
+    errors::plain(liveness::become_owner_session)
 }
 
 /// complete_key(key text, token bigint, result jsonb, ttl interval). `result` and `ttl` are
 /// read from fcinfo: the result is passed through as the jsonb datum it already is.
 #[pg_extern(sql = false)]
 fn complete_key(key: Option<&str>, token: Option<i64>, fcinfo: pg_sys::FunctionCallInfo) -> bool {
-    let key = Key::new(key);
-    let token = args::token(token);
-    // SAFETY: functions.sql declares argument 2 as jsonb and argument 3 as interval.
-    let (result, ttl) = unsafe {
-        (
-            pgrx::fcinfo::pg_getarg::<Jsonb>(fcinfo, 2),
-            pgrx::fcinfo::pg_getarg::<Interval>(fcinfo, 3),
-        )
-    };
-    let result = args::required(
-        result,
-        "result",
-        "Pass the computed value as jsonb; to cache \"nothing\", pass 'null'::jsonb.",
-    );
-    let ttl = args::ttl(ttl);
-    claim::complete(&key, token, result, ttl)
+    errors::plain(|| {
+        let key = Key::new(key);
+        let token = args::token(token);
+        // SAFETY: functions.sql declares argument 2 as jsonb and argument 3 as interval.
+        let (result, ttl) = unsafe {
+            (
+                pgrx::fcinfo::pg_getarg::<Jsonb>(fcinfo, 2),
+                pgrx::fcinfo::pg_getarg::<Interval>(fcinfo, 3),
+            )
+        };
+        let result = args::required(
+            result,
+            "result",
+            "Pass the computed value as jsonb; to cache \"nothing\", pass 'null'::jsonb.",
+        );
+        let ttl = args::ttl(ttl);
+        claim::complete(&key, token, result, ttl)
+    })
 }
 
 #[pg_extern(sql = false)]
@@ -66,15 +80,17 @@ fn fail_key(
     error: Option<String>,
     retry_after: Option<Interval>,
 ) -> bool {
-    let key = Key::new(key);
-    let token = args::token(token);
-    let error = args::required(
-        error,
-        "error",
-        "Describe what went wrong, e.g. the upstream error message.",
-    );
-    let retry_after = args::retry_after(retry_after);
-    claim::fail(&key, token, error, retry_after)
+    errors::plain(|| {
+        let key = Key::new(key);
+        let token = args::token(token);
+        let error = args::required(
+            error,
+            "error",
+            "Describe what went wrong, e.g. the upstream error message.",
+        );
+        let retry_after = args::retry_after(retry_after);
+        claim::fail(&key, token, error, retry_after)
+    })
 }
 
 #[pg_extern(sql = false)]
@@ -83,23 +99,29 @@ fn heartbeat_key(
     token: Option<i64>,
     lease: Option<Interval>,
 ) -> Option<TimestampWithTimeZone> {
-    let key = Key::new(key);
-    let token = args::token(token);
-    let lease = args::lease(lease);
-    claim::heartbeat(&key, token, lease)
+    errors::plain(|| {
+        let key = Key::new(key);
+        let token = args::token(token);
+        let lease = args::lease(lease);
+        claim::heartbeat(&key, token, lease)
+    })
 }
 
 #[pg_extern(sql = false)]
 fn release_key(key: Option<&str>, token: Option<i64>) -> bool {
-    let key = Key::new(key);
-    let token = args::token(token);
-    claim::release(&key, token)
+    errors::plain(|| {
+        let key = Key::new(key);
+        let token = args::token(token);
+        claim::release(&key, token)
+    })
 }
 
 #[pg_extern(sql = false)]
 fn invalidate_key(key: Option<&str>) -> bool {
-    let key = Key::new(key);
-    claim::invalidate(&key)
+    errors::plain(|| {
+        let key = Key::new(key);
+        claim::invalidate(&key)
+    })
 }
 
 #[pg_extern(sql = false)]
@@ -111,8 +133,10 @@ fn reap_stale() -> TableIterator<
         name!(history, i64),
     ),
 > {
-    let reaped = claim::reap();
-    TableIterator::once((reaped.reclaimed, reaped.expired, reaped.history))
+    errors::plain(|| {
+        let reaped = claim::reap();
+        TableIterator::once((reaped.reclaimed, reaped.expired, reaped.history))
+    })
 }
 
 // ---- queue mode -------------------------------------------------------------------
@@ -124,30 +148,34 @@ fn create_queue(
     backoff: Option<Interval>,
     max_backoff: Option<Interval>,
 ) {
-    let name = args::new_queue_name(name);
-    let max_attempts = args::required(
-        args::max_attempts(max_attempts),
-        "max_attempts",
-        "Pass how many times a key may be tried before it stays failed, e.g. 5.",
-    );
-    let (backoff, max_backoff) = args::backoff(backoff, max_backoff);
-    queue::upsert_queue(name, max_attempts, backoff, max_backoff);
+    errors::plain(|| {
+        let name = args::new_queue_name(name);
+        let max_attempts = args::required(
+            args::max_attempts(max_attempts),
+            "max_attempts",
+            "Pass how many times a key may be tried before it stays failed, e.g. 5.",
+        );
+        let (backoff, max_backoff) = args::backoff(backoff, max_backoff);
+        queue::upsert_queue(name, max_attempts, backoff, max_backoff);
+    })
 }
 
 #[pg_extern(sql = false)]
 fn drop_queue(name: Option<&str>) {
-    let name = args::queue(name);
-    let keys = queue::keys_in_queue(name);
-    if keys > 0 {
-        errors::object_in_use(
-            format!("queue \"{name}\" still has {keys} keys"),
-            &format!(
-                "Remove them first: SELECT once.invalidate_keys(queue => '{}');",
-                name.replace('\'', "''")
-            ),
-        );
-    }
-    queue::drop_queue(name);
+    errors::plain(|| {
+        let name = args::queue(name);
+        let keys = queue::keys_in_queue(name);
+        if keys > 0 {
+            errors::object_in_use(
+                format!("queue \"{name}\" still has {keys} keys"),
+                &format!(
+                    "Remove them first: SELECT once.invalidate_keys(queue => '{}');",
+                    name.replace('\'', "''")
+                ),
+            );
+        }
+        queue::drop_queue(name);
+    })
 }
 
 /// enqueue_key(key, payload, queue, priority, run_at, refresh, max_attempts). The
@@ -155,42 +183,44 @@ fn drop_queue(name: Option<&str>) {
 /// already is, and typed parameters after it would have to come before it.
 #[pg_extern(sql = false)]
 fn enqueue_key(key: Option<&str>, fcinfo: pg_sys::FunctionCallInfo) -> &'static str {
-    let key = Key::new(key);
-    // SAFETY: functions.sql declares the arguments in this order and with these types.
-    let (payload, queue, priority, run_at, refresh, max_attempts) = unsafe {
-        use pgrx::fcinfo::pg_getarg;
-        (
-            pg_getarg::<Jsonb>(fcinfo, 1),
-            pg_getarg::<&str>(fcinfo, 2),
-            pg_getarg::<i32>(fcinfo, 3),
-            pg_getarg::<TimestampWithTimeZone>(fcinfo, 4),
-            pg_getarg::<bool>(fcinfo, 5),
-            pg_getarg::<i32>(fcinfo, 6),
-        )
-    };
-    let job = queue::Job {
-        key: &key,
-        payload,
-        queue: args::queue(queue),
-        priority: args::required(
-            priority,
-            "priority",
-            "Pass an integer; smaller runs first, default 0.",
-        ),
-        run_at: args::run_at(run_at),
-        max_attempts: args::max_attempts(max_attempts),
-    };
-    let refresh = args::required(
-        refresh,
-        "refresh",
-        "Pass true to recompute a key that has a fresh result, else false.",
-    );
-    match queue::enqueue(&job, refresh) {
-        queue::Enqueued::Queued => "queued",
-        queue::Enqueued::Requeued => "requeued",
-        queue::Enqueued::Duplicate => "duplicate",
-        queue::Enqueued::Cached => "cached",
-    }
+    errors::plain(|| {
+        let key = Key::new(key);
+        // SAFETY: functions.sql declares the arguments in this order and with these types.
+        let (payload, queue, priority, run_at, refresh, max_attempts) = unsafe {
+            use pgrx::fcinfo::pg_getarg;
+            (
+                pg_getarg::<Jsonb>(fcinfo, 1),
+                pg_getarg::<&str>(fcinfo, 2),
+                pg_getarg::<i32>(fcinfo, 3),
+                pg_getarg::<TimestampWithTimeZone>(fcinfo, 4),
+                pg_getarg::<bool>(fcinfo, 5),
+                pg_getarg::<i32>(fcinfo, 6),
+            )
+        };
+        let job = queue::Job {
+            key: &key,
+            payload,
+            queue: args::queue(queue),
+            priority: args::required(
+                priority,
+                "priority",
+                "Pass an integer; smaller runs first, default 0.",
+            ),
+            run_at: args::run_at(run_at),
+            max_attempts: args::max_attempts(max_attempts),
+        };
+        let refresh = args::required(
+            refresh,
+            "refresh",
+            "Pass true to recompute a key that has a fresh result, else false.",
+        );
+        match queue::enqueue(&job, refresh) {
+            queue::Enqueued::Queued => "queued",
+            queue::Enqueued::Requeued => "requeued",
+            queue::Enqueued::Duplicate => "duplicate",
+            queue::Enqueued::Cached => "cached",
+        }
+    })
 }
 
 #[pg_extern(sql = false)]
@@ -200,6 +230,8 @@ fn claim_next(
     lease: Option<Interval>,
     worker: Option<&str>,
     n: Option<i32>,
+    wait: Option<Interval>,
+    owner_pid: Option<i32>,
 ) -> TableIterator<
     'static,
     (
@@ -209,34 +241,45 @@ fn claim_next(
         name!(attempt, i32),
     ),
 > {
-    let queue = args::queue(queue);
-    let lease = args::lease(lease);
-    let worker = args::worker(worker);
-    let n = args::batch_size(n);
-    let claimed = queue::claim_next(queue, lease, worker, n);
-    TableIterator::new(
-        claimed
-            .into_iter()
-            .map(|c| (c.key, c.token, c.payload, c.attempt)),
-    )
+    errors::plain(|| {
+        let queue = args::queue(queue);
+        let lease = args::lease(lease);
+        let worker = args::worker(worker);
+        let n = args::batch_size(n);
+        let wait_micros = args::wait(wait);
+        let owner = Owner::from_arg(owner_pid);
+        let claimed = if wait_micros > 0 {
+            refuse_wait_under_snapshot_isolation("claim_next");
+            wait::claim_next_waiting(queue, lease, worker, owner, n, wait_micros)
+        } else {
+            queue::claim_next(queue, lease, worker, owner, n)
+        };
+        TableIterator::new(
+            claimed
+                .into_iter()
+                .map(|c| (c.key, c.token, c.payload, c.attempt)),
+        )
+    })
 }
 
 #[pg_extern(sql = false)]
 fn invalidate_keys(queue: Option<&str>, prefix: Option<&str>) -> i64 {
-    if queue.is_none() && prefix.is_none() {
-        errors::invalid_argument(
-            "invalidate_keys needs a queue or a key prefix".into(),
-            "Pass queue => 'name' and/or prefix => 'https://example.com/'.",
-        );
-    }
-    let queue = queue.map(|q| args::queue(Some(q)));
-    if prefix == Some("") {
-        errors::invalid_argument(
-            "prefix must not be empty".into(),
-            "Pass a key prefix such as 'https://example.com/', or only a queue.",
-        );
-    }
-    queue::invalidate_many(queue, prefix)
+    errors::plain(|| {
+        if queue.is_none() && prefix.is_none() {
+            errors::invalid_argument(
+                "invalidate_keys needs a queue or a key prefix".into(),
+                "Pass queue => 'name' and/or prefix => 'https://example.com/'.",
+            );
+        }
+        let queue = queue.map(|q| args::queue(Some(q)));
+        if prefix == Some("") {
+            errors::invalid_argument(
+                "prefix must not be empty".into(),
+                "Pass a key prefix such as 'https://example.com/', or only a queue.",
+            );
+        }
+        queue::invalidate_many(queue, prefix)
+    })
 }
 
 /// complete_keys(keys text[], tokens bigint[], results jsonb[], ttl interval). `results`
@@ -247,40 +290,42 @@ fn complete_keys(
     tokens: Option<Vec<Option<i64>>>,
     fcinfo: pg_sys::FunctionCallInfo,
 ) -> TableIterator<'static, (name!(key, String),)> {
-    let hint = "Pass three arrays of the same length: keys, their tokens, their results.";
-    let keys = args::required(keys, "keys", hint);
-    let tokens = args::required(tokens, "tokens", hint);
-    // SAFETY: functions.sql declares argument 2 as jsonb[] and argument 3 as interval.
-    let (results, ttl) = unsafe {
-        (
-            pgrx::fcinfo::pg_getarg_datum(fcinfo, 2),
-            pgrx::fcinfo::pg_getarg::<Interval>(fcinfo, 3),
-        )
-    };
-    let results = args::required(results, "results", hint);
-    let (length, has_null) = queue::jsonb_array_shape(results);
-    if keys.len() != tokens.len() || keys.len() != length {
-        errors::invalid_argument(
-            format!(
-                "keys, tokens and results have {}, {} and {length} elements",
-                keys.len(),
-                tokens.len()
-            ),
-            hint,
-        );
-    }
-    if has_null {
-        errors::null_argument("results[i]", hint);
-    }
-    let keys: Vec<String> = keys
-        .into_iter()
-        .map(|k| args::required(k, "keys[i]", hint))
-        .collect();
-    let keys: Vec<Key> = keys.iter().map(|k| Key::new(Some(k.as_str()))).collect();
-    let tokens: Vec<i64> = tokens.into_iter().map(args::token).collect();
-    let ttl = args::ttl(ttl);
-    let done = queue::complete_many(&keys, tokens, results, ttl);
-    TableIterator::new(done.into_iter().map(|k| (k,)))
+    errors::plain(|| {
+        let hint = "Pass three arrays of the same length: keys, their tokens, their results.";
+        let keys = args::required(keys, "keys", hint);
+        let tokens = args::required(tokens, "tokens", hint);
+        // SAFETY: functions.sql declares argument 2 as jsonb[] and argument 3 as interval.
+        let (results, ttl) = unsafe {
+            (
+                pgrx::fcinfo::pg_getarg_datum(fcinfo, 2),
+                pgrx::fcinfo::pg_getarg::<Interval>(fcinfo, 3),
+            )
+        };
+        let results = args::required(results, "results", hint);
+        let (length, has_null) = queue::jsonb_array_shape(results);
+        if keys.len() != tokens.len() || keys.len() != length {
+            errors::invalid_argument(
+                format!(
+                    "keys, tokens and results have {}, {} and {length} elements",
+                    keys.len(),
+                    tokens.len()
+                ),
+                hint,
+            );
+        }
+        if has_null {
+            errors::null_argument("results[i]", hint);
+        }
+        let keys: Vec<String> = keys
+            .into_iter()
+            .map(|k| args::required(k, "keys[i]", hint))
+            .collect();
+        let keys: Vec<Key> = keys.iter().map(|k| Key::new(Some(k.as_str()))).collect();
+        let tokens: Vec<i64> = tokens.into_iter().map(args::token).collect();
+        let ttl = args::ttl(ttl);
+        let done = queue::complete_many(&keys, tokens, results, ttl);
+        TableIterator::new(done.into_iter().map(|k| (k,)))
+    })
 }
 #[pg_extern(sql = false)]
 fn backend_alive(pid: Option<i32>, started: Option<TimestampWithTimeZone>) -> Option<bool> {
@@ -323,12 +368,12 @@ fn runtime() -> TableIterator<
 
 /// A waiting claim needs to see other sessions' commits, which a REPEATABLE READ or
 /// SERIALIZABLE snapshot never shows: it would always wait out its full time.
-fn refuse_wait_under_snapshot_isolation() {
+fn refuse_wait_under_snapshot_isolation(function: &str) {
     // SAFETY: reads the current transaction's isolation level.
     if unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
         errors::not_supported(
-            "claim_key cannot wait inside a REPEATABLE READ or SERIALIZABLE transaction".into(),
-            "Call claim_key with wait in its own READ COMMITTED transaction (autocommit), or pass wait => '0'.",
+            format!("{function} cannot wait inside a REPEATABLE READ or SERIALIZABLE transaction"),
+            &format!("Call {function} with wait in its own READ COMMITTED transaction (autocommit), or pass wait => '0'."),
         );
     }
 }
@@ -382,12 +427,12 @@ fn claim_row(
             ..
         } => [
             "wait".into_datum(),
-            token.into_datum(),
+            token.and_then(IntoDatum::into_datum),
             None,
             None,
             text(owner),
-            lease_expires_at.into_datum(),
-            attempts.into_datum(),
+            ts(lease_expires_at),
+            attempts.and_then(IntoDatum::into_datum),
             None,
             None,
         ],

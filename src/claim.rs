@@ -13,11 +13,11 @@
 use crate::args::Key;
 use crate::entry::{self, Entry};
 use crate::jsonb::Jsonb;
-use crate::liveness::{self, OwnerWatch};
+use crate::liveness::{self, Owner, OwnerWatch};
 use crate::shmem::{self, Counter};
 use crate::statements::types::*;
 use crate::statements::{self, Statement};
-use crate::subxact;
+use crate::subxact::{self, Blocked};
 use pgrx::datum::{DatumWithOid, Interval, TimestampWithTimeZone};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -37,13 +37,17 @@ pub enum Claim {
         lease_expires_at: TimestampWithTimeZone,
         attempts: i32,
     },
+    /// Someone else holds the key. All but `uncommitted` are NULL in the answer when
+    /// another transaction is writing the key right now and has not committed (a claim
+    /// made in a transaction block that is still open, or prepared): then only that
+    /// transaction's end can tell, and what its uncommitted claim says is all we know.
     Wait {
-        token: i64,
+        token: Option<i64>,
         owner: Option<String>,
-        lease_expires_at: TimestampWithTimeZone,
-        attempts: i32,
-        /// The owning backend, when its exit ends the claim (not a lease-only claim).
-        owner_backend: Option<(i32, pg_sys::TimestampTz)>,
+        lease_expires_at: Option<TimestampWithTimeZone>,
+        attempts: Option<i32>,
+        /// Another transaction is writing the key: look again soon, nobody will wake us.
+        uncommitted: bool,
     },
     Failed {
         token: i64,
@@ -207,7 +211,7 @@ static PURGE_EXPIRED: Statement = Statement::new(
     &[INT8],
 );
 
-/// Who this session is, as recorded with a claim.
+/// Who a claim names: a label for people, and what ends it besides its lease.
 pub struct Me {
     pub label: String,
     pub pid: i32,
@@ -216,9 +220,10 @@ pub struct Me {
 }
 
 impl Me {
-    /// This session, named `worker` if given, else by its application_name.
-    pub fn new(worker: Option<&str>) -> Me {
-        let (pid, started) = liveness::my_identity();
+    /// This session, named `worker` if given, else by its application_name, making a
+    /// claim whose liveness is `owner`'s.
+    pub fn new(worker: Option<&str>, owner: Owner) -> Me {
+        let my_pid = liveness::my_identity().0;
         // SAFETY: application_name is a GUC string, NULL or NUL-terminated.
         let app = unsafe {
             let name = pg_sys::application_name;
@@ -231,14 +236,15 @@ impl Me {
         // A worker is named as it asks; otherwise the session's application_name and pid.
         let label = match worker {
             Some(worker) => worker.to_owned(),
-            None if app.is_empty() => format!("pid {pid}"),
-            None => format!("{app} (pid {pid})"),
+            None if app.is_empty() => format!("pid {my_pid}"),
+            None => format!("{app} (pid {my_pid})"),
         };
+        let (pid, started, lease_only) = owner.identity();
         Me {
             label,
             pid,
             started,
-            lease_only: !crate::guc::BACKEND_LIVENESS.get(),
+            lease_only,
         }
     }
 
@@ -248,15 +254,39 @@ impl Me {
     }
 }
 
-/// One look at the key, claiming it if it may be claimed. Never waits for the owner.
-pub fn attempt(key: &Key, lease: Interval, watch: &mut OwnerWatch) -> Claim {
+/// How long a claim's write may wait for another transaction's lock, in milliseconds (at
+/// least 1): what is left of the caller's `wait`.
+#[derive(Clone, Copy)]
+pub struct LockBudget(pub i64);
+
+/// One look at the key, claiming it if it may be claimed. Never waits for the owner, and
+/// waits for another transaction's lock at most `budget`.
+pub fn attempt(
+    key: &Key,
+    lease: Interval,
+    owner: Owner,
+    watch: &mut OwnerWatch,
+    budget: LockBudget,
+) -> Claim {
     loop {
         check_for_interrupts!();
-        let Some(entry) = entry::read(key) else {
-            if let Some(claim) = insert_claim(key, lease) {
-                return claim;
+        let entry = match entry::read(key) {
+            Ok(entry) => entry,
+            Err(Blocked) => return busy(None),
+        };
+        let Some(entry) = entry else {
+            // Absent to us, but maybe claimed by a transaction that has not committed:
+            // inserting would wait for it, so report it as held instead.
+            match entry::uncommitted(key) {
+                Ok(None) => {}
+                Ok(Some(pending)) => return busy(Some(&pending)),
+                Err(Blocked) => return busy(None),
             }
-            continue; // someone else inserted it first: look again
+            match insert_claim(key, lease, owner, budget) {
+                Ok(Some(claim)) => return claim,
+                Ok(None) => continue, // someone else inserted it first: look again
+                Err(Blocked) => return busy(None),
+            }
         };
         let gone_reason = match entry.state.as_str() {
             // A fresh result; also while the key is re-processed (enqueued with refresh):
@@ -279,28 +309,45 @@ pub fn attempt(key: &Key, lease: Interval, watch: &mut OwnerWatch) -> Claim {
                 };
             }
             "running" => match running_owner_status(&entry, watch) {
-                OwnerStatus::Alive(owner_backend) => {
+                OwnerStatus::Alive => {
                     return Claim::Wait {
-                        token: entry.token,
+                        token: Some(entry.token),
                         owner: entry.owner,
-                        lease_expires_at: entry.lease_expires_at.expect("running has a lease"),
-                        attempts: entry.attempts,
-                        owner_backend,
+                        lease_expires_at: entry.lease_expires_at,
+                        attempts: Some(entry.attempts),
+                        uncommitted: false,
                     };
                 }
                 OwnerStatus::Gone(why) => Some(why),
             },
             _ => None, // expired result, failure due for retry, or queued
         };
-        if let Some(claim) = take_claim(key, &entry, lease, gone_reason) {
-            return claim;
+        // Another transaction is changing the row right now: the write would wait for it.
+        if entry::held_elsewhere(&entry) {
+            return busy(None);
         }
-        // The key changed between our read and our write: look again.
+        match take_claim(key, &entry, lease, owner, gone_reason, budget) {
+            Ok(Some(claim)) => return claim,
+            Ok(None) => {} // the key changed between our read and our write: look again
+            Err(Blocked) => return busy(None),
+        }
+    }
+}
+
+/// The answer while another transaction writes the key: what its uncommitted version
+/// says, if we could read it.
+fn busy(pending: Option<&Entry>) -> Claim {
+    Claim::Wait {
+        token: pending.map(|e| e.token),
+        owner: pending.and_then(|e| e.owner.clone()),
+        lease_expires_at: pending.and_then(|e| e.lease_expires_at),
+        attempts: pending.map(|e| e.attempts),
+        uncommitted: true,
     }
 }
 
 enum OwnerStatus {
-    Alive(Option<(i32, pg_sys::TimestampTz)>),
+    Alive,
     Gone(&'static str),
 }
 
@@ -309,7 +356,7 @@ fn running_owner_status(entry: &Entry, watch: &mut OwnerWatch) -> OwnerStatus {
         return OwnerStatus::Gone("lease expired");
     }
     if entry.lease_only {
-        return OwnerStatus::Alive(None);
+        return OwnerStatus::Alive;
     }
     let pid = entry.owner_pid.expect("running has an owner pid");
     let started = entry
@@ -317,7 +364,7 @@ fn running_owner_status(entry: &Entry, watch: &mut OwnerWatch) -> OwnerStatus {
         .expect("running has an owner start")
         .into_inner();
     if watch.alive(pid, started) {
-        OwnerStatus::Alive(Some((pid, started)))
+        OwnerStatus::Alive
     } else {
         OwnerStatus::Gone("backend exited")
     }
@@ -337,9 +384,14 @@ fn claimed_from(table: pgrx::spi::SpiTupleTable<'_>, me: &Me) -> pgrx::spi::Resu
     }))
 }
 
-fn insert_claim(key: &Key, lease: Interval) -> Option<Claim> {
-    let me = &Me::new(None);
-    liveness::register_owner(key.tag);
+fn insert_claim(
+    key: &Key,
+    lease: Interval,
+    owner: Owner,
+    budget: LockBudget,
+) -> Result<Option<Claim>, Blocked> {
+    let me = &Me::new(None, owner);
+    owner.before_claiming(Some(key.tag));
     let args = [
         key.hash_param(),
         key.text_param(),
@@ -349,17 +401,25 @@ fn insert_claim(key: &Key, lease: Interval) -> Option<Claim> {
         me.lease_only.into(),
         lease.into(),
     ];
-    statements::run(&INSERT_CLAIM, &args, |table| claimed_from(table, me))
+    // In a subtransaction: an insert that lost to a committed one leaves no lock behind,
+    // and one that meets an uncommitted one gives up at the budget.
+    subxact::keep_if(
+        budget.0,
+        || statements::run(&INSERT_CLAIM, &args, |table| claimed_from(table, me)),
+        Option::is_some,
+    )
 }
 
 fn take_claim(
     key: &Key,
     seen: &Entry,
     lease: Interval,
+    owner: Owner,
     gone_reason: Option<&str>,
-) -> Option<Claim> {
-    let me = &Me::new(None);
-    liveness::register_owner(key.tag);
+    budget: LockBudget,
+) -> Result<Option<Claim>, Blocked> {
+    let me = &Me::new(None, owner);
+    owner.before_claiming(Some(key.tag));
     let args = [
         key.hash_param(),
         seen.token.into(),
@@ -372,13 +432,14 @@ fn take_claim(
         gone_reason.map(str::to_owned).into(),
     ];
     let claim = subxact::keep_if(
+        budget.0,
         || statements::run(&TAKE_CLAIM, &args, |table| claimed_from(table, me)),
         Option::is_some,
-    );
+    )?;
     if claim.is_some() && gone_reason.is_some() {
         shmem::count(Counter::TakenOver);
     }
-    claim
+    Ok(claim)
 }
 
 /// An owner's write took effect: its claim is resolved by itself, not by its exit.

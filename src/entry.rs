@@ -9,6 +9,7 @@
 use crate::args::Key;
 use crate::errors;
 use crate::jsonb::Jsonb;
+use crate::subxact::Blocked;
 use pgrx::datum::{FromDatum, TimestampWithTimeZone};
 use pgrx::memcxt::PgMemoryContexts;
 use pgrx::pg_sys;
@@ -31,6 +32,8 @@ pub struct Entry {
     pub attempts: i32,
     /// Server clock (what clock_timestamp() reads) right after the row was read.
     pub read_at: pg_sys::TimestampTz,
+    /// Where the version read lies in once.entries.
+    pub tid: pg_sys::ItemPointerData,
 }
 
 impl Entry {
@@ -67,18 +70,66 @@ const COLUMNS: [&CStr; 12] = [
 ];
 
 /// The current version of `key`'s row, as a fresh snapshot sees it (READ COMMITTED: every
-/// call sees everything committed before it), or None if the key is absent.
-pub fn read(key: &Key) -> Option<Entry> {
+/// call sees everything committed before it), or None if the key is absent. Blocked when
+/// the table or its primary key cannot be locked at once: DDL holds or waits for them.
+pub fn read(key: &Key) -> Result<Option<Entry>, Blocked> {
+    // SAFETY: GetTransactionSnapshot returns the current MVCC snapshot; `scan` registers it.
+    unsafe { scan(key, pg_sys::GetTransactionSnapshot(), true) }
+}
+
+/// A version of `key`'s row that another transaction has inserted and not yet committed
+/// (a claim made inside a transaction that is still open, or prepared), when `read` found
+/// the key absent. Writing the key now would wait for that transaction to end.
+pub fn uncommitted(key: &Key) -> Result<Option<Entry>, Blocked> {
+    // A dirty snapshot sees rows whose inserter is still in progress, as unique checks do;
+    // it records the in-progress inserter in xmin.
+    let mut dirty = pg_sys::SnapshotData {
+        snapshot_type: pg_sys::SnapshotType::SNAPSHOT_DIRTY,
+        ..Default::default()
+    };
+    // SAFETY: a dirty snapshot is a plain struct that an index scan uses unregistered
+    // (registering would copy it, and the scan would record the inserter in the copy).
+    let entry = unsafe { scan(key, &mut dirty, false)? };
+    Ok(entry.filter(|_| dirty.xmin != pg_sys::InvalidTransactionId))
+}
+
+/// Read `key`'s row through the primary key with `snapshot`.
+///
+/// The relations are locked only for the look and unlocked at once, not kept until the
+/// transaction ends as a reader's locks usually are: a waiting claim_key looks again and
+/// again within one transaction, for as long as a day, and a lock kept across its sleeps
+/// would make DDL on once.entries (VACUUM FULL, ALTER, DROP EXTENSION) wait for it, and
+/// every other pg_once call wait behind that DDL. For the same reason the locks are only
+/// taken if they can be had at once; otherwise the look is Blocked and the caller decides
+/// whether to try again. Values are copied out before the locks go.
+unsafe fn scan(
+    key: &Key,
+    snapshot: pg_sys::Snapshot,
+    register: bool,
+) -> Result<Option<Entry>, Blocked> {
     // SAFETY: standard index-scan sequence (as in PostgreSQL's own catalog lookups):
-    // relations opened and locked AccessShare (kept until transaction end, like any
-    // reader), a registered snapshot for the scan and for detoasting, and every value
-    // copied into the caller's memory context before the slot is dropped.
+    // relations locked AccessShare (and released at close, as catalog readers do), an MVCC
+    // snapshot registered for the scan and for detoasting, and every value copied into
+    // the caller's memory context before the slot is dropped.
     unsafe {
         let [table_oid, index_oid] = once_relations([c"entries", c"entries_pkey"]);
-        let table = pg_sys::table_open(table_oid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-        let index = pg_sys::index_open(index_oid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+        if !pg_sys::ConditionalLockRelationOid(table_oid, lock) {
+            return Err(Blocked);
+        }
+        if !pg_sys::ConditionalLockRelationOid(index_oid, lock) {
+            pg_sys::UnlockRelationOid(table_oid, lock);
+            return Err(Blocked);
+        }
+        let no_lock = pg_sys::NoLock as pg_sys::LOCKMODE;
+        let table = pg_sys::table_open(table_oid, no_lock);
+        let index = pg_sys::index_open(index_oid, no_lock);
         let attnums = COLUMNS.map(|name| attnum(table, name));
-        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
+        let snapshot = if register {
+            pg_sys::RegisterSnapshot(snapshot)
+        } else {
+            snapshot
+        };
 
         let mut scankey = pg_sys::ScanKeyData::default();
         pg_sys::ScanKeyInit(
@@ -116,6 +167,7 @@ pub fn read(key: &Key) -> Option<Entry> {
                 lease_expires_at: copy(value(10)),
                 attempts: copy(value(11)).unwrap_or(0),
                 read_at: pg_sys::GetCurrentTimestamp(),
+                tid: (*slot).tts_tid,
             })
         } else {
             None
@@ -123,10 +175,33 @@ pub fn read(key: &Key) -> Option<Entry> {
 
         pg_sys::ExecDropSingleTupleTableSlot(slot);
         pg_sys::index_endscan(scan);
-        pg_sys::UnregisterSnapshot(snapshot);
-        pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
-        pg_sys::table_close(table, pg_sys::NoLock as pg_sys::LOCKMODE);
-        entry
+        if register {
+            pg_sys::UnregisterSnapshot(snapshot);
+        }
+        pg_sys::index_close(index, lock);
+        pg_sys::table_close(table, lock);
+        Ok(entry)
+    }
+}
+
+/// Is the row version `entry` was read from locked, updated or deleted by another
+/// transaction that is still in progress? Writing it would wait for that transaction.
+pub fn held_elsewhere(entry: &Entry) -> bool {
+    // SAFETY: as in `taken`: the table is opened with AccessShareLock (released at close),
+    // the tid is checked against the relation's size, the header is read under a share
+    // lock on its buffer, and the pin is released.
+    unsafe {
+        let [table_oid] = once_relations([c"entries"]);
+        let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+        if !pg_sys::ConditionalLockRelationOid(table_oid, lock) {
+            return true;
+        }
+        let table = pg_sys::table_open(table_oid, pg_sys::NoLock as pg_sys::LOCKMODE);
+        let held = with_tuple_header(table, entry.tid, |header| {
+            holder(header).is_some_and(|h| pg_sys::TransactionIdIsInProgress(h.xid))
+        });
+        pg_sys::table_close(table, lock);
+        held
     }
 }
 
@@ -188,66 +263,111 @@ pub fn taken(tid: pg_sys::ItemPointerData) -> bool {
             );
         }
         let table = pg_sys::relation_open(table_oid, lock);
-        let (block, _) = pgrx::itemptr::item_pointer_get_both(tid);
-        let blocks =
-            pg_sys::RelationGetNumberOfBlocksInFork(table, pg_sys::ForkNumber::MAIN_FORKNUM);
-        let mut answer = false;
-        if block < blocks {
-            let mut tuple = pg_sys::HeapTupleData {
-                t_len: 0,
-                t_self: tid,
-                t_tableOid: table_oid,
-                t_data: std::ptr::null_mut(),
-            };
-            let mut buffer: pg_sys::Buffer = pg_sys::InvalidBuffer as pg_sys::Buffer;
-            let any = &raw mut pg_sys::SnapshotAnyData;
-            if pg_sys::heap_fetch(table, any, &mut tuple, &mut buffer, true) {
-                pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_SHARE as i32);
-                answer = taken_elsewhere(tuple.t_data);
-                pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_UNLOCK as i32);
-            }
-            if buffer != pg_sys::InvalidBuffer as pg_sys::Buffer {
-                pg_sys::ReleaseBuffer(buffer);
-            }
-        }
+        let answer = with_tuple_header(table, tid, |header| taken_elsewhere(header));
         pg_sys::relation_close(table, lock);
         answer
     }
 }
 
-/// Does this tuple header name, as its xmax, an updater or deleter that has committed, or
-/// another transaction in progress (a locker, updater or deleter)? Our own transaction and
-/// its subtransactions never count: what we hold, FOR UPDATE handles.
-unsafe fn taken_elsewhere(header: pg_sys::HeapTupleHeader) -> bool {
-    let infomask = (*header).t_infomask as u32;
-    if infomask & pg_sys::HEAP_XMAX_INVALID != 0 {
-        return false;
-    }
-    let locked_only = infomask & pg_sys::HEAP_XMAX_LOCK_ONLY != 0
-        || infomask & (pg_sys::HEAP_XMAX_IS_MULTI | pg_sys::HEAP_LOCK_MASK)
-            == pg_sys::HEAP_XMAX_EXCL_LOCK;
-    let xmax = if infomask & pg_sys::HEAP_XMAX_IS_MULTI != 0 {
-        // Several holders at once: rare here (nothing takes shared row locks on
-        // once.entries). Only an updater among them is looked at; FOR UPDATE SKIP LOCKED
-        // decides about lockers.
-        if locked_only {
+/// Call `f` with the header of the tuple at `tid` (any version, live or dead), under a
+/// share lock on its buffer; false if there is no such tuple.
+unsafe fn with_tuple_header(
+    table: pg_sys::Relation,
+    tid: pg_sys::ItemPointerData,
+    f: impl FnOnce(pg_sys::HeapTupleHeader) -> bool,
+) -> bool {
+    // SAFETY: the tid is checked against the relation's size before the page is read, the
+    // header is only read under a share lock on its buffer, and the pin is released.
+    unsafe {
+        let (block, _) = pgrx::itemptr::item_pointer_get_both(tid);
+        let blocks =
+            pg_sys::RelationGetNumberOfBlocksInFork(table, pg_sys::ForkNumber::MAIN_FORKNUM);
+        if block >= blocks {
             return false;
         }
-        pg_sys::HeapTupleGetUpdateXid(header)
-    } else if infomask & pg_sys::HEAP_XMAX_COMMITTED != 0 {
-        // Hinted: a committed locker no longer holds anything; a committed updater replaced
-        // this version.
-        return !locked_only;
-    } else {
-        (*header).t_choice.t_heap.t_xmax
-    };
-    if xmax == pg_sys::InvalidTransactionId || pg_sys::TransactionIdIsCurrentTransactionId(xmax) {
+        let mut tuple = pg_sys::HeapTupleData {
+            t_len: 0,
+            t_self: tid,
+            t_tableOid: (*table).rd_id,
+            t_data: std::ptr::null_mut(),
+        };
+        let mut buffer: pg_sys::Buffer = pg_sys::InvalidBuffer as pg_sys::Buffer;
+        let any = &raw mut pg_sys::SnapshotAnyData;
+        let mut answer = false;
+        if pg_sys::heap_fetch(table, any, &mut tuple, &mut buffer, true) {
+            pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_SHARE as i32);
+            answer = f(tuple.t_data);
+            pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_UNLOCK as i32);
+        }
+        if buffer != pg_sys::InvalidBuffer as pg_sys::Buffer {
+            pg_sys::ReleaseBuffer(buffer);
+        }
+        answer
+    }
+}
+
+/// The transaction a tuple header names as its xmax: a locker, updater or deleter.
+struct Holder {
+    xid: pg_sys::TransactionId,
+    /// It only locked the row (FOR UPDATE and the like); the version is still current.
+    locked_only: bool,
+    /// The header is hinted: the holder has committed.
+    committed: bool,
+}
+
+/// The header's holder, unless it has none, it is this transaction (or one of its
+/// subtransactions), or several transactions only lock it at once (a MultiXact of lockers:
+/// rare here, since nothing takes shared row locks on once.entries).
+unsafe fn holder(header: pg_sys::HeapTupleHeader) -> Option<Holder> {
+    // SAFETY: the caller holds a share lock on the header's buffer.
+    unsafe {
+        let infomask = (*header).t_infomask as u32;
+        if infomask & pg_sys::HEAP_XMAX_INVALID != 0 {
+            return None;
+        }
+        let locked_only = infomask & pg_sys::HEAP_XMAX_LOCK_ONLY != 0
+            || infomask & (pg_sys::HEAP_XMAX_IS_MULTI | pg_sys::HEAP_LOCK_MASK)
+                == pg_sys::HEAP_XMAX_EXCL_LOCK;
+        let xid = if infomask & pg_sys::HEAP_XMAX_IS_MULTI != 0 {
+            if locked_only {
+                return None;
+            }
+            pg_sys::HeapTupleGetUpdateXid(header)
+        } else {
+            (*header).t_choice.t_heap.t_xmax
+        };
+        if xid == pg_sys::InvalidTransactionId || pg_sys::TransactionIdIsCurrentTransactionId(xid) {
+            return None;
+        }
+        Some(Holder {
+            xid,
+            locked_only,
+            committed: infomask & pg_sys::HEAP_XMAX_COMMITTED != 0,
+        })
+    }
+}
+
+/// Does this tuple header name, as its xmax, an updater or deleter that has committed, or
+/// another transaction in progress (a locker, updater or deleter)? Our own transaction and
+/// its subtransactions never count: what we hold, FOR UPDATE handles; nor do several
+/// lockers at once: FOR UPDATE SKIP LOCKED decides about them.
+unsafe fn taken_elsewhere(header: pg_sys::HeapTupleHeader) -> bool {
+    // SAFETY: the caller holds a share lock on the header's buffer.
+    let Some(holder) = (unsafe { holder(header) }) else {
         return false;
+    };
+    if holder.committed {
+        // A committed locker no longer holds anything; a committed updater replaced this
+        // version.
+        return !holder.locked_only;
     }
     // In progress first: a transaction is marked committed before it leaves the proc
     // array, and either way a holder counts.
-    pg_sys::TransactionIdIsInProgress(xmax)
-        || (!locked_only && pg_sys::TransactionIdDidCommit(xmax))
+    // SAFETY: plain lookups of a transaction's status.
+    unsafe {
+        pg_sys::TransactionIdIsInProgress(holder.xid)
+            || (!holder.locked_only && pg_sys::TransactionIdDidCommit(holder.xid))
+    }
 }
 
 /// Attribute number of column `name` of `table`.

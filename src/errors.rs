@@ -2,7 +2,7 @@
 //! offending argument, and a hint that says what to do instead. Raising aborts the
 //! statement, so nothing the call would have changed is changed.
 
-use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::pg_sys::panic::{CaughtError, ErrorReport};
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
 /// Raise an ERROR with `code`, `message` and `hint`.
@@ -62,4 +62,38 @@ pub fn insufficient_privilege(message: String, hint: &str) -> ! {
 /// 55006: the object is still in use (a queue that still has keys).
 pub fn object_in_use(message: String, hint: &str) -> ! {
     raise(PgSqlErrorCode::ERRCODE_OBJECT_IN_USE, message, hint)
+}
+
+/// Raise again an error caught on its way through Rust code, as PostgreSQL raised it (its
+/// SQLSTATE, message, detail and hint) and nothing more. pgrx would otherwise attach the
+/// Rust backtrace of where the error crossed into Rust to the DETAIL line whenever the
+/// server runs with RUST_BACKTRACE set: a cancelled claim_key would send a client dozens of
+/// lines of our call stack instead of PostgreSQL's one-line 57014.
+pub fn reraise(caught: CaughtError) -> ! {
+    match caught {
+        CaughtError::PostgresError(report) => {
+            let mut again = ErrorReport::new(
+                report.sql_error_code(),
+                report.message().to_owned(),
+                "pg_once",
+            );
+            if let Some(detail) = report.detail() {
+                again = again.set_detail(detail);
+            }
+            if let Some(hint) = report.hint() {
+                again = again.set_hint(hint);
+            }
+            again.report(PgLogLevel::ERROR);
+            unreachable!("ERROR does not return")
+        }
+        other => other.rethrow(),
+    }
+}
+
+/// Run `f`, raising any PostgreSQL error that crosses it the way `reraise` does. Every SQL
+/// function runs inside this, so no error pg_once reports carries a Rust backtrace.
+pub fn plain<R>(f: impl FnOnce() -> R) -> R {
+    pgrx::PgTryBuilder::new(std::panic::AssertUnwindSafe(f))
+        .catch_others(|caught| reraise(caught))
+        .execute()
 }

@@ -10,7 +10,7 @@
 //! time comes from the server's backend status table (what pg_stat_activity.backend_start
 //! shows), a per-transaction copy that must be refreshed.
 
-use crate::shmem;
+use crate::{errors, guc, shmem};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::{Cell, RefCell};
@@ -33,6 +33,103 @@ pub fn backend_alive(pid: i32, started: pg_sys::TimestampTz) -> bool {
         Some(shared) => shared.backend_alive(pid, started),
         None => pid_in_use(pid) && backend_start_time(pid) == Some(started),
     }
+}
+
+/// What ends a claim besides its lease: the `owner_pid` argument of claim_key and
+/// claim_next.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Owner {
+    /// The backend making the call (the default; under transaction pooling that is a
+    /// server connection that belongs to no client in particular).
+    ThisBackend,
+    /// Only the lease (owner_pid => 0, or once.backend_liveness = off).
+    LeaseOnly,
+    /// Another backend, registered by once.owner_session(): typically the long-lived
+    /// connection of the client process whose pooled calls make the claims.
+    Session {
+        pid: i32,
+        started: pg_sys::TimestampTz,
+    },
+}
+
+impl Owner {
+    /// The owner a claim names, from claim_key's or claim_next's `owner_pid`.
+    pub fn from_arg(owner_pid: Option<i32>) -> Owner {
+        let Some(pid) = owner_pid else {
+            return if guc::BACKEND_LIVENESS.get() {
+                Owner::ThisBackend
+            } else {
+                Owner::LeaseOnly
+            };
+        };
+        let hint = "Pass the pid that once.owner_session() returned on a connection your process keeps open, 0 to end the claim only when its lease runs out, or NULL for this connection.";
+        match pid {
+            0 => Owner::LeaseOnly,
+            pid if pid < 0 => {
+                errors::invalid_argument(format!("owner_pid must not be negative, got {pid}"), hint)
+            }
+            pid if pid == my_identity().0 => Owner::ThisBackend,
+            pid => match session_started(pid) {
+                Some(started) => Owner::Session { pid, started },
+                None => errors::invalid_argument(
+                    match shmem::shared() {
+                        Some(_) => format!("no owner session with pid {pid} is running"),
+                        None => format!("no backend with pid {pid} is running"),
+                    },
+                    hint,
+                ),
+            },
+        }
+    }
+
+    /// The (pid, start time) a claim records, and whether its backend's exit ends it.
+    pub fn identity(&self) -> (i32, pg_sys::TimestampTz, bool) {
+        match *self {
+            Owner::ThisBackend => {
+                let (pid, started) = my_identity();
+                (pid, started, false)
+            }
+            Owner::LeaseOnly => {
+                let (pid, started) = my_identity();
+                (pid, started, true)
+            }
+            Owner::Session { pid, started } => (pid, started, false),
+        }
+    }
+
+    /// Get ready to record a claim on `tag` for this owner: the backend registered (so
+    /// others can test its liveness exactly) and, if this backend is the owner, the key
+    /// remembered so that its waiters are woken when this backend exits.
+    pub fn before_claiming(&self, tag: Option<u64>) {
+        register_backend();
+        if let (Owner::ThisBackend, Some(tag)) = (self, tag) {
+            own(tag);
+        }
+    }
+}
+
+/// Start time of the owner session with this pid, if it is running: with shared memory,
+/// a backend that called once.owner_session(); without, any backend.
+fn session_started(pid: i32) -> Option<pg_sys::TimestampTz> {
+    match shmem::shared() {
+        Some(shared) => shared.owner_session_started(pid),
+        None if pid_in_use(pid) => {
+            refresh();
+            backend_start_time(pid)
+        }
+        None => None,
+    }
+}
+
+/// once.owner_session(): make this backend an owner session and return its pid. When it
+/// exits, the database's pg_once worker reaps the claims that named it at once, waking
+/// their waiters, instead of at its next round.
+pub fn become_owner_session() -> i32 {
+    register_backend();
+    if let Some(slot) = shmem::shared().and_then(|s| s.my_slot()) {
+        slot.mark_owner_session();
+    }
+    my_identity().0
 }
 
 thread_local! {
@@ -64,12 +161,6 @@ pub fn own(tag: u64) {
     }
 }
 
-/// register_backend, then own `tag`.
-pub fn register_owner(tag: u64) {
-    register_backend();
-    own(tag);
-}
-
 /// This backend resolved its claim on `tag` itself: no need to wake anyone at exit.
 pub fn disown(tag: u64) {
     OWNED.with_borrow_mut(|owned| owned.remove(&tag));
@@ -84,7 +175,13 @@ unsafe extern "C-unwind" fn on_backend_exit(_code: i32, _arg: pg_sys::Datum) {
         return;
     };
     if let Some(slot) = shared.my_slot() {
-        slot.unregister();
+        let was_owner_session = slot.unregister();
+        if was_owner_session {
+            // Claims made elsewhere in this session's name are gone now; only a reaper
+            // can tell, so ask the database's worker to run at once.
+            // SAFETY: MyDatabaseId is set once connected.
+            shared.request_reap(unsafe { pg_sys::MyDatabaseId });
+        }
     }
     let owned: Vec<u64> = OWNED.with_borrow(|owned| owned.iter().copied().collect());
     if !owned.is_empty() {

@@ -72,6 +72,31 @@ fn key_resolved(key: &str, tag: u64) {
     }
 }
 
+/// Keys of `queue` became due in this transaction (enqueued, or sent back by a failure,
+/// release or reap): wake the workers waiting in claim_next for it, after commit.
+pub fn queue_has_work(queue: &str) {
+    if shmem::shared().is_some() {
+        PENDING.with_borrow_mut(|p| p.wake.push(shmem::queue_tag(queue)));
+    }
+}
+
+/// Trigger: a running key went back to its queue (a failure with retries left, a release,
+/// a reaped claim).
+#[pg_trigger(sql = false)]
+fn wake_queue<'a>(
+    trigger: &'a pgrx::PgTrigger<'a>,
+) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, PgHeapTupleError> {
+    if let Some(new) = trigger.new() {
+        if let Some(queue) = new
+            .get_by_name::<&str>("queue")
+            .unwrap_or_else(|e| error!("pg_once: {e}"))
+        {
+            queue_has_work(queue);
+        }
+    }
+    Ok(None)
+}
+
 #[pg_trigger(sql = false)]
 fn notify_key_resolved<'a>(
     trigger: &'a pgrx::PgTrigger<'a>,

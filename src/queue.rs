@@ -28,12 +28,15 @@
 //! write locks one key; so no two pg_once calls can wait for each other in a cycle.
 
 use crate::args::Key;
-use crate::claim::Me;
+use crate::claim::{LockBudget, Me};
 use crate::jsonb::Jsonb;
 use crate::liveness;
+use crate::liveness::Owner;
+use crate::notify;
 use crate::shmem::{self, Counter};
 use crate::statements::types::*;
 use crate::statements::{self, Statement};
+use crate::subxact::{self, Blocked};
 use pgrx::datum::{DatumWithOid, Interval, TimestampWithTimeZone};
 use pgrx::pg_sys;
 
@@ -194,14 +197,17 @@ pub fn enqueue(job: &Job, refresh: bool) -> Enqueued {
         args
     };
     if statements::run(&ENQUEUE_NEW, &args(None), |table| Ok(table.len() == 1)) {
+        notify::queue_has_work(job.queue);
         return Enqueued::Queued;
     }
     if statements::run(&ENQUEUE_AGAIN, &args(Some(refresh)), |table| {
         Ok(table.len() == 1)
     }) {
+        notify::queue_has_work(job.queue);
         return Enqueued::Requeued;
     }
-    match crate::entry::read(job.key).map(|e| e.state) {
+    // This transaction holds a lock on the table by now, so the read is never Blocked.
+    match crate::entry::read(job.key).ok().flatten().map(|e| e.state) {
         Some(state) if state == "done" => Enqueued::Cached,
         _ => Enqueued::Duplicate,
     }
@@ -215,10 +221,17 @@ pub struct Claimed {
     pub attempt: i32,
 }
 
-pub fn claim_next(queue: &str, lease: Interval, worker: Option<&str>, n: i32) -> Vec<Claimed> {
-    let me = Me::new(worker);
-    // The worker's identity must be registered before its claims are visible to others.
-    liveness::register_backend();
+/// Claim up to `n` due keys of `queue` for `owner`.
+pub fn claim_next(
+    queue: &str,
+    lease: Interval,
+    worker: Option<&str>,
+    owner: Owner,
+    n: i32,
+) -> Vec<Claimed> {
+    let me = Me::new(worker, owner);
+    // The owner's identity must be registered before its claims are visible to others.
+    owner.before_claiming(None);
     let args = [
         queue.into(),
         (n as i64).into(),
@@ -232,7 +245,9 @@ pub fn claim_next(queue: &str, lease: Interval, worker: Option<&str>, n: i32) ->
         let mut claimed = Vec::with_capacity(table.len());
         for row in table {
             let digest: &[u8] = row.get(5)?.expect("key_hash is NOT NULL");
-            liveness::own(shmem::key_tag(digest));
+            if owner == Owner::ThisBackend {
+                liveness::own(shmem::key_tag(digest));
+            }
             claimed.push(Claimed {
                 key: row.get(1)?.expect("key is NOT NULL"),
                 token: row.get(2)?.expect("token is NOT NULL"),
@@ -244,6 +259,38 @@ pub fn claim_next(queue: &str, lease: Interval, worker: Option<&str>, n: i32) ->
     });
     shmem::count_n(Counter::Claimed, claimed.len() as u64);
     claimed
+}
+
+/// One look of a waiting claim_next: `claim_next` in a subtransaction that keeps nothing
+/// (no lock either) unless it claimed something, and whose lock waits end at `budget`.
+pub fn claim_next_within(
+    queue: &str,
+    lease: Interval,
+    worker: Option<&str>,
+    owner: Owner,
+    n: i32,
+    budget: LockBudget,
+) -> Result<Vec<Claimed>, Blocked> {
+    subxact::keep_if(
+        budget.0,
+        || claim_next(queue, lease, worker, owner, n),
+        |claimed| !claimed.is_empty(),
+    )
+}
+
+static NEXT_DUE: Statement = Statement::new(
+    "SELECT min(run_at) FROM once.entries WHERE state = 'queued' AND queue = $1",
+    &[TEXT],
+);
+
+/// When the earliest queued key of `queue` is due (None: nothing is queued), read in a
+/// subtransaction that is rolled back, so that a waiting worker keeps no lock.
+pub fn next_due(queue: &str, budget: LockBudget) -> Result<Option<TimestampWithTimeZone>, Blocked> {
+    subxact::keep_if(
+        budget.0,
+        || statements::run(&NEXT_DUE, &[queue.into()], |table| table.first().get(1)),
+        |_| false,
+    )
 }
 
 pub fn invalidate_many(queue: Option<&str>, prefix: Option<&str>) -> i64 {

@@ -13,7 +13,7 @@
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering::SeqCst};
 
 /// Databases that can have a pg_once worker (reaper and NOTIFY relay).
 pub const MAX_DATABASES: usize = 8;
@@ -46,8 +46,11 @@ pub struct BackendSlot {
     pid: AtomicI32,
     started: AtomicI64,
     pgprocno: AtomicI32,
-    /// First 8 bytes of the digest of the key this backend waits for, 0 if not waiting.
+    /// First 8 bytes of the digest of the key (or queue) this backend waits for, 0 if not
+    /// waiting.
     waiting_for: AtomicU64,
+    /// Registered by once.owner_session(): claims made by other backends may name it.
+    owner_session: AtomicBool,
 }
 
 #[repr(C)]
@@ -57,6 +60,8 @@ struct RelayQueue {
     /// Pid and PGPROC number of the worker draining it; pid 0 while it is not running.
     worker_pid: AtomicI32,
     worker_pgprocno: AtomicI32,
+    /// An owner session exited: the worker should reap now rather than at its next round.
+    reap_requested: AtomicBool,
     /// Byte positions (monotonic; index = position % RELAY_BYTES), under the queue's lock.
     head: UnsafeCell<u64>,
     tail: UnsafeCell<u64>,
@@ -166,6 +171,18 @@ pub fn key_tag(digest: &[u8]) -> u64 {
     u64::from_le_bytes(tag).max(1) // 0 means "not waiting"
 }
 
+/// What a worker waiting in claim_next for `queue` holds in its slot: a 64-bit FNV-1a hash
+/// of the queue's name, kept apart from key tags by a prefix no key digest starts with in
+/// any meaningful way (a collision only causes a spurious wake-up).
+pub fn queue_tag(queue: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in b"queue\0".iter().chain(queue.as_bytes()) {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash.max(1)
+}
+
 fn latch_of(pgprocno: i32) -> *mut pg_sys::Latch {
     // SAFETY: pgprocno indexes ProcGlobal->allProcs, which lives for the server's lifetime.
     unsafe { &raw mut (*(*pg_sys::ProcGlobal).allProcs.add(pgprocno as usize)).procLatch }
@@ -207,6 +224,18 @@ impl Shared {
         slot.pid.load(SeqCst) == pid && slot.started.load(SeqCst) == started
     }
 
+    /// Start time of the backend `pid` if it is running and registered as an owner session.
+    pub fn owner_session_started(&self, pid: i32) -> Option<i64> {
+        // SAFETY: BackendPidGetProc locks ProcArrayLock; the PGPROC outlives the call.
+        let proc_ = unsafe { pg_sys::BackendPidGetProc(pid) };
+        if proc_.is_null() {
+            return None;
+        }
+        let slot = self.slot(unsafe { (*proc_).backendId })?;
+        let started = slot.started.load(SeqCst);
+        (slot.pid.load(SeqCst) == pid && slot.owner_session.load(SeqCst)).then_some(started)
+    }
+
     /// Set the latch of every backend waiting for one of `tags`.
     pub fn wake(&self, tags: &[u64]) -> usize {
         let mut woken = 0;
@@ -229,13 +258,21 @@ impl BackendSlot {
         self.pgprocno
             .store(unsafe { (*pg_sys::MyProc).pgprocno }, SeqCst);
         self.started.store(started, SeqCst);
+        self.owner_session.store(false, SeqCst);
         self.pid.store(pid, SeqCst);
     }
 
-    /// Forget this backend's identity: from now on its claims count as gone.
-    pub fn unregister(&self) {
+    /// Forget this backend's identity: from now on its claims count as gone. Returns
+    /// whether it was an owner session.
+    pub fn unregister(&self) -> bool {
         self.pid.store(0, SeqCst);
         self.waiting_for.store(0, SeqCst);
+        self.owner_session.swap(false, SeqCst)
+    }
+
+    /// This backend is an owner session (see once.owner_session()).
+    pub fn mark_owner_session(&self) {
+        self.owner_session.store(true, SeqCst);
     }
 
     pub fn is_registered(&self, pid: i32) -> bool {
@@ -298,6 +335,21 @@ impl Shared {
             .store(unsafe { (*pg_sys::MyProc).pgprocno }, SeqCst);
         queue.worker_pid.store(unsafe { pg_sys::MyProcPid }, SeqCst);
         Some(index)
+    }
+
+    /// Ask the worker of `dboid`, if one runs, to reap at once.
+    pub fn request_reap(&self, dboid: pg_sys::Oid) {
+        if let Some(index) = self.relay_for(dboid) {
+            let q = &self.relays[index];
+            q.reap_requested.store(true, SeqCst);
+            // SAFETY: the worker's latch.
+            unsafe { pg_sys::SetLatch(latch_of(q.worker_pgprocno.load(SeqCst))) };
+        }
+    }
+
+    /// Whether a reap was requested since the last call (the worker's side).
+    pub fn take_reap_request(&self, index: usize) -> bool {
+        self.relays[index].reap_requested.swap(false, SeqCst)
     }
 
     pub fn detach_relay(&self, index: usize) {

@@ -77,7 +77,7 @@ pub extern "C-unwind" fn pg_once_worker_main(_arg: pg_sys::Datum) {
             // batch and wakes to read it, so fewer, larger batches cost them far less.
             std::thread::sleep(Duration::from_millis(guc::RELAY_INTERVAL_MS.get() as u64));
         }
-        if Instant::now() >= next_reap {
+        if shared.take_reap_request(queue) || Instant::now() >= next_reap {
             reap();
             next_reap = Instant::now() + naptime();
         }

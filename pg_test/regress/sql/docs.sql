@@ -31,6 +31,7 @@ SELECT once.invalidate_key('https://example.com/a'), once.invalidate_key('https:
 SELECT * FROM once.claim_key('');
 SELECT * FROM once.claim_key('k', lease => '0');
 SELECT once.complete_key('k', NULL, '{}');
+SELECT * FROM once.claim_key('k', owner_pid => -1);
 -- reap_stale
 SELECT * FROM once.reap_stale();
 -- queue mode
@@ -38,6 +39,7 @@ SELECT once.create_queue('thumbnails', max_attempts => 3, backoff => '10 seconds
 SELECT once.enqueue_key('img/1', '{"w": 128}', 'thumbnails');
 SELECT once.enqueue_key('img/1', '{"w": 128}', 'thumbnails');
 SELECT key, payload, attempt FROM once.claim_next('thumbnails', worker => 'worker-1');
+SELECT count(*) AS claimed FROM once.claim_next('thumbnails', wait => '100 milliseconds');
 SELECT key FROM once.complete_keys(ARRAY['img/1'], ARRAY[(SELECT token FROM once.entries WHERE key = 'img/1')],
                                    ARRAY['{"url": "s3://thumbs/1"}']::jsonb[]);
 SELECT key, worker, outcome FROM once.attempts;
