@@ -16,7 +16,7 @@ PG_ONCE_WORK=${PG_ONCE_WORK:-/var/tmp/pg_once}
 # does, which rebuilds every dependency twice.
 export CARGO_PGRX_DISABLE_GC_SECTIONS_WORKAROUND=1
 
-DEBIAN_PACKAGES=(sudo postgresql-15 postgresql-server-dev-15 libclang-dev clang
+DEBIAN_PACKAGES=(sudo postgresql-15 postgresql-server-dev-15 libclang-dev clang pgbouncer
                  pkg-config libssl-dev build-essential)
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
@@ -95,4 +95,54 @@ cluster_stop() {
 cluster_psql() {
     local name=$1 port=$2; shift 2
     "$PG_BIN/psql" -h "$PG_ONCE_WORK/$name" -p "$port" -U postgres -X -v ON_ERROR_STOP=1 "$@"
+}
+
+# pgbouncer_start NAME PORT SERVER_PORT [pool_size] [pool_mode]
+# A PgBouncer (Debian's package) in $PG_ONCE_WORK/NAME on 127.0.0.1:PORT in front of the
+# cluster on SERVER_PORT, transaction pooling with pool_size server connections (default 6)
+# per database and user. Trust authentication for the users in its users.txt (postgres; add
+# lines for more). The admin console (database pgbouncer, user postgres) takes RECONNECT.
+pgbouncer_start() {
+    local name=$1 port=$2 server_port=$3 pool_size=${4:-6} mode=${5:-transaction}
+    local dir=$PG_ONCE_WORK/$name
+    pgbouncer_stop "$name"
+    rm -rf "$dir"
+    runuser -u postgres -- mkdir -p "$dir"
+    cat >"$dir/pgbouncer.ini" <<INI
+[databases]
+* = host=127.0.0.1 port=$server_port
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $port
+unix_socket_dir = $dir
+auth_type = trust
+auth_file = $dir/users.txt
+admin_users = postgres
+pool_mode = $mode
+default_pool_size = $pool_size
+max_client_conn = 4000
+max_db_connections = $pool_size
+ignore_startup_parameters = extra_float_digits,options
+logfile = $dir/pgbouncer.log
+pidfile = $dir/pgbouncer.pid
+INI
+    echo '"postgres" ""' >"$dir/users.txt"
+    chown -R postgres "$dir"
+    runuser -u postgres -- pgbouncer -d -q "$dir/pgbouncer.ini"
+    local i
+    for i in $(seq 50); do
+        [ -s "$dir/pgbouncer.pid" ] && "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$port" && return 0
+        sleep 0.1
+    done
+    echo "pgbouncer $name did not start; see $dir/pgbouncer.log" >&2
+    return 1
+}
+
+pgbouncer_stop() {
+    local pidfile=$PG_ONCE_WORK/$1/pgbouncer.pid
+    if [ -s "$pidfile" ]; then
+        kill "$(cat "$pidfile")" 2>/dev/null || true
+        rm -f "$pidfile"
+    fi
 }

@@ -9,13 +9,21 @@
 #                                   and restart tests that kill -9 and stop -m immediate
 #   5. invariant soak               tools' soak: random operations, killed connections,
 #                                   guarantees checked throughout (about a minute in all)
-#   6. example clients              examples/python (psycopg 3), examples/node (pg)
+#   6. client libraries             clients/python (psycopg 3), clients/node (pg),
+#                                   clients/rust (tokio-postgres), direct and through
+#                                   PgBouncer in transaction mode
 #
-# Steps 3 and 4 run twice, against throwaway clusters on 127.0.0.1: one without
+# Steps 3 to 6 run twice, against throwaway clusters on 127.0.0.1: one without
 # preloading (polling, direct NOTIFY, no worker) on $PG_ONCE_TEST_PORT, and one with
-# shared_preload_libraries = 'pg_once' (wake-ups, worker, relay) on the next port.
+# shared_preload_libraries = 'pg_once' (wake-ups, worker, relay) on the next port. Each
+# has a PgBouncer in transaction mode (pool 6) in front of it, 10 ports higher, for the
+# tests of pooled clients (PG_ONCE_BOUNCER_DSN). The ports are below Linux's ephemeral
+# range (32768-60999), so that no client socket of an earlier test can hold them.
 source "$(dirname "$0")/lib.sh"
-PORT=${PG_ONCE_TEST_PORT:-55432}
+PORT=${PG_ONCE_TEST_PORT:-25432}
+# Servers run with Rust backtraces on, as a developer's might: no error a client sees may
+# carry one (see errors::plain).
+export RUST_BACKTRACE=1
 started=$SECONDS
 
 ensure_toolchain
@@ -26,7 +34,9 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
 say "2/6 unit tests: cargo pgrx test"
-cargo pgrx test pg15 --runas postgres --pgdata "$PG_ONCE_WORK/pgrx-test"
+# One at a time: the tests use the same keys in transactions that roll back, and a claim
+# never waits for another transaction's uncommitted claim (it is told `wait`).
+RUST_TEST_THREADS=1 cargo pgrx test pg15 --runas postgres --pgdata "$PG_ONCE_WORK/pgrx-test"
 
 install_extension debug
 cargo build --quiet -p pg_once_multi --tests
@@ -51,8 +61,10 @@ run_pgxs_suite() {
 # run_server_tests NAME PORT [postgresql.conf lines...]
 run_server_tests() {
     local name=$1 port=$2; shift 2
-    cluster_start "$name" "$port" "$@"
+    cluster_start "$name" "$port" "max_prepared_transactions = 10" "$@"
+    pgbouncer_start "$name-bouncer" $((port + 10)) "$port" 6
     export PG_ONCE_DSN="host=127.0.0.1 port=$port user=postgres dbname=postgres"
+    export PG_ONCE_BOUNCER_DSN="host=127.0.0.1 port=$((port + 10)) user=postgres dbname=postgres"
 
     say "3/6 SQL regression tests, $name server: pg_regress"
     run_pgxs_suite regress "$port" regress-$name pg_once_regress \
@@ -72,7 +84,7 @@ run_server_tests() {
 
     say "4/6 multi-connection tests, $name server"
     cluster_psql "$name" "$port" -q -c "CREATE EXTENSION pg_once"
-    cargo test -p pg_once_multi --quiet --test protocol --test wakeups --test queue
+    cargo test -p pg_once_multi --quiet --test protocol --test wakeups --test queue --test pooling
     # These kill and restart the server: alone, one at a time.
     PG_ONCE_DATA_DIR=$PG_ONCE_WORK/$name/data \
         cargo test -p pg_once_multi --quiet --test crash -- --test-threads=1
@@ -80,19 +92,28 @@ run_server_tests() {
     say "5/6 invariant soak, $name server, $soak_seconds s"
     cargo run --quiet -p pg_once_tools --bin soak -- --seconds "$soak_seconds" | tail -25
 
-    say "6/6 Python and Node clients, $name server"
+    say "6/6 client libraries, $name server, direct and through PgBouncer"
     (cd examples/python && "$py_venv/bin/python" -m unittest test_client)
-    (cd examples/node && PG_ONCE_DSN="postgres://postgres@127.0.0.1:$port/postgres" node --test test.js |
-        grep -E '^# (pass|fail)')
+    local node_log=$PG_ONCE_WORK/node-tests-$name.log
+    if ! (cd clients/node &&
+            PG_ONCE_DSN="postgres://postgres@127.0.0.1:$port/postgres" \
+            PG_ONCE_BOUNCER_DSN="postgres://postgres@127.0.0.1:$((port + 10))/postgres" \
+            npm test --silent >"$node_log" 2>&1); then
+        cat "$node_log" >&2
+        exit 1
+    fi
+    grep -E '^# (pass|fail)' "$node_log"
+    cargo test -p pg_once_client --quiet
+    pgbouncer_stop "$name-bouncer"
     cluster_stop "$name"
 }
 
-trap 'cluster_stop plain; cluster_stop preloaded' EXIT
-say "installing the example clients' dependencies"
+trap 'pgbouncer_stop plain-bouncer; pgbouncer_stop preloaded-bouncer; cluster_stop plain; cluster_stop preloaded' EXIT
+say "installing the client libraries' dependencies"
 py_venv=$PG_ONCE_WORK/py-venv
 [ -x "$py_venv/bin/python" ] || python3 -m venv "$py_venv"
 "$py_venv/bin/pip" install --quiet --disable-pip-version-check -r examples/python/requirements.txt
-(cd examples/node && npm ci --silent --no-audit --no-fund)
+(cd clients/node && npm ci --silent --no-audit --no-fund)
 
 soak_seconds=${SOAK_PLAIN_SECONDS:-20}
 run_server_tests plain "$PORT"
