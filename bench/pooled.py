@@ -60,7 +60,6 @@ def child_callers(args):
     def caller(i):
         key = args["keys"][i % len(args["keys"])]
         time.sleep(max(0.0, args["start_at"] - time.time()))   # everyone at once
-        t0 = time.time()
         try:
             client.get_or_compute(key, lambda: compute(key), ttl=300, wait=60)
             with lock:

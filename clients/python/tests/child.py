@@ -7,15 +7,17 @@ Modes print JSON lines on stdout:
             many computations and claim_key calls this process made
   owner     claims a key and "computes" until killed; prints {"computing": true} first
   worker    runs the queue worker loop until SIGTERM; prints its counts
+  aworker   the same with AsyncClient
 """
 
+import asyncio
 import json
 import os
 import sys
 import threading
 import time
 
-from pg_once import Client
+from pg_once import AsyncClient, Client
 
 
 def make_client(a):
@@ -79,5 +81,21 @@ def worker(a):
     client.close()
 
 
+def aworker(a):
+    async def handler(job):
+        await asyncio.sleep(job.payload.get("seconds", 0.01) if job.payload else 0.01)
+        return {"key": job.key, "pid": os.getpid()}
+
+    async def main():
+        async with AsyncClient(a["dsn"], listen_conninfo=a["listen_dsn"], pool_size=4) as client:
+            w = client.worker(a["queue"], handler, concurrency=a.get("concurrency", 4),
+                              idle_wait=0.5, lease=10)
+            print(json.dumps({"ready": True}), flush=True)
+            completed = await w.run()
+            print(json.dumps({"completed": completed, "failed": w.failed,
+                              "released": w.released}), flush=True)
+    asyncio.run(main())
+
+
 if __name__ == "__main__":
-    {"callers": callers, "owner": owner, "worker": worker}[sys.argv[1]](json.loads(sys.argv[2]))
+    {"callers": callers, "owner": owner, "worker": worker, "aworker": aworker}[sys.argv[1]](json.loads(sys.argv[2]))

@@ -97,3 +97,23 @@ def test_async_worker(setup, admin, key):
     finally:
         admin.execute("SELECT once.invalidate_keys(queue => %s)", (queue,))
         admin.execute("SELECT once.drop_queue(%s)", (queue,))
+
+
+def test_async_lost_claim_cancels_the_computation(setup, key, admin):
+    from pg_once import ClaimLost
+
+    async def main():
+        async with setup.async_client() as client:
+            finished = []
+
+            async def compute():
+                await asyncio.sleep(0.2)
+                admin.execute("SELECT once.invalidate_key(%s)", (key,))
+                await asyncio.sleep(5)
+                finished.append(1)
+                return "stale"
+            t0 = time.monotonic()
+            with pytest.raises(ClaimLost):
+                await client.get_or_compute(key, compute, lease=0.6)
+            assert time.monotonic() - t0 < 2 and finished == []
+    run(main())

@@ -4,7 +4,6 @@ import threading
 import time
 from datetime import timedelta
 
-import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
@@ -213,3 +212,40 @@ def test_waiters_do_not_starve_the_owner(setup, key):
         for c in made:
             c.close()
         pool.close()
+
+
+def test_a_lost_claim_is_not_stored(clients, key, admin):
+    from pg_once import ClaimLost
+    client = clients()
+
+    def compute():
+        time.sleep(0.3)
+        admin.execute("SELECT once.invalidate_key(%s)", (key,))   # cancels our claim
+        time.sleep(0.5)                                          # a heartbeat notices (lease/3)
+        return "stale"
+
+    with pytest.raises(ClaimLost) as err:
+        client.get_or_compute(key, compute, lease=0.6)
+    assert err.value.value == "stale"
+    assert state(admin, key) != "done"
+
+
+def test_waiters_survive_the_listen_connection_dropping(clients, key, admin):
+    owner, waiter = clients(), clients()
+    started = threading.Event()
+
+    def slow():
+        started.set()
+        time.sleep(1.5)
+        return "v"
+
+    t = threading.Thread(target=lambda: owner.get_or_compute(key, slow))
+    t.start()
+    started.wait(5)
+    old = waiter.owner_pid
+    threading.Timer(0.3, lambda: admin.execute("SELECT pg_terminate_backend(%s)", (old,))).start()
+    t0 = time.monotonic()
+    assert waiter.get_or_compute(key, lambda: "computed twice") == "v"
+    assert time.monotonic() - t0 < 2.5
+    assert waiter._listener.reconnects == 1 and waiter.owner_pid != old
+    t.join()

@@ -10,7 +10,7 @@ import time
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from conftest import DIRECT, Child, state
+from conftest import Child
 
 
 def test_many_processes_one_computation_per_key(setup, key):
@@ -105,3 +105,40 @@ def test_listener_reconnects_with_a_new_owner_pid(clients, key, admin):
     new = client.owner_pid
     assert new != old and new > 0
     assert client.get_or_compute(key, lambda: "after reconnect") == "after reconnect"
+
+
+def test_owner_keeps_its_claim_across_pgbouncer_reconnect(setup, clients, key):
+    if setup.name != "bouncer":
+        import pytest
+        pytest.skip("PgBouncer's admin console")
+    admin_dsn = psycopg.conninfo.make_conninfo(setup.dsn, dbname="pgbouncer")
+    with psycopg.connect(admin_dsn, autocommit=True, cursor_factory=psycopg.ClientCursor) as console:
+        def server_pids():
+            cur = console.execute("SHOW SERVERS")
+            col = [d.name for d in cur.description].index("remote_pid")
+            return {row[col] for row in cur.fetchall()}
+
+        owner, waiter = clients(), clients()
+        computed, before = [], []
+        started = threading.Event()
+
+        def compute():
+            computed.append(1)
+            started.set()
+            before.extend(server_pids())
+            for _ in range(3):                 # recycle every server connection, 3 times
+                time.sleep(0.5)
+                console.execute("RECONNECT")
+            time.sleep(0.5)
+            return "kept"
+
+        got = {}
+        t = threading.Thread(target=lambda: got.setdefault("owner", owner.get_or_compute(
+            key, compute, lease=1.2)))
+        t.start()
+        started.wait(5)
+        assert waiter.get_or_compute(key, lambda: computed.append(2) or "stolen", lease=1.2) == "kept"
+        t.join()
+        assert got["owner"] == "kept" and computed == [1]
+        assert owner.calls["complete_key"] == 1 and owner.calls["heartbeat_key"] >= 3
+        assert set(before) - server_pids(), "RECONNECT recycled no server connection"

@@ -40,9 +40,10 @@ def wait_until(predicate, timeout):
     return False
 
 
-def test_worker_processes_each_job_once_and_stops_on_sigterm(setup, admin, queue):
+@pytest.mark.parametrize("mode", ["worker", "aworker"])
+def test_worker_processes_each_job_once_and_stops_on_sigterm(setup, admin, queue, mode):
     keys = [f"{queue}/job/{i}" for i in range(60)]
-    workers = [Child("worker", setup, queue=queue, concurrency=4) for _ in range(2)]
+    workers = [Child(mode, setup, queue=queue, concurrency=4) for _ in range(2)]
     for w in workers:
         assert w.line()["ready"]
     enqueue(admin, queue, keys)
@@ -60,8 +61,9 @@ def test_worker_processes_each_job_once_and_stops_on_sigterm(setup, admin, queue
     assert all(r["key"] == k for k, r in results)
 
 
-def test_sigterm_lets_running_jobs_finish(setup, admin, queue):
-    worker = Child("worker", setup, queue=queue, concurrency=2)
+@pytest.mark.parametrize("mode", ["worker", "aworker"])
+def test_sigterm_lets_running_jobs_finish(setup, admin, queue, mode):
+    worker = Child(mode, setup, queue=queue, concurrency=2)
     assert worker.line()["ready"]
     enqueue(admin, queue, [f"{queue}/slow/{i}" for i in range(2)], {"seconds": 1.5})
     assert wait_until(lambda: admin.execute(

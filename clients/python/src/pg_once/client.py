@@ -6,7 +6,7 @@ import functools
 import logging
 import threading
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -16,6 +16,9 @@ from ._common import Duration, seconds
 from ._heartbeat import Heartbeats
 from ._listener import Listener
 from .errors import ClaimLost, ConfigurationError, NotSerializable, OnceFailed, OnceTimeout
+
+if TYPE_CHECKING:
+    from .worker import Worker
 
 log = logging.getLogger("pg_once")
 
