@@ -104,11 +104,17 @@ impl Rng {
 
 /// SQLSTATEs a client may see: its own connection terminated by the soak, and a claim
 /// refused because this client's connection was the one killed mid-call.
+/// The driver's error may sit anywhere in the chain: pg_once_client wraps it (shared, as
+/// an Arc) in its own error type.
 fn expected_error(e: &anyhow::Error) -> bool {
-    let Some(pg) = e.downcast_ref::<tokio_postgres::Error>() else {
-        return false;
-    };
-    pg.is_closed() || pg.code().is_some_and(|c| c.code() == "57P01")
+    e.chain().any(|cause| {
+        let pg = cause.downcast_ref::<tokio_postgres::Error>().or_else(|| {
+            cause
+                .downcast_ref::<std::sync::Arc<tokio_postgres::Error>>()
+                .map(|shared| &**shared)
+        });
+        pg.is_some_and(|pg| pg.is_closed() || pg.code().is_some_and(|c| c.code() == "57P01"))
+    })
 }
 
 async fn client_loop(id: usize, dsn: String, keys: usize, shared: Arc<Shared>) -> Result<()> {
