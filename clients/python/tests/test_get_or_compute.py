@@ -146,11 +146,13 @@ def test_wait_running_out_names_the_key(clients, key):
     t = threading.Thread(target=lambda: owner.get_or_compute(key, slow))
     t.start()
     started.wait(5)
-    with pytest.raises(OnceTimeout) as err:
-        other.get_or_compute(key, lambda: 2, wait=0.5)
-    assert key in str(err.value)
-    release.set()
-    t.join()
+    try:
+        with pytest.raises(OnceTimeout) as err:
+            other.get_or_compute(key, lambda: 2, wait=0.5)
+        assert key in str(err.value)
+    finally:
+        release.set()
+        t.join()
 
 
 def test_heartbeats_keep_a_computation_longer_than_its_lease(clients, key):

@@ -54,6 +54,13 @@ RECHECK_SECONDS = 1.0
 POLL_FIRST, POLL_MAX = 0.05, 1.0
 
 
+def connection_lost(conn, exc: Exception) -> bool:
+    """Whether a failed call lost its connection (terminated, recycled, server restarting)
+    rather than failing in the server: then the call is repeated on another connection."""
+    state = getattr(exc, "sqlstate", None) or ""
+    return conn.broken or state.startswith("08") or state in ("57P01", "57P02", "57P03")
+
+
 def seconds(value: Optional[Duration], name: str) -> Optional[float]:
     """A duration argument in seconds: int/float seconds or a timedelta; None stays None."""
     if value is None:

@@ -354,16 +354,17 @@ class AsyncClient:
         if not self._opened:
             await self.open()
         self.calls.add(name)
-        for attempt in range(3):
+        for attempt in range(4):
             async with self.pool.connection() as conn:
                 check_connection(conn)
                 try:
                     cur = await conn.execute(sql, params, prepare=False)
                     return await (cur.fetchall() if many else cur.fetchone())
-                except psycopg.OperationalError:
+                except psycopg.OperationalError as exc:
                     # See Client._execute.
-                    if not conn.broken or attempt == 2:
+                    if not C.connection_lost(conn, exc) or attempt == 3:
                         raise
+                    await conn.close()
             log.info("pg_once: %s retried on a fresh connection", name)
 
     async def _claim(self, key, lease, owner):

@@ -244,21 +244,22 @@ class Client:
 
     def _execute(self, name: str, sql: str, params: tuple, many: bool = False):
         self.calls.add(name)
-        for attempt in range(3):
+        for attempt in range(4):
             with self.pool.connection() as conn:
                 check_connection(conn)
                 try:
                     cur = conn.execute(sql, params, prepare=False)
                     return cur.fetchall() if many else cur.fetchone()
-                except psycopg.OperationalError:
+                except psycopg.OperationalError as exc:
                     # A pooled server connection closed under us (recycled, terminated):
                     # the pool drops it when it comes back; try on another one. Every call
                     # is safe to repeat: if the first one did commit, a repeated
                     # complete_key/fail_key returns false and heartbeat_key NULL (reported
                     # as a lost claim), and a repeated claim_key finds our own claim and
                     # waits for its lease: rare, slower, never wrong.
-                    if not conn.broken or attempt == 2:
+                    if not C.connection_lost(conn, exc) or attempt == 3:
                         raise
+                    conn.close()   # so that the pool drops it rather than lend it again
             log.info("pg_once: %s retried on a fresh connection", name)
 
     def _claim(self, key, lease, owner):
