@@ -49,23 +49,36 @@ def test_killed_owner_process_is_taken_over_within_seconds(setup, clients, key):
     assert took < 2.5, f"takeover took {took:.2f} s (the lease is 30 s)"
 
 
-def _terminate_pool_backends(admin, keep):
-    """Close every server connection but ours and the LISTEN connections in `keep`:
-    the pool's (direct) or PgBouncer's server connections."""
-    rows = admin.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'client backend'"
-        " AND datname = current_database() AND pid <> pg_backend_pid() AND pid <> ALL(%s)",
-        (list(keep),)).fetchall()
-    return len(rows)
+POOL_TAG = "pg_once-test-pool"
+
+
+def _pool_backends(setup):
+    """The server backends behind the test's pool: its own connections (direct), or
+    PgBouncer's server connections (through PgBouncer)."""
+    if setup.name == "bouncer":
+        console_dsn = psycopg.conninfo.make_conninfo(setup.dsn, dbname="pgbouncer")
+        with psycopg.connect(console_dsn, autocommit=True, cursor_factory=psycopg.ClientCursor) as c:
+            cur = c.execute("SHOW SERVERS")
+            col = [d.name for d in cur.description].index("remote_pid")
+            return [row[col] for row in cur.fetchall()]
+    with psycopg.connect(setup.listen_dsn, autocommit=True) as c:
+        return [pid for (pid,) in c.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (POOL_TAG,))]
+
+
+def _terminate_pool_backends(setup, admin):
+    pids = _pool_backends(setup)
+    admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) pid", (pids,))
+    return len(pids)
 
 
 def test_owner_whose_pooled_connections_are_closed_keeps_its_claim(setup, clients, key, admin):
     pool = ConnectionPool(setup.dsn, min_size=2, max_size=2, open=True, timeout=5,
-                          kwargs={"autocommit": True, "prepare_threshold": None})
+                          kwargs={"autocommit": True, "prepare_threshold": None,
+                                  "application_name": POOL_TAG})
     try:
         owner = clients(pool=pool)
         waiter = clients()
-        keep = [owner.owner_pid, waiter.owner_pid]
         computed, killed = [], []
         started = threading.Event()
 
@@ -73,9 +86,9 @@ def test_owner_whose_pooled_connections_are_closed_keeps_its_claim(setup, client
             computed.append(1)
             started.set()
             time.sleep(0.6)
-            killed.append(_terminate_pool_backends(admin, keep))   # mid-compute, twice
+            killed.append(_terminate_pool_backends(setup, admin))   # mid-compute, twice
             time.sleep(0.6)
-            killed.append(_terminate_pool_backends(admin, keep))
+            killed.append(_terminate_pool_backends(setup, admin))
             time.sleep(0.6)
             return "kept"
 
