@@ -1,6 +1,7 @@
 //! In-process coalescing: concurrent calls for one key in one process make one claim_key
-//! call. Measured with the server's counters (once.stats, preloaded servers), so this test
-//! is alone in its binary: nothing else calls claim_key while it counts.
+//! call. Measured with the server's counters (once.stats, which only a preloaded server
+//! keeps: on the other, only the single computation is checked), so this test is alone in
+//! its binary: nothing else calls claim_key while it counts.
 
 mod common;
 
@@ -39,9 +40,7 @@ async fn concurrent_calls_in_one_process_make_one_claim() {
         client.ready(Duration::from_secs(5)).await.unwrap();
         let key = fresh("coalesced");
         let runs = Arc::new(AtomicUsize::new(0));
-        let before = counters(&admin)
-            .await
-            .expect("once.stats counters (preload pg_once)");
+        let before = counters(&admin).await;
         let batch = |n: usize| {
             (0..n)
                 .map(|i| {
@@ -73,6 +72,13 @@ async fn concurrent_calls_in_one_process_make_one_claim() {
             setup.name
         );
         assert_eq!(runs.load(Ordering::SeqCst), 1);
+        let Some(before) = before else {
+            eprintln!(
+                "[{}] no once.stats counters (pg_once not preloaded): claim_key calls not counted",
+                setup.name
+            );
+            continue;
+        };
         let after = counters(&admin).await.unwrap();
         assert_eq!(
             (after.0 - before.0, after.2 - before.2),
