@@ -93,7 +93,7 @@ run_server_tests() {
     cargo run --quiet -p pg_once_tools --bin soak -- --seconds "$soak_seconds" | tail -25
 
     say "6/6 client libraries, $name server, direct and through PgBouncer"
-    (cd examples/python && "$py_venv/bin/python" -m unittest test_client)
+    "$py_venv/bin/python" -m pytest -q -p no:cacheprovider clients/python/tests
     local node_log=$PG_ONCE_WORK/node-tests-$name.log
     if ! (cd clients/node &&
             PG_ONCE_DSN="postgres://postgres@127.0.0.1:$port/postgres" \
@@ -111,8 +111,11 @@ run_server_tests() {
 trap 'pgbouncer_stop plain-bouncer; pgbouncer_stop preloaded-bouncer; cluster_stop plain; cluster_stop preloaded' EXIT
 say "installing the client libraries' dependencies"
 py_venv=$PG_ONCE_WORK/py-venv
-[ -x "$py_venv/bin/python" ] || python3 -m venv "$py_venv"
-"$py_venv/bin/pip" install --quiet --disable-pip-version-check -r examples/python/requirements.txt
+# A fresh virtualenv each run, as a user's would be: the package installs from its own
+# pyproject.toml, with pytest for its tests.
+rm -rf "$py_venv"
+python3 -m venv "$py_venv"
+"$py_venv/bin/pip" install --quiet --disable-pip-version-check ./clients/python pytest
 (cd clients/node && npm ci --silent --no-audit --no-fund)
 
 soak_seconds=${SOAK_PLAIN_SECONDS:-20}
