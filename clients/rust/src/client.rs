@@ -28,8 +28,9 @@ pub struct Options {
     /// How long results are cached (None: until invalidated). Default None.
     pub ttl: Option<Duration>,
     /// How long a failure is served to other callers before the key may be computed again.
-    /// Default 1 s: long enough that the crowd woken by the failure shares it instead of
-    /// each retrying a broken upstream, short enough not to poison the key.
+    /// Default 5 s, as in the Python and Node clients: long enough that the crowd woken by
+    /// the failure shares it instead of each retrying a broken upstream, short enough not
+    /// to poison the key.
     pub retry_after: Duration,
     /// Use the process's LISTEN connection (owner liveness and wake-ups). Default true.
     /// With false, waiting calls poll with jittered backoff (50 ms doubling to 1 s) and
@@ -52,7 +53,7 @@ impl Default for Options {
             lease: Duration::from_secs(30),
             wait: Duration::from_secs(30),
             ttl: None,
-            retry_after: Duration::from_secs(1),
+            retry_after: Duration::from_secs(5),
             listen: true,
             listen_conninfo: None,
             pool_size: 10,
