@@ -8,9 +8,16 @@ Not a test: prints one JSON line per row. For each setup,
   direct       Client(dsn): its own small pool of direct connections (10 per process)
   pgbouncer    Client(bouncer_dsn, listen_conninfo=dsn): PgBouncer in transaction mode
   psycopg_pool Client(pool=ConnectionPool(dsn, max_size=4)): 4 connections per process
+and, as baselines, two raw-SQL setups without the client, each caller (a thread) on a
+connection of its own following the README's server-side waiting loop (claim_key with
+lease 30 s and wait 10 s until it is answered; claimed: compute, complete_key):
+  raw-direct   a direct server connection per caller (as pg_once was first built for)
+  raw-pgbouncer a connection per caller to PgBouncer in transaction mode
 it runs 100 callers in 4 processes and 1,000 callers in 10 processes (threads), all
 asking at the same moment for 3 keys whose computation takes 1 s, and reports the
-computations, callers answered, p50/p99 answer time and pooled database calls per caller.
+computations, callers answered, p50/p99 answer time and database calls per caller.
+(raw-direct runs only the 100-caller row: 1,000 callers would need 1,000 server
+connections.)
 A last row per setup kills (SIGKILL) a process that owns a key mid-compute and reports
 how long until a waiting process took it over. Needs pg_once installed in the venv
 (`pip install ./clients/python`) and the extension created in the database.
@@ -28,7 +35,9 @@ import threading
 import time
 import uuid
 
-SETUPS = ("direct", "pgbouncer", "psycopg_pool")
+SETUPS = ("raw-direct", "raw-pgbouncer", "direct", "pgbouncer", "psycopg_pool")
+# How long a raw caller keeps asking before it gives up, unanswered.
+RAW_GIVE_UP_S = 60
 ROWS = ((100, 4), (1000, 10))   # (callers, processes)
 
 
@@ -45,6 +54,57 @@ def make_client(args):
 
 
 # -- child processes --------------------------------------------------------------------
+
+def child_raw_callers(args):
+    """The README's server-side waiting loop, one connection per caller, no client."""
+    import psycopg
+    from psycopg.types.json import Jsonb
+    dsn = args["dsn"] if args["setup"] == "raw-direct" else args["bouncer_dsn"]
+    computed, calls, lock = [0], [0], threading.Lock()
+    times, errors = [], []
+
+    def caller(i):
+        key = args["keys"][i % len(args["keys"])]
+        try:
+            conn = psycopg.connect(dsn, autocommit=True, prepare_threshold=None)
+        except Exception as exc:
+            with lock:
+                errors.append(repr(exc))
+            return
+        time.sleep(max(0.0, args["start_at"] - time.time()))   # everyone at once
+        try:
+            while time.time() - args["start_at"] < RAW_GIVE_UP_S:
+                with lock:
+                    calls[0] += 1
+                outcome, token = conn.execute(
+                    "SELECT outcome, token FROM once.claim_key(%s, '30 s', wait => '10 s')",
+                    (key,)).fetchone()
+                if outcome == "claimed":
+                    with lock:
+                        computed[0] += 1
+                    time.sleep(args["compute_seconds"])
+                    with lock:
+                        calls[0] += 1
+                    conn.execute("SELECT once.complete_key(%s, %s, %s, '300 s')",
+                                 (key, token, Jsonb({"key": key})))
+                if outcome in ("hit", "claimed"):
+                    with lock:
+                        times.append(time.time() - args["start_at"])
+                    return
+        except Exception as exc:
+            with lock:
+                errors.append(repr(exc))
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(args["threads"])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(json.dumps({"computed": computed[0], "times": times, "errors": errors,
+                      "calls": calls[0]}), flush=True)
+
 
 def child_callers(args):
     client = make_client(args)
@@ -116,7 +176,8 @@ def callers_row(base, setup, callers, processes):
     per = callers // processes
     args = dict(base, setup=setup, keys=keys, threads=per, compute_seconds=1.0,
                 start_at=time.time() + 2.0 + 0.1 * processes)   # time to import and connect
-    children = [spawn("callers", args) for _ in range(processes)]
+    mode = "raw_callers" if setup.startswith("raw-") else "callers"
+    children = [spawn(mode, args) for _ in range(processes)]
     reports = [json.loads(c.communicate()[0].strip().splitlines()[-1]) for c in children]
     times = [t for r in reports for t in r["times"]]
     return {"row": "callers", "setup": setup, "callers": callers, "processes": processes,
@@ -146,7 +207,8 @@ def takeover_row(base, setup):
 
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        {"callers": child_callers, "owner": child_owner, "taker": child_taker}[sys.argv[2]](
+        {"callers": child_callers, "raw_callers": child_raw_callers, "owner": child_owner,
+         "taker": child_taker}[sys.argv[2]](
             json.loads(sys.argv[3]))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -161,9 +223,14 @@ def main():
         if setup == "pgbouncer" and not opts.bouncer_dsn:
             print(json.dumps({"setup": setup, "skipped": "no --bouncer-dsn"}), flush=True)
             continue
+        if setup.startswith("raw-") and not opts.bouncer_dsn and setup == "raw-pgbouncer":
+            continue
         for callers, processes in rows:
+            if setup == "raw-direct" and callers > 200:
+                continue   # one server connection per caller
             print(json.dumps(callers_row(base, setup, callers, processes)), flush=True)
-        print(json.dumps(takeover_row(base, setup)), flush=True)
+        if not setup.startswith("raw-"):
+            print(json.dumps(takeover_row(base, setup)), flush=True)
 
 
 if __name__ == "__main__":

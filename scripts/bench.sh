@@ -12,6 +12,13 @@
 #   4. complete commits/s with 100 LISTEN connections, by once.notify.
 #   5. queue: claim_next + complete jobs/s vs workers (n = 1 and 10) vs a plain SKIP
 #      LOCKED table; table and index sizes over a million cycles on 10,000 keys.
+#   6. pooled callers: 100 and 1,000 callers on 3 keys with the Python client, directly,
+#      through PgBouncer (transaction mode, pool 6) and psycopg_pool, vs the raw SQL loop
+#      on a connection per caller; takeover of a killed pooled owner.
+#
+# SECTIONS="6" (for example) runs only those sections: their tables replace the same
+# sections of BENCHMARKS.md and their rows in bench/results/results.jsonl, each marked
+# with the day of its run; the rest stays as the last run left it.
 #
 # Comparisons alternate (A B A B ...) so both sides see the same machine state; figures
 # are the median and the range over ROUNDS. Settings: ROUNDS (3), QUEUE_ROUNDS (5),
@@ -21,6 +28,7 @@ source "$(dirname "$0")/lib.sh"
 PORT=${PG_ONCE_BENCH_PORT:-55434}
 PLAIN_PORT=$((PORT + 1))
 PROXY_PORT=$((PORT + 2))
+BOUNCER_PORT=$((PORT + 3))
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-10}
 ROUNDS=${ROUNDS:-3}
 QUEUE_ROUNDS=${QUEUE_ROUNDS:-5}
@@ -32,6 +40,10 @@ BIN=$REPO_ROOT/target/release
 OUT=$REPO_ROOT/bench/results
 REPORT=$REPO_ROOT/BENCHMARKS.md
 RESULTS=$OUT/results.jsonl
+SECTIONS=${SECTIONS:-1 2 3 4 5 6}
+want() { [[ " $SECTIONS " == *" $1 "* ]]; }
+ALL_SECTIONS=no
+[ "$SECTIONS" = "1 2 3 4 5 6" ] && ALL_SECTIONS=yes
 
 ensure_toolchain
 install_extension release
@@ -65,14 +77,34 @@ cluster_start bench-plain "$PLAIN_PORT" "huge_pages = $HUGE_PAGES"
 "$BIN/latency_proxy" --listen "127.0.0.1:$PROXY_PORT" --upstream "127.0.0.1:$PORT" \
     --delay-us $((RTT_US / 2)) &
 proxy=$!
-trap 'kill $proxy 2>/dev/null; cluster_stop bench; cluster_stop bench-plain; restore_huge_pages' EXIT
+trap 'kill $proxy 2>/dev/null; pgbouncer_stop bench-bouncer; cluster_stop bench; cluster_stop bench-plain; restore_huge_pages' EXIT
 cluster_psql bench "$PORT" -q -c "CREATE EXTENSION pg_once" \
     -f "$SQL/handmade_setup.sql" -f "$SQL/hot_setup.sql" >/dev/null
 cluster_psql bench-plain "$PLAIN_PORT" -q -c "CREATE EXTENSION pg_once" >/dev/null
 DSN="host=127.0.0.1 port=$PORT user=postgres dbname=postgres"
 PLAIN_DSN="host=127.0.0.1 port=$PLAIN_PORT user=postgres dbname=postgres"
 mkdir -p "$OUT"
-: >"$RESULTS"
+# The "bench" field of each section's rows in results.jsonl.
+section_rows() {
+    case $1 in
+    1) echo pgbench ;; 2) echo stampede ;; 3) echo takeover ;; 4) echo listeners ;;
+    5) echo queue bloat ;; 6) echo pooled ;;
+    esac
+}
+if [ "$ALL_SECTIONS" = yes ]; then
+    : >"$RESULTS"
+else
+    # Keep the other sections' rows; this run writes its own anew.
+    python3 - "$RESULTS" $(for n in $SECTIONS; do section_rows "$n"; done) <<'PY'
+import json, sys
+path, dropped = sys.argv[1], set(sys.argv[2:])
+try:
+    rows = [l for l in open(path) if l.strip() and json.loads(l)["bench"] not in dropped]
+except FileNotFoundError:
+    rows = []
+open(path, "w").writelines(rows)
+PY
+fi
 
 # tps WORKLOAD CLIENTS [LINK]: one pgbench run (LINK socket or rtt); prints transactions/s.
 tps() {
@@ -116,13 +148,73 @@ compare() {
 
 harness() { "$BIN/bench" --rounds "${HARNESS_ROUNDS:-$ROUNDS}" --json-out "$RESULTS" "$@"; }
 
+# Section 6: the Python client's benchmark (bench/pooled.py) on the preloaded cluster,
+# directly and through a PgBouncer in transaction mode with 6 server connections.
+pooled_section() {
+    say "6/6 pooled callers"
+    local venv=$PG_ONCE_WORK/bench-py-venv
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "$REPO_ROOT/clients/python"
+    pgbouncer_start bench-bouncer "$BOUNCER_PORT" "$PORT" 6
+    local rows=$OUT/pooled.jsonl
+    "$venv/bin/python" "$REPO_ROOT/bench/pooled.py" --dsn "$DSN" \
+        --bouncer-dsn "host=127.0.0.1 port=$BOUNCER_PORT user=postgres dbname=postgres" >"$rows"
+    pgbouncer_stop bench-bouncer
+    sed 's/^{/{"bench":"pooled",/' "$rows" >>"$RESULTS"
+    echo "## 6. Pooled callers: 3 keys, 1 s computation"
+    echo
+    echo "Callers (threads) in several processes ask at the same moment for 3 keys whose"
+    echo "computation takes 1 s, with the Python client (\`clients/python\`): each process has"
+    echo "its pool and one LISTEN connection that owns its claims. direct: a pool of 10 direct"
+    echo "connections per process; PgBouncer: the pool goes through PgBouncer in transaction"
+    echo "mode, 6 server connections in all, the LISTEN connection directly to the server;"
+    echo "psycopg_pool: the application's own pool of 4 connections per process, handed to the"
+    echo "client. Baselines, on a connection per caller with no client library: the README's"
+    echo "raw SQL loop (\`claim_key(key, '30 s', wait => '10 s')\` until answered, then"
+    echo "\`complete_key\`) on direct connections, and through the same PgBouncer. Answer times"
+    echo "count from the common start; \"db calls\" are statements per caller (the client's"
+    echo "through its pool, not counting its LISTEN connection). One run of each row."
+    echo
+    python3 - "$rows" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+label = {"raw-direct": "raw SQL, direct connection per caller",
+         "raw-pgbouncer": "raw SQL, PgBouncer connection per caller",
+         "direct": "client, direct", "pgbouncer": "client, PgBouncer (pool 6)",
+         "psycopg_pool": "client, psycopg_pool (4 per process)"}
+base = {r["callers"]: r for r in rows if r.get("row") == "callers" and r["setup"] == "raw-direct"}
+print("| setup | callers / processes | computations | answered | p50 | p99 | p99 / raw direct (100) | db calls per caller |")
+print("|---|---|---|---|---|---|---|---|")
+for r in rows:
+    if r.get("row") != "callers":
+        continue
+    b = base.get(100)
+    ratio = "%.2fx" % (r["p99_s"] / b["p99_s"]) if b and r["p99_s"] and b["p99_s"] else "-"
+    fmt = lambda v: "%.2f s" % v if v is not None else "-"
+    print("| %s | %d / %d | %d | %d of %d | %s | %s | %s | %.2f |" % (
+        label[r["setup"]], r["callers"], r["processes"], r["computations"], r["answered"],
+        r["callers"], fmt(r["p50_s"]), fmt(r["p99_s"]), ratio, r["db_calls_per_caller"]))
+print()
+print("A killed owner process (SIGKILL mid-compute, 30 s lease), time until a waiting process")
+print("of the same setup took the key over:")
+print()
+print("| setup | takeover |")
+print("|---|---|")
+for r in rows:
+    if r.get("row") == "takeover":
+        print("| %s | %.0f ms |" % (label[r["setup"]], r["takeover_ms"]))
+print()
+PY
+}
+
 report() {
 cat <<EOF
 # pg_once benchmarks
 
 Written by \`scripts/bench.sh\` on $(date -u +%Y-%m-%d): $(nproc) cores, $(free -g | awk '/Mem/ {print $2}') GiB,
 PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}') (fsync off, shared_buffers 256MB, huge pages $HUGE_PAGES), pg_once $(grep -m1 '^version' "$REPO_ROOT/Cargo.toml" | cut -d'"' -f2) release build,
-clients on the same machine. Every figure is the median of $ROUNDS runs ($QUEUE_ROUNDS in section 5), with the range in
+clients on the same machine. Every figure is the median of $ROUNDS runs ($QUEUE_ROUNDS in section 5; one in section 6), with the range in
 parentheses; ratios compare medians from the same run. Comparisons (sections 1, 4 and 5)
 alternate their two sides run by run; stampede and failover rows run their rounds back to
 back. Raw figures:
@@ -134,7 +226,8 @@ back. Raw figures:
 
 EOF
 
-say "1/5 cycles and hits"
+if want 1; then
+say "1/6 cycles and hits"
 echo "## 1. Cycles and hits"
 echo
 echo "pgbench, prepared statements, ${SECONDS_PER_RUN} s runs. A claim+complete cycle is two round trips"
@@ -155,7 +248,10 @@ compare once_hit select1 8 "claim_key hit vs SELECT 1, 8 clients"
 compare once_hit pk_select 8 "claim_key hit vs primary-key SELECT, 8 clients, ${RTT_US} us RTT" rtt
 echo
 
-say "2/5 stampede"
+fi
+
+if want 2; then
+say "2/6 stampede"
 echo "## 2. Stampede: callers on one cold key, 500 ms computation"
 echo
 echo "Milliseconds by the server's clock from the owner's complete_key to each other caller's"
@@ -188,7 +284,10 @@ for callers in 20 200; do
 done
 echo
 
-say "3/5 failover"
+fi
+
+if want 3; then
+say "3/6 failover"
 echo "## 3. Failover: a killed owner"
 echo
 echo "Milliseconds from pg_terminate_backend of the owner to a waiting caller holding the claim."
@@ -208,7 +307,10 @@ for row in "${rows[@]}"; do
 done
 echo
 
-say "4/5 listeners"
+fi
+
+if want 4; then
+say "4/6 listeners"
 echo "## 4. Commits with 100 LISTEN connections, by once.notify"
 echo
 echo "claim+complete cycles/s, 8 clients. Idle listeners LISTEN and then never read (the server"
@@ -243,7 +345,10 @@ for kind in idle reading; do
 done
 echo
 
-say "5/5 queue"
+fi
+
+if want 5; then
+say "5/6 queue"
 echo "## 5. Queue"
 echo
 echo "Jobs/s for workers taking jobs with claim_next (n jobs at a time) and completing them"
@@ -334,9 +439,32 @@ for s in r["sizes"]:
 print()
 print("%d cycles in %.0f s (%.0f cycles/s)." % (r["cycles"], r["seconds"], r["cycles"] / r["seconds"]))
 '
+fi
+
+if want 6; then
+pooled_section
+fi
 }
 
-report >"$REPORT"
+if [ "$ALL_SECTIONS" = yes ]; then
+    report >"$REPORT"
+else
+    # Replace only the sections this run measured, each marked with the day of its run.
+    report >"$OUT/partial.md"
+    python3 - "$REPORT" "$OUT/partial.md" "$(date -u +%Y-%m-%d)" "$SECTIONS" <<'PY'
+import re, sys
+report, partial, day, sections = sys.argv[1:]
+def split(text):
+    parts = re.split(r"(?m)^(?=## \d+\. )", text)
+    return parts[0], {p.split(".", 1)[0][3:]: p for p in parts[1:]}
+head, old = split(open(report).read())
+_, new = split(open(partial).read())
+for n, body in new.items():
+    title, rest = body.split("\n", 1)
+    old[n] = f"{title}\n\n_Measured on {day} by `SECTIONS=\"{sections}\" scripts/bench.sh`._\n{rest}"
+open(report, "w").write(head + "".join(old[n] for n in sorted(old, key=int)))
+PY
+fi
 say "plotting"
 venv=$PG_ONCE_WORK/plot-venv
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
