@@ -25,7 +25,7 @@
 # SECONDS_PER_RUN (10), RTT_US (500), BLOAT_CYCLES (1000000). A full run takes about 35
 # minutes.
 source "$(dirname "$0")/lib.sh"
-PORT=${PG_ONCE_BENCH_PORT:-55434}
+PORT=${PG_ONCE_BENCH_PORT:-25534}
 PLAIN_PORT=$((PORT + 1))
 PROXY_PORT=$((PORT + 2))
 BOUNCER_PORT=$((PORT + 3))
@@ -157,7 +157,7 @@ pooled_section() {
     python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check "$REPO_ROOT/clients/python"
     pgbouncer_start bench-bouncer "$BOUNCER_PORT" "$PORT" 6
-    local rows=$OUT/pooled.jsonl
+    local rows=$PG_ONCE_WORK/pooled.jsonl
     "$venv/bin/python" "$REPO_ROOT/bench/pooled.py" --dsn "$DSN" \
         --bouncer-dsn "host=127.0.0.1 port=$BOUNCER_PORT user=postgres dbname=postgres" >"$rows"
     pgbouncer_stop bench-bouncer
@@ -172,7 +172,8 @@ pooled_section() {
     echo "psycopg_pool: the application's own pool of 4 connections per process, handed to the"
     echo "client. Baselines, on a connection per caller with no client library: the README's"
     echo "raw SQL loop (\`claim_key(key, '30 s', wait => '10 s')\` until answered, then"
-    echo "\`complete_key\`) on direct connections, and through the same PgBouncer. Answer times"
+    echo "\`complete_key\`) on direct connections, and through the same PgBouncer; a raw caller"
+    echo "still unanswered after 30 s counts as not answered. Answer times"
     echo "count from the common start; \"db calls\" are statements per caller (the client's"
     echo "through its pool, not counting its LISTEN connection). One run of each row."
     echo
@@ -450,8 +451,8 @@ if [ "$ALL_SECTIONS" = yes ]; then
     report >"$REPORT"
 else
     # Replace only the sections this run measured, each marked with the day of its run.
-    report >"$OUT/partial.md"
-    python3 - "$REPORT" "$OUT/partial.md" "$(date -u +%Y-%m-%d)" "$SECTIONS" <<'PY'
+    report >"$PG_ONCE_WORK/partial.md"
+    python3 - "$REPORT" "$PG_ONCE_WORK/partial.md" "$(date -u +%Y-%m-%d)" "$SECTIONS" <<'PY'
 import re, sys
 report, partial, day, sections = sys.argv[1:]
 def split(text):

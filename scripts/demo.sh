@@ -5,7 +5,7 @@
 # --pgbouncer: the clients reach the server through a PgBouncer in transaction mode (pool
 # of 6) using pg_once_client, each with a direct LISTEN connection that owns its claims.
 source "$(dirname "$0")/lib.sh"
-PORT=${PG_ONCE_DEMO_PORT:-55433}
+PORT=${PG_ONCE_DEMO_PORT:-25533}
 BOUNCER_PORT=${PG_ONCE_DEMO_BOUNCER_PORT:-$((PORT + 1))}
 
 PGBOUNCER=0
