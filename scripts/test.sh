@@ -116,7 +116,7 @@ py_venv=$PG_ONCE_WORK/py-venv
 rm -rf "$py_venv"
 python3 -m venv "$py_venv"
 "$py_venv/bin/pip" install --quiet --disable-pip-version-check ./clients/python pytest
-(cd clients/node && npm ci --silent --no-audit --no-fund)
+(cd clients/node && npm ci --silent --no-audit --no-fund && npm run --silent typecheck)
 
 soak_seconds=${SOAK_PLAIN_SECONDS:-20}
 run_server_tests plain "$PORT"
