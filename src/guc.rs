@@ -39,8 +39,9 @@ pub static RELAY_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(50);
 /// Milliseconds between two reap_stale runs of a pg_once worker.
 pub static REAPER_NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 
-/// Define the settings. `preloading`: loaded by shared_preload_libraries, the only time a
-/// server-start setting (once.databases) may be defined.
+/// Define the settings and reserve the `once.` prefix. `preloading`: loaded by
+/// shared_preload_libraries, the only time a server-start setting (once.databases) may be
+/// defined.
 pub fn register(preloading: bool) {
     GucRegistry::define_bool_guc(
         c"once.backend_liveness",
@@ -113,6 +114,11 @@ pub fn register(preloading: bool) {
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );
+    // Every once.* setting is defined above: a misspelt one (`SET once.poll_intervall`)
+    // is then an error instead of a silently accepted placeholder, and one already set
+    // in postgresql.conf is reported and removed.
+    // SAFETY: called from _PG_init, after the definitions, as PostgreSQL's own modules do.
+    unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"once".as_ptr()) };
 }
 
 /// The databases named by once.databases.

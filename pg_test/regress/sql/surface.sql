@@ -59,6 +59,11 @@ SELECT once.fail_key('flaky', :t, 'e', retry_after => '-1 minute');
 SELECT once.heartbeat_key('flaky', :t, '2 days');
 SELECT count(*) AS keys, count(*) FILTER (WHERE state = 'failed') AS failed FROM once.entries;
 
+-- The once. prefix is reserved: a misspelt setting is refused, not kept as a placeholder.
+SET once.poll_interval = '5ms';
+SET once.poll_intervall = '5ms';
+RESET once.poll_interval;
+
 -- Waiting cannot work under a snapshot that never sees other sessions' commits.
 BEGIN ISOLATION LEVEL REPEATABLE READ;
 SELECT once.claim_key('k', wait => '1 second');
