@@ -1,6 +1,6 @@
-//! Checks every SQL argument against the rules in DESIGN.md ("Bad input: a clear error,
-//! nothing changed") and turns it into a value the protocol can use. All checks run
-//! before any statement touches once.entries.
+//! Checks every SQL argument against the rules of docs/sql-reference.md ("Bad input raises
+//! an error and changes nothing") and turns it into a value the protocol can use. All
+//! checks run before any statement touches once.entries.
 
 use crate::errors;
 use pgrx::datum::{DatumWithOid, Interval, TimestampWithTimeZone};
