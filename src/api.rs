@@ -5,11 +5,12 @@
 //! sql/functions.sql. Arguments arrive as Options so that NULL gets the documented
 //! 22004 error instead of a silent NULL result.
 
-use crate::args::{self, Key};
+use crate::args;
 use crate::claim::{self, Claim, LockBudget};
 use crate::entry;
 use crate::errors;
 use crate::jsonb::Jsonb;
+use crate::key::Key;
 use crate::liveness::{self, Owner};
 use crate::queue;
 use crate::wait;

@@ -10,18 +10,16 @@
 //! the second one blocks on the first one's row lock, then finds the token changed and
 //! starts over, so a key never has two owners.
 
-use crate::args::Key;
 use crate::entry::{self, Entry};
 use crate::jsonb::Jsonb;
-use crate::liveness::{self, Owner, OwnerWatch};
+use crate::key::Key;
+use crate::liveness::{self, Me, Owner, OwnerWatch};
 use crate::shmem::{self, Counter};
 use crate::statements::types::*;
 use crate::statements::{self, Statement};
 use crate::subxact::{self, Blocked};
-use pgrx::datum::{DatumWithOid, Interval, TimestampWithTimeZone};
-use pgrx::pg_sys;
+use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::prelude::*;
-use std::ffi::CStr;
 
 /// What a claim attempt decided (the `outcome` of once.claim plus its details).
 pub enum Claim {
@@ -210,49 +208,6 @@ static PURGE_EXPIRED: Statement = Statement::new(
       WHERE e.key_hash = ANY (ARRAY(SELECT key_hash FROM expired)) AND e.key_hash = expired.key_hash",
     &[INT8],
 );
-
-/// Who a claim names: a label for people, and what ends it besides its lease.
-pub struct Me {
-    pub label: String,
-    pub pid: i32,
-    pub started: pg_sys::TimestampTz,
-    pub lease_only: bool,
-}
-
-impl Me {
-    /// This session, named `worker` if given, else by its application_name, making a
-    /// claim whose liveness is `owner`'s.
-    pub fn new(worker: Option<&str>, owner: Owner) -> Me {
-        let my_pid = liveness::my_identity().0;
-        // SAFETY: application_name is a GUC string, NULL or NUL-terminated.
-        let app = unsafe {
-            let name = pg_sys::application_name;
-            if name.is_null() {
-                ""
-            } else {
-                CStr::from_ptr(name).to_str().unwrap_or("")
-            }
-        };
-        // A worker is named as it asks; otherwise the session's application_name and pid.
-        let label = match worker {
-            Some(worker) => worker.to_owned(),
-            None if app.is_empty() => format!("pid {my_pid}"),
-            None => format!("{app} (pid {my_pid})"),
-        };
-        let (pid, started, lease_only) = owner.identity();
-        Me {
-            label,
-            pid,
-            started,
-            lease_only,
-        }
-    }
-
-    pub fn started_param(&self) -> DatumWithOid<'static> {
-        // SAFETY: a TimestampTz is passed by value.
-        unsafe { DatumWithOid::new(self.started, pg_sys::TIMESTAMPTZOID) }
-    }
-}
 
 /// How long a claim's write may wait for another transaction's lock, in milliseconds (at
 /// least 1): what is left of the caller's `wait`.

@@ -6,9 +6,9 @@
 //! primary-key SELECT. An index lookup with the same MVCC rules is a fraction of that.
 //! Writes stay SQL (see claim.rs): they need triggers, ON CONFLICT and index upkeep.
 
-use crate::args::Key;
 use crate::errors;
 use crate::jsonb::Jsonb;
+use crate::key::Key;
 use crate::subxact::Blocked;
 use pgrx::datum::{FromDatum, TimestampWithTimeZone};
 use pgrx::memcxt::PgMemoryContexts;

@@ -3,12 +3,13 @@
 //! The SQL objects are declared by hand in sql/; this crate provides the C functions
 //! behind them. Modules, by concern:
 //! - `api`: the SQL-callable functions (argument checks, then the protocol)
+//! - `key`: a cache key, checked, and its digest (the primary key of once.entries)
 //! - `args` / `errors`: bad input → a specific SQLSTATE and an actionable message
 //! - `claim`: the claim protocol, every write of once.entries
 //! - `entry`: reading a key's row straight from the primary-key index
 //! - `queue`: queue mode (queues, enqueue, claim_next, batch operations)
 //! - `wait`: server-side waiting inside claim_key
-//! - `liveness`: is a claim's owner backend still running
+//! - `liveness`: who a claim names (`Me`, `Owner`) and whether that owner is still running
 //! - `notify`: the trigger that NOTIFYs channel `once` with the key
 //! - `shmem`: shared memory when preloaded (backend slots, relay queues, counters)
 //! - `worker`: the per-database background worker (reaper and NOTIFY relay)
@@ -24,6 +25,7 @@ mod entry;
 mod errors;
 mod guc;
 mod jsonb;
+mod key;
 mod liveness;
 mod notify;
 mod queue;

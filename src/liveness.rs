@@ -11,10 +11,12 @@
 //! shows), a per-transaction copy that must be refreshed.
 
 use crate::{errors, guc, shmem};
+use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
+use std::ffi::CStr;
 
 thread_local! {
     /// Statement start time of the last refresh of pgstat's backend status copy.
@@ -105,6 +107,49 @@ impl Owner {
         if let (Owner::ThisBackend, Some(tag)) = (self, tag) {
             own(tag);
         }
+    }
+}
+
+/// Who a claim names: a label for people, and what ends it besides its lease.
+pub struct Me {
+    pub label: String,
+    pub pid: i32,
+    pub started: pg_sys::TimestampTz,
+    pub lease_only: bool,
+}
+
+impl Me {
+    /// This session, named `worker` if given, else by its application_name, making a
+    /// claim whose liveness is `owner`'s.
+    pub fn new(worker: Option<&str>, owner: Owner) -> Me {
+        let my_pid = my_identity().0;
+        // SAFETY: application_name is a GUC string, NULL or NUL-terminated.
+        let app = unsafe {
+            let name = pg_sys::application_name;
+            if name.is_null() {
+                ""
+            } else {
+                CStr::from_ptr(name).to_str().unwrap_or("")
+            }
+        };
+        // A worker is named as it asks; otherwise the session's application_name and pid.
+        let label = match worker {
+            Some(worker) => worker.to_owned(),
+            None if app.is_empty() => format!("pid {my_pid}"),
+            None => format!("{app} (pid {my_pid})"),
+        };
+        let (pid, started, lease_only) = owner.identity();
+        Me {
+            label,
+            pid,
+            started,
+            lease_only,
+        }
+    }
+
+    pub fn started_param(&self) -> DatumWithOid<'static> {
+        // SAFETY: a TimestampTz is passed by value.
+        unsafe { DatumWithOid::new(self.started, pg_sys::TIMESTAMPTZOID) }
     }
 }
 

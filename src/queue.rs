@@ -27,11 +27,11 @@
 //! keys (invalidate_keys, complete_keys) locks them in key_hash order, and every other
 //! write locks one key; so no two pg_once calls can wait for each other in a cycle.
 
-use crate::args::Key;
-use crate::claim::{LockBudget, Me};
+use crate::claim::LockBudget;
 use crate::jsonb::Jsonb;
+use crate::key::Key;
 use crate::liveness;
-use crate::liveness::Owner;
+use crate::liveness::{Me, Owner};
 use crate::notify;
 use crate::shmem::{self, Counter};
 use crate::statements::types::*;

@@ -16,8 +16,8 @@
 //! runs out, or at most SAFETY_SLEEP. Without shared memory it looks again every
 //! once.poll_interval.
 
-use crate::args::Key;
 use crate::claim::{self, Claim, LockBudget};
+use crate::key::Key;
 use crate::liveness::{Owner, OwnerWatch};
 use crate::shmem::{self, BackendSlot, Counter};
 use pgrx::datum::Interval;
