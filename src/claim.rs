@@ -9,6 +9,12 @@
 //! Two callers racing to claim the same key both write `WHERE token = <what I saw>`;
 //! the second one blocks on the first one's row lock, then finds the token changed and
 //! starts over, so a key never has two owners.
+//!
+//! A claim never waits long for someone else's transaction: it does not write a row that
+//! a transaction in progress holds (or a key such a transaction is inserting) but answers
+//! `wait`, and the write itself gives up when what is left of the caller's `wait` runs
+//! out (see subxact.rs). Only two claims racing within the same instant block on each
+//! other, for as long as the first one's statement takes.
 
 use crate::entry::{self, Entry};
 use crate::jsonb::Jsonb;

@@ -33,10 +33,10 @@ const SAFETY_SLEEP_MICROS: i128 = 1_000_000;
 const UNCOMMITTED_POLL_MICROS: i128 = 10_000;
 
 /// Clears the waiter announcement however the wait ends (result, timeout or error).
-pub struct Announcement<'a>(&'a BackendSlot);
+struct Announcement<'a>(&'a BackendSlot);
 
 impl<'a> Announcement<'a> {
-    pub fn new(slot: &'a BackendSlot, tag: u64) -> Self {
+    fn new(slot: &'a BackendSlot, tag: u64) -> Self {
         slot.wait_for(tag);
         Announcement(slot)
     }
@@ -101,14 +101,14 @@ pub fn claim_waiting(key: &Key, lease: Interval, owner: Owner, wait_micros: i128
     }
 }
 
-pub fn now() -> pg_sys::TimestampTz {
+fn now() -> pg_sys::TimestampTz {
     // SAFETY: reads the system clock.
     unsafe { pg_sys::GetCurrentTimestamp() }
 }
 
 /// Sleep on the process latch, waking early when it is set or for interrupts (cancel,
 /// timeouts, shutdown). True if woken by the latch.
-pub fn sleep_micros(micros: i128) -> bool {
+fn sleep_micros(micros: i128) -> bool {
     let millis = ((micros + 999) / 1000).clamp(1, i32::MAX as i128) as std::ffi::c_long;
     // SAFETY: the standard latch wait of a backend; WL_EXIT_ON_PM_DEATH exits if the
     // postmaster dies.
