@@ -58,6 +58,11 @@ static COUNT_QUEUE_KEYS: Statement = Statement::new(
 
 static DROP_QUEUE: Statement = Statement::new("DELETE FROM once.queues WHERE name = $1", &[TEXT]);
 
+static KEY_STATE: Statement = Statement::new(
+    "SELECT state::text FROM once.entries WHERE key_hash = $1",
+    &[BYTEA],
+);
+
 static ENQUEUE_NEW: Statement = Statement::new(
     "INSERT INTO once.entries (key_hash, key, state, token, queue, payload, priority, run_at,
                                max_attempts, enqueued_at)
@@ -206,9 +211,17 @@ pub fn enqueue(job: &Job, refresh: bool) -> Enqueued {
         notify::queue_has_work(job.queue);
         return Enqueued::Requeued;
     }
-    // This transaction holds a lock on the table by now, so the read is never Blocked.
-    match crate::entry::read(job.key).ok().flatten().map(|e| e.state) {
-        Some(state) if state == "done" => Enqueued::Cached,
+    // Through SQL, not entry::read: that look gives up when DDL waits for once.entries,
+    // whereas this transaction, having written the table, is let ahead of such DDL.
+    let state: Option<String> = statements::run(&KEY_STATE, &[job.key.hash_param()], |table| {
+        if table.is_empty() {
+            Ok(None)
+        } else {
+            table.first().get(1)
+        }
+    });
+    match state.as_deref() {
+        Some("done") => Enqueued::Cached,
         _ => Enqueued::Duplicate,
     }
 }

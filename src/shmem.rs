@@ -172,8 +172,8 @@ pub fn key_tag(digest: &[u8]) -> u64 {
 }
 
 /// What a worker waiting in claim_next for `queue` holds in its slot: a 64-bit FNV-1a hash
-/// of the queue's name, kept apart from key tags by a prefix no key digest starts with in
-/// any meaningful way (a collision only causes a spurious wake-up).
+/// of "queue", a NUL and the queue's name. Key tags come from SHA-256 digests, so the two
+/// meet only by chance, and a collision only causes a spurious wake-up.
 pub fn queue_tag(queue: &str) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in b"queue\0".iter().chain(queue.as_bytes()) {
@@ -211,29 +211,30 @@ impl Shared {
         self.slot(unsafe { pg_sys::MyBackendId })
     }
 
-    /// Whether the backend (pid, started) is running and is the one that registered.
-    pub fn backend_alive(&self, pid: i32, started: i64) -> bool {
-        // SAFETY: BackendPidGetProc locks ProcArrayLock; the PGPROC outlives the call.
-        let proc_ = unsafe { pg_sys::BackendPidGetProc(pid) };
-        if proc_.is_null() {
-            return false;
-        }
-        let Some(slot) = self.slot(unsafe { (*proc_).backendId }) else {
-            return false;
-        };
-        slot.pid.load(SeqCst) == pid && slot.started.load(SeqCst) == started
-    }
-
-    /// Start time of the backend `pid` if it is running and registered as an owner session.
-    pub fn owner_session_started(&self, pid: i32) -> Option<i64> {
+    /// The slot of the running backend `pid`, if that backend registered in it.
+    fn registered_slot(&self, pid: i32) -> Option<&BackendSlot> {
         // SAFETY: BackendPidGetProc locks ProcArrayLock; the PGPROC outlives the call.
         let proc_ = unsafe { pg_sys::BackendPidGetProc(pid) };
         if proc_.is_null() {
             return None;
         }
+        // SAFETY: a PGPROC returned by BackendPidGetProc.
         let slot = self.slot(unsafe { (*proc_).backendId })?;
-        let started = slot.started.load(SeqCst);
-        (slot.pid.load(SeqCst) == pid && slot.owner_session.load(SeqCst)).then_some(started)
+        (slot.pid.load(SeqCst) == pid).then_some(slot)
+    }
+
+    /// Whether the backend (pid, started) is running and is the one that registered.
+    pub fn backend_alive(&self, pid: i32, started: i64) -> bool {
+        self.registered_slot(pid)
+            .is_some_and(|slot| slot.started.load(SeqCst) == started)
+    }
+
+    /// Start time of the backend `pid` if it is running and registered as an owner session.
+    pub fn owner_session_started(&self, pid: i32) -> Option<i64> {
+        let slot = self.registered_slot(pid)?;
+        slot.owner_session
+            .load(SeqCst)
+            .then(|| slot.started.load(SeqCst))
     }
 
     /// Set the latch of every backend waiting for one of `tags`.

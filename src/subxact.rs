@@ -18,7 +18,6 @@
 use crate::errors;
 use pgrx::pg_sys;
 use pgrx::{PgSqlErrorCode, PgTryBuilder};
-use std::cell::Cell;
 use std::ffi::CString;
 
 /// A lock wait inside the subtransaction reached its deadline: another transaction holds a
@@ -49,9 +48,8 @@ pub fn keep_if<R>(
         };
         pg_sys::BeginInternalSubTransaction(std::ptr::null());
         pg_sys::MemoryContextSwitchTo(context);
-        let guc_level = Cell::new(None);
+        let guc_level = pg_sys::NewGUCNestLevel();
         let outcome = PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
-            guc_level.set(Some(pg_sys::NewGUCNestLevel()));
             set_lock_timeout(lock_timeout_ms.clamp(1, i32::MAX as i64));
             Ok(f())
         }))
@@ -64,9 +62,7 @@ pub fn keep_if<R>(
         .execute();
         let result = match outcome {
             Ok(result) => {
-                if let Some(level) = guc_level.get() {
-                    pg_sys::AtEOXact_GUC(true, level);
-                }
+                pg_sys::AtEOXact_GUC(true, guc_level);
                 if won(&result) {
                     pg_sys::ReleaseCurrentSubTransaction();
                 } else {

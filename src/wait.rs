@@ -63,8 +63,7 @@ pub fn claim_waiting(key: &Key, lease: Interval, owner: Owner, wait_micros: i128
         // and the sleep below returns at once.
         // SAFETY: this backend's own latch.
         unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
-        let budget = LockBudget(((deadline - now() as i128) / 1000) as i64);
-        let claim = claim::attempt(key, lease, owner, &mut watch, budget);
+        let claim = claim::attempt(key, lease, owner, &mut watch, budget_until(deadline));
         let Claim::Wait {
             lease_expires_at,
             uncommitted,
@@ -99,6 +98,11 @@ pub fn claim_waiting(key: &Key, lease: Interval, owner: Owner, wait_micros: i128
             shmem::count(Counter::Wakeups);
         }
     }
+}
+
+/// What is left until `deadline` for a write to wait for another transaction's lock.
+fn budget_until(deadline: i128) -> LockBudget {
+    LockBudget(((deadline - now() as i128) / 1000) as i64)
 }
 
 fn now() -> pg_sys::TimestampTz {
@@ -146,13 +150,12 @@ pub fn claim_next_waiting(
         .and_then(|shared| shared.my_slot())
         .map(|slot| Announcement::new(slot, shmem::queue_tag(queue)));
     let woken_by_shared_memory = announcement.is_some();
-    let budget = || LockBudget(((deadline - now() as i128) / 1000) as i64);
     let mut waited = false;
     loop {
         // SAFETY: this backend's own latch.
         unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
         if let Ok(claimed) =
-            crate::queue::claim_next_within(queue, lease, worker, owner, n, budget())
+            crate::queue::claim_next_within(queue, lease, worker, owner, n, budget_until(deadline))
         {
             if !claimed.is_empty() {
                 return claimed;
@@ -168,7 +171,7 @@ pub fn claim_next_waiting(
             shmem::count(Counter::Waited);
         }
         let sleep = if woken_by_shared_memory {
-            let until_due = match crate::queue::next_due(queue, budget()) {
+            let until_due = match crate::queue::next_due(queue, budget_until(deadline)) {
                 // A key that is due already but was not ours to take (another worker is
                 // claiming it): look again shortly.
                 Ok(Some(due)) => (due.into_inner() as i128 - now).max(UNCOMMITTED_POLL_MICROS),
