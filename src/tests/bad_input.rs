@@ -1,0 +1,368 @@
+//! Bad input, queue mode's included: a specific SQLSTATE, a message that names the
+//! problem, a hint, and nothing changed.
+
+#[pgrx::pg_schema]
+mod tests {
+    use crate::tests::{assert_error, error_of, one, outcome_and_token, snapshot, text};
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn bad_keys_are_refused() {
+        let long = format!("SELECT once.claim_key(repeat('x', {}))", 7501);
+        let cases: &[(&str, &str, &str)] = &[
+            (
+                "SELECT once.claim_key(NULL)",
+                "22004",
+                "key must not be NULL",
+            ),
+            (
+                "SELECT once.claim_key('')",
+                "22023",
+                "key must not be empty",
+            ),
+            (&long, "22001", "the limit is 7500 bytes"),
+            (
+                "SELECT once.complete_key(NULL, 1, '1')",
+                "22004",
+                "key must not be NULL",
+            ),
+            (
+                "SELECT once.fail_key('', 1, 'e')",
+                "22023",
+                "key must not be empty",
+            ),
+            (
+                "SELECT once.heartbeat_key(NULL, 1)",
+                "22004",
+                "key must not be NULL",
+            ),
+            (
+                "SELECT once.release_key('', 1)",
+                "22023",
+                "key must not be empty",
+            ),
+            (
+                "SELECT once.invalidate_key(NULL)",
+                "22004",
+                "key must not be NULL",
+            ),
+            (
+                "SELECT once.invalidate_key(repeat('é', 3751))",
+                "22001",
+                "7502 bytes",
+            ),
+        ];
+        let before = snapshot();
+        for (sql, state, msg) in cases {
+            assert_error(sql, state, msg);
+        }
+        assert_eq!(snapshot(), before);
+    }
+
+    #[pg_test]
+    fn bad_tokens_are_refused() {
+        let (_, token) = outcome_and_token("k");
+        let before = snapshot();
+        for sql in [
+            "SELECT once.complete_key('k', NULL, '1')",
+            "SELECT once.fail_key('k', NULL, 'e')",
+            "SELECT once.heartbeat_key('k', NULL)",
+            "SELECT once.release_key('k', NULL)",
+        ] {
+            assert_error(sql, "22004", "token must not be NULL");
+        }
+        for sql in [
+            "SELECT once.complete_key('k', 0, '1')",
+            "SELECT once.fail_key('k', -1, 'e')",
+            "SELECT once.heartbeat_key('k', 0)",
+            "SELECT once.release_key('k', -5)",
+        ] {
+            assert_error(sql, "22023", "token must be positive");
+        }
+        assert_eq!(snapshot(), before);
+        assert_eq!(outcome_and_token("k"), ("wait".to_string(), token));
+    }
+
+    #[pg_test]
+    fn bad_intervals_are_refused() {
+        let (_, token) = outcome_and_token("k");
+        let t = token.to_string();
+        let cases = [
+            (
+                "SELECT once.claim_key('x', lease => NULL)".to_string(),
+                "22004",
+                "lease must not be NULL",
+            ),
+            (
+                "SELECT once.claim_key('x', lease => '0')".to_string(),
+                "22023",
+                "lease must be positive",
+            ),
+            (
+                "SELECT once.claim_key('x', lease => '-1 second')".to_string(),
+                "22023",
+                "lease must be positive",
+            ),
+            (
+                "SELECT once.claim_key('x', lease => '2 days')".to_string(),
+                "22023",
+                "at most 1 day",
+            ),
+            (
+                "SELECT once.claim_key('x', wait => NULL)".to_string(),
+                "22004",
+                "wait must not be NULL",
+            ),
+            (
+                "SELECT once.claim_key('x', wait => '-1 second')".to_string(),
+                "22023",
+                "wait must not be negative",
+            ),
+            (
+                "SELECT once.claim_key('x', wait => '1 year')".to_string(),
+                "22023",
+                "wait must be at most 1 day",
+            ),
+            (
+                format!("SELECT once.complete_key('k', {t}, '1', ttl => '0')"),
+                "22023",
+                "ttl must be positive",
+            ),
+            (
+                format!("SELECT once.complete_key('k', {t}, '1', ttl => '-1 hour')"),
+                "22023",
+                "ttl must be positive",
+            ),
+            (
+                format!("SELECT once.complete_key('k', {t}, '1', ttl => '200 years')"),
+                "22023",
+                "at most 100 years",
+            ),
+            (
+                format!("SELECT once.fail_key('k', {t}, 'e', retry_after => NULL)"),
+                "22004",
+                "retry_after must not be NULL",
+            ),
+            (
+                format!("SELECT once.fail_key('k', {t}, 'e', retry_after => '-1 second')"),
+                "22023",
+                "must not be negative",
+            ),
+            (
+                format!("SELECT once.fail_key('k', {t}, 'e', retry_after => '2 years')"),
+                "22023",
+                "at most 1 year",
+            ),
+            (
+                format!("SELECT once.heartbeat_key('k', {t}, lease => '0')"),
+                "22023",
+                "lease must be positive",
+            ),
+            (
+                format!("SELECT once.heartbeat_key('k', {t}, lease => '1 month')"),
+                "22023",
+                "at most 1 day",
+            ),
+        ];
+        let before = snapshot();
+        for (sql, state, msg) in &cases {
+            assert_error(sql, state, msg);
+        }
+        assert_eq!(snapshot(), before, "no bad call may change a key");
+    }
+
+    #[pg_test]
+    fn missing_result_or_error_is_refused() {
+        let (_, token) = outcome_and_token("k");
+        let before = snapshot();
+        assert_error(
+            &format!("SELECT once.complete_key('k', {token}, NULL)"),
+            "22004",
+            "result must not be NULL",
+        );
+        assert_error(
+            &format!("SELECT once.fail_key('k', {token}, NULL)"),
+            "22004",
+            "error must not be NULL",
+        );
+        assert_eq!(snapshot(), before);
+        // 'null'::jsonb is a value, and a fine result.
+        assert_eq!(
+            one::<bool>(&format!("SELECT once.complete_key('k', {token}, 'null')")),
+            Some(true)
+        );
+    }
+
+    #[pg_test]
+    fn errors_carry_a_hint() {
+        // Re-raise the hint as the message, so error_of can show it.
+        let error = error_of(
+            "DO $$ DECLARE h text;
+             BEGIN PERFORM once.claim_key('x', lease => '0');
+             EXCEPTION WHEN invalid_parameter_value THEN
+               GET STACKED DIAGNOSTICS h = PG_EXCEPTION_HINT;
+               RAISE EXCEPTION USING MESSAGE = h;
+             END $$",
+        )
+        .unwrap();
+        assert!(error.contains("heartbeat_key"), "{error}");
+    }
+
+    #[pg_test]
+    fn bad_queue_input_is_refused() {
+        Spi::run("SELECT once.enqueue_key('busy', queue => 'default')").unwrap();
+        let cases: &[(&str, &str, &str)] = &[
+            (
+                "SELECT once.enqueue_key('k', queue => 'nope')",
+                "42704",
+                "queue \"nope\" does not exist",
+            ),
+            (
+                "SELECT once.claim_next('nope')",
+                "42704",
+                "queue \"nope\" does not exist",
+            ),
+            (
+                "SELECT once.invalidate_keys(queue => 'nope')",
+                "42704",
+                "does not exist",
+            ),
+            ("SELECT once.drop_queue('nope')", "42704", "does not exist"),
+            (
+                "SELECT once.enqueue_key('k', queue => NULL)",
+                "22004",
+                "queue must not be NULL",
+            ),
+            (
+                "SELECT once.claim_next('')",
+                "22023",
+                "queue must not be empty",
+            ),
+            (
+                "SELECT once.enqueue_key(NULL)",
+                "22004",
+                "key must not be NULL",
+            ),
+            (
+                "SELECT once.enqueue_key('k', priority => NULL)",
+                "22004",
+                "priority must not be NULL",
+            ),
+            (
+                "SELECT once.enqueue_key('k', refresh => NULL)",
+                "22004",
+                "refresh must not be NULL",
+            ),
+            (
+                "SELECT once.enqueue_key('k', max_attempts => 0)",
+                "22023",
+                "max_attempts must be between 1 and 1000",
+            ),
+            (
+                "SELECT once.enqueue_key('k', run_at => 'infinity')",
+                "22023",
+                "run_at must be a finite time",
+            ),
+            (
+                "SELECT once.claim_next(n => 0)",
+                "22023",
+                "n must be between 1 and 1000",
+            ),
+            (
+                "SELECT once.claim_next(n => 1001)",
+                "22023",
+                "n must be between 1 and 1000",
+            ),
+            (
+                "SELECT once.claim_next(n => NULL)",
+                "22004",
+                "n must not be NULL",
+            ),
+            (
+                "SELECT once.claim_next(lease => '0')",
+                "22023",
+                "lease must be positive",
+            ),
+            (
+                "SELECT once.claim_next(worker => repeat('w', 257))",
+                "22001",
+                "the limit is 256 bytes",
+            ),
+            (
+                "SELECT once.create_queue('bad name!')",
+                "22023",
+                "invalid queue name",
+            ),
+            (
+                "SELECT once.create_queue(NULL)",
+                "22004",
+                "name must not be NULL",
+            ),
+            (
+                "SELECT once.create_queue('q2', max_attempts => 0)",
+                "22023",
+                "max_attempts must be between",
+            ),
+            (
+                "SELECT once.create_queue('q2', max_attempts => NULL)",
+                "22004",
+                "max_attempts must not be NULL",
+            ),
+            (
+                "SELECT once.create_queue('q2', backoff => '0')",
+                "22023",
+                "backoff must be positive",
+            ),
+            (
+                "SELECT once.create_queue('q2', backoff => '1 hour', max_backoff => '1 minute')",
+                "22023",
+                "max_backoff",
+            ),
+            (
+                "SELECT once.invalidate_keys()",
+                "22023",
+                "needs a queue or a key prefix",
+            ),
+            (
+                "SELECT once.invalidate_keys(prefix => '')",
+                "22023",
+                "prefix must not be empty",
+            ),
+            (
+                "SELECT once.drop_queue('default')",
+                "55006",
+                "still has 1 keys",
+            ),
+            (
+                "SELECT once.complete_keys(ARRAY['a'], ARRAY[1, 2], ARRAY['1']::jsonb[])",
+                "22023",
+                "have 1, 2 and 1 elements",
+            ),
+            (
+                "SELECT once.complete_keys(ARRAY['a'], ARRAY[1], ARRAY[NULL]::jsonb[])",
+                "22004",
+                "results[i] must not be NULL",
+            ),
+            (
+                "SELECT once.complete_keys(ARRAY['a'], ARRAY[0], ARRAY['1']::jsonb[])",
+                "22023",
+                "token must be positive",
+            ),
+            (
+                "SELECT once.complete_keys(NULL, ARRAY[1], ARRAY['1']::jsonb[])",
+                "22004",
+                "keys must not be NULL",
+            ),
+        ];
+        let before = snapshot();
+        let queues = text("SELECT string_agg(name, ',' ORDER BY name) FROM once.queues");
+        for (sql, state, msg) in cases {
+            assert_error(sql, state, msg);
+        }
+        assert_eq!(snapshot(), before);
+        assert_eq!(
+            text("SELECT string_agg(name, ',' ORDER BY name) FROM once.queues"),
+            queues
+        );
+    }
+}

@@ -1,0 +1,274 @@
+//! Queue mode: enqueue_key and claim_next, refresh, backoff and dead letters, the attempt
+//! history, batch invalidation and completion, once.queue_stats.
+
+#[pgrx::pg_schema]
+mod tests {
+    use crate::tests::{claim_next, kill_owner, one, text};
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn enqueue_is_idempotent_per_key_and_claim_next_hands_it_out_once() {
+        assert_eq!(
+            text("SELECT once.enqueue_key('job', '{\"n\": 1}')"),
+            "queued"
+        );
+        assert_eq!(
+            text("SELECT once.enqueue_key('job', '{\"n\": 2}')"),
+            "duplicate"
+        );
+        let payload = one::<String>("SELECT payload::text FROM once.claim_next()");
+        assert_eq!(
+            payload.as_deref(),
+            Some("{\"n\": 1}"),
+            "the first payload stands"
+        );
+        assert!(
+            claim_next("default", 10).is_empty(),
+            "a claimed key is not handed out again"
+        );
+        assert_eq!(
+            text("SELECT once.enqueue_key('job')"),
+            "duplicate",
+            "running: not duplicated"
+        );
+        let token = one::<i64>("SELECT token FROM once.entries WHERE key = 'job'").unwrap();
+        Spi::run(&format!(
+            "SELECT once.complete_key('job', {token}, '\"v1\"')"
+        ))
+        .unwrap();
+        assert_eq!(
+            text("SELECT once.enqueue_key('job')"),
+            "cached",
+            "a fresh result is kept"
+        );
+    }
+
+    #[pg_test]
+    fn refresh_keeps_serving_the_previous_result_until_the_new_one_lands() {
+        Spi::run("SELECT once.enqueue_key('page')").unwrap();
+        let (_, token, _) = claim_next("default", 1)[0].clone();
+        Spi::run(&format!(
+            "SELECT once.complete_key('page', {token}, '\"old\"')"
+        ))
+        .unwrap();
+        assert_eq!(
+            text("SELECT once.enqueue_key('page', refresh => true)"),
+            "requeued"
+        );
+        assert_eq!(
+            text("SELECT outcome || ' ' || result::text FROM once.claim_key('page')"),
+            "hit \"old\""
+        );
+        let (_, token, attempt) = claim_next("default", 1)[0].clone();
+        assert_eq!(attempt, 1);
+        assert_eq!(
+            text("SELECT outcome || ' ' || result::text FROM once.claim_key('page')"),
+            "hit \"old\""
+        );
+        Spi::run(&format!(
+            "SELECT once.complete_key('page', {token}, '\"new\"')"
+        ))
+        .unwrap();
+        assert_eq!(
+            text("SELECT result::text FROM once.claim_key('page')"),
+            "\"new\""
+        );
+    }
+
+    #[pg_test]
+    fn failures_back_off_then_stay_failed_as_a_dead_letter() {
+        Spi::run("SELECT once.create_queue('q', max_attempts => 2, backoff => '10 seconds')")
+            .unwrap();
+        Spi::run("SELECT once.enqueue_key('k', queue => 'q')").unwrap();
+        let (_, token, attempt) = claim_next("q", 1)[0].clone();
+        assert_eq!(attempt, 1);
+        assert_eq!(
+            one::<bool>(&format!("SELECT once.fail_key('k', {token}, 'timeout')")),
+            Some(true)
+        );
+        // Back in the queue, due after 5 to 10 s (10 s with jitter), with the error counted.
+        assert_eq!(
+            text("SELECT state || ' ' || errors || ' ' || (run_at - clock_timestamp() BETWEEN '4 s' AND '10 s') FROM once.entries WHERE key = 'k'"),
+            "queued 1 true"
+        );
+        assert!(claim_next("q", 1).is_empty(), "not due yet");
+        Spi::run("UPDATE once.entries SET run_at = clock_timestamp() WHERE key = 'k'").unwrap();
+        let (_, token, attempt) = claim_next("q", 1)[0].clone();
+        assert_eq!(attempt, 2);
+        Spi::run(&format!(
+            "SELECT once.fail_key('k', {token}, 'timeout again')"
+        ))
+        .unwrap();
+        assert_eq!(
+            text(
+                "SELECT state || ' ' || (retry_at = 'infinity') FROM once.entries WHERE key = 'k'"
+            ),
+            "failed true"
+        );
+        assert_eq!(
+            text("SELECT outcome || ': ' || error FROM once.claim_key('k')"),
+            "failed: timeout again"
+        );
+        assert_eq!(
+            text("SELECT key || ' ' || attempts FROM once.dead_letters"),
+            "k 2"
+        );
+        // Re-enqueued, it gets a new budget of attempts.
+        assert_eq!(
+            text("SELECT once.enqueue_key('k', queue => 'q')"),
+            "requeued"
+        );
+        assert_eq!(claim_next("q", 1)[0].2, 1);
+    }
+
+    #[pg_test]
+    fn claim_next_takes_fewest_errors_then_priority_then_oldest() {
+        Spi::run("SELECT once.create_queue('order')").unwrap();
+        Spi::run("SELECT once.enqueue_key('old-low', queue => 'order', priority => 5, run_at => now() - interval '3 minutes')").unwrap();
+        Spi::run("SELECT once.enqueue_key('new-high', queue => 'order', priority => 1, run_at => now() - interval '1 minute')").unwrap();
+        Spi::run("SELECT once.enqueue_key('old-high', queue => 'order', priority => 1, run_at => now() - interval '2 minutes')").unwrap();
+        Spi::run("SELECT once.enqueue_key('erring', queue => 'order', priority => 0, run_at => now() - interval '9 minutes')").unwrap();
+        Spi::run("UPDATE once.entries SET errors = 3 WHERE key = 'erring'").unwrap();
+        Spi::run("SELECT once.enqueue_key('future', queue => 'order', run_at => now() + interval '1 hour')").unwrap();
+        let order: Vec<String> = (0..5)
+            .flat_map(|_| claim_next("order", 1))
+            .map(|c| c.0)
+            .collect();
+        assert_eq!(order, ["old-high", "new-high", "old-low", "erring"]);
+    }
+
+    #[pg_test]
+    fn release_returns_a_queued_key_without_counting_the_attempt() {
+        Spi::run("SELECT once.enqueue_key('r')").unwrap();
+        let (_, token, _) = claim_next("default", 1)[0].clone();
+        assert_eq!(
+            one::<bool>(&format!("SELECT once.release_key('r', {token})")),
+            Some(true)
+        );
+        assert_eq!(
+            text("SELECT state || ' ' || attempts FROM once.entries WHERE key = 'r'"),
+            "queued 0"
+        );
+        assert_eq!(claim_next("default", 1)[0].2, 1);
+    }
+
+    #[pg_test]
+    fn every_ended_attempt_is_in_the_history() {
+        Spi::run("SELECT once.enqueue_key(k) FROM unnest(ARRAY['a', 'b', 'c', 'd']) k").unwrap();
+        let claimed = claim_next("default", 4);
+        assert_eq!(claimed.len(), 4);
+        let token = |k: &str| claimed.iter().find(|c| c.0 == k).unwrap().1;
+        Spi::run(&format!(
+            "SELECT once.complete_key('a', {}, '1')",
+            token("a")
+        ))
+        .unwrap();
+        Spi::run(&format!(
+            "SELECT once.fail_key('b', {}, 'boom')",
+            token("b")
+        ))
+        .unwrap();
+        Spi::run(&format!("SELECT once.release_key('c', {})", token("c"))).unwrap();
+        Spi::run("SELECT once.invalidate_key('d')").unwrap();
+        let history = text(
+            "SELECT string_agg(key || ':' || outcome || ':' || coalesce(error, '-'), ' ' ORDER BY key) FROM once.attempts",
+        );
+        assert_eq!(
+            history,
+            "a:completed:- b:failed:boom c:released:- d:cancelled:-"
+        );
+        assert_eq!(one::<bool>("SELECT bool_and(started_at <= finished_at AND worker IS NOT NULL) FROM once.attempts"), Some(true));
+    }
+
+    #[pg_test]
+    fn a_dead_worker_counts_as_an_attempt() {
+        Spi::run("SELECT once.create_queue('fragile', max_attempts => 1)").unwrap();
+        Spi::run("SELECT once.enqueue_key('crasher', queue => 'fragile')").unwrap();
+        Spi::run("SELECT once.enqueue_key('victim', queue => 'default')").unwrap();
+        claim_next("fragile", 1);
+        claim_next("default", 1);
+        kill_owner("crasher");
+        kill_owner("victim");
+        assert_eq!(
+            one::<i64>("SELECT reclaimed FROM once.reap_stale()"),
+            Some(2)
+        );
+        // Its only attempt was used: it stays failed. The other goes back with a backoff.
+        assert_eq!(
+            text("SELECT state::text FROM once.entries WHERE key = 'crasher'"),
+            "failed"
+        );
+        assert_eq!(text("SELECT state || ' ' || (run_at > clock_timestamp()) FROM once.entries WHERE key = 'victim'"), "queued true");
+        assert_eq!(
+            text("SELECT string_agg(outcome, ',') FROM once.attempts"),
+            "abandoned,abandoned"
+        );
+    }
+
+    #[pg_test]
+    fn invalidate_keys_by_queue_or_prefix() {
+        Spi::run("SELECT once.create_queue('batch')").unwrap();
+        Spi::run("SELECT once.enqueue_key('https://a.example/' || i, queue => 'batch') FROM generate_series(1, 5) i").unwrap();
+        Spi::run("SELECT once.enqueue_key('https://b.example/' || i) FROM generate_series(1, 3) i")
+            .unwrap();
+        let (key, token, _) = claim_next("batch", 1)[0].clone();
+        assert_eq!(
+            one::<i64>("SELECT once.invalidate_keys(prefix => 'https://b.example/')"),
+            Some(3)
+        );
+        assert_eq!(
+            one::<i64>("SELECT once.invalidate_keys(queue => 'batch')"),
+            Some(5)
+        );
+        assert_eq!(one::<i64>("SELECT count(*) FROM once.entries"), Some(0));
+        assert_eq!(
+            Spi::get_one_with_args::<bool>(
+                "SELECT once.complete_key($1, $2, '1')",
+                &[key.as_str().into(), token.into()]
+            )
+            .unwrap(),
+            Some(false),
+            "a cancelled worker's result is refused"
+        );
+    }
+
+    #[pg_test]
+    fn complete_keys_completes_the_current_claims_of_a_batch() {
+        Spi::run("SELECT once.enqueue_key(k) FROM unnest(ARRAY['x', 'y', 'z']) k").unwrap();
+        let claimed = claim_next("default", 3);
+        let keys: Vec<&str> = claimed.iter().map(|c| c.0.as_str()).collect();
+        let mut tokens: Vec<i64> = claimed.iter().map(|c| c.1).collect();
+        tokens[1] += 1000; // a claim this worker no longer holds
+        let done = text(&format!(
+            "SELECT string_agg(key, ',' ORDER BY key) FROM once.complete_keys(ARRAY{keys:?}::text[], ARRAY{tokens:?}, ARRAY['1', '2', '3']::jsonb[])"
+        ).replace('"', "'"));
+        let mut expected = [keys[0], keys[2]];
+        expected.sort();
+        assert_eq!(done, expected.join(","));
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM once.entries WHERE state = 'done'"),
+            Some(2)
+        );
+    }
+
+    #[pg_test]
+    fn queue_stats_show_depth_due_running_and_dead() {
+        Spi::run("SELECT once.create_queue('s', max_attempts => 1)").unwrap();
+        Spi::run("SELECT once.enqueue_key('due' || i, queue => 's') FROM generate_series(1, 3) i")
+            .unwrap();
+        Spi::run(
+            "SELECT once.enqueue_key('later', queue => 's', run_at => now() + interval '1 hour')",
+        )
+        .unwrap();
+        let claimed = claim_next("s", 2);
+        Spi::run(&format!(
+            "SELECT once.fail_key('{}', {}, 'x')",
+            claimed[0].0, claimed[0].1
+        ))
+        .unwrap();
+        assert_eq!(
+            text("SELECT format('%s %s %s %s %s', depth, due, running, dead, failed_last_minute) FROM once.queue_stats WHERE queue = 's'"),
+            "2 1 1 1 1"
+        );
+    }
+}
