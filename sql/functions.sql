@@ -237,10 +237,11 @@ COMMENT ON FUNCTION once.backend_alive(integer, timestamptz) IS
 $$Whether the backend with this pid that started at this time is still running (the
 pid alone could have been reused). NULL if either argument is NULL.$$;
 
--- Not SECURITY DEFINER, unlike the others: claim_next calls it for every candidate row,
--- and entering a SECURITY DEFINER function with a pinned search_path costs more than the
--- answer. It checks that the caller may SELECT from once.entries (claim_next calls it as
--- the owner) and uses no search_path.
+-- claim_next's filter; why it exists: src/storage/entry.rs, `taken`. Not SECURITY DEFINER,
+-- unlike the others: claim_next calls it for every candidate row, and entering a SECURITY
+-- DEFINER function with a pinned search_path costs more than the answer. It checks that
+-- the caller may SELECT from once.entries (claim_next calls it as the owner) and uses no
+-- search_path.
 CREATE FUNCTION once.row_taken(tid)
 RETURNS boolean
 LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL SAFE
@@ -253,7 +254,7 @@ another transaction in progress. Either way claim_next passes over it without tr
 lock it. NULL if the argument is NULL.$$;
 
 CREATE FUNCTION once.runtime()
-RETURNS TABLE (shared_memory boolean, notify text, workers integer, counters bigint[])
+RETURNS TABLE (shared_memory boolean, notify text, workers integer, counters jsonb)
 LANGUAGE c VOLATILE SECURITY DEFINER PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'runtime_wrapper';
@@ -261,25 +262,26 @@ AS 'MODULE_PATHNAME', 'runtime_wrapper';
 COMMENT ON FUNCTION once.runtime() IS
 $$How pg_once runs here: shared_memory (preloaded: wake-ups, exact liveness, counters),
 notify (relay, direct or off, as in effect for this session), workers (pg_once workers
-running), and the counters since server start (NULL without shared memory). See once.stats.$$;
+running), and the counters since server start, by once.stats column (NULL without shared
+memory). See once.stats.$$;
 
 CREATE VIEW once.stats AS
 SELECT k.queued, k.running, k.done, k.failed, k.running_past_lease, k.expired_unpurged,
        k.oldest_claimed_at, k.errors, k.attempts, k.last_token,
        r.shared_memory, r.notify, r.workers,
-       r.counters[1]  AS claims,
-       r.counters[2]  AS hits,
-       r.counters[3]  AS waits,
-       r.counters[4]  AS wakeups,
-       r.counters[5]  AS takeovers,
-       r.counters[6]  AS completions,
-       r.counters[7]  AS failures,
-       r.counters[8]  AS releases,
-       r.counters[9]  AS invalidations,
-       r.counters[10] AS reaped,
-       r.counters[11] AS purged,
-       r.counters[12] AS notified_direct,
-       r.counters[13] AS notified_relayed
+       (r.counters->>'claims')::bigint AS claims,
+       (r.counters->>'hits')::bigint AS hits,
+       (r.counters->>'waits')::bigint AS waits,
+       (r.counters->>'wakeups')::bigint AS wakeups,
+       (r.counters->>'takeovers')::bigint AS takeovers,
+       (r.counters->>'completions')::bigint AS completions,
+       (r.counters->>'failures')::bigint AS failures,
+       (r.counters->>'releases')::bigint AS releases,
+       (r.counters->>'invalidations')::bigint AS invalidations,
+       (r.counters->>'reaped')::bigint AS reaped,
+       (r.counters->>'purged')::bigint AS purged,
+       (r.counters->>'notified_direct')::bigint AS notified_direct,
+       (r.counters->>'notified_relayed')::bigint AS notified_relayed
   FROM (SELECT count(*) FILTER (WHERE state = 'queued')  AS queued,
                count(*) FILTER (WHERE state = 'running') AS running,
                count(*) FILTER (WHERE state = 'done')    AS done,

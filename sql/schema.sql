@@ -66,6 +66,10 @@ CREATE TABLE once.entries (
     errors           integer NOT NULL DEFAULT 0,
     attempts         integer NOT NULL DEFAULT 0,
     retry_at         timestamptz,
+    -- how the key's last attempt ended: completed | failed | released | abandoned (its
+    -- owner was gone and a reaper took the claim back) | taken_over (its owner was gone
+    -- and a caller took the claim); NULL until an attempt has ended
+    last_outcome     text,
     created_at       timestamptz NOT NULL DEFAULT clock_timestamp(),
     claimed_at       timestamptz,
     completed_at     timestamptz,
@@ -181,10 +185,8 @@ CREATE TRIGGER entries_wake_queue
     WHEN (OLD.state = 'running' AND NEW.state = 'queued')
     EXECUTE FUNCTION once.wake_queue();
 
--- Record how each attempt at a queued key ended. The outcome follows from the change:
--- deleted (invalidated) = cancelled; a new token = taken_over (its owner was gone);
--- done = completed; no new error = released; an "owner ... is gone" error = abandoned
--- (reaped); any other error = failed.
+-- Record how each attempt at a queued key ended: as the statement that ended it says in
+-- last_outcome, or cancelled when the key was deleted (invalidated).
 CREATE FUNCTION once.record_attempt() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp
@@ -192,12 +194,7 @@ CREATE FUNCTION once.record_attempt() RETURNS trigger
 BEGIN
     INSERT INTO once.attempts (key_hash, key, queue, token, worker, started_at, outcome, error)
     VALUES (OLD.key_hash, OLD.key, OLD.queue, OLD.token, OLD.owner, OLD.claimed_at,
-            CASE WHEN TG_OP = 'DELETE' THEN 'cancelled'
-                 WHEN NEW.token <> OLD.token THEN 'taken_over'
-                 WHEN NEW.state = 'done' THEN 'completed'
-                 WHEN NEW.errors = OLD.errors THEN 'released'
-                 WHEN NEW.error LIKE 'owner % is gone:%' THEN 'abandoned'
-                 ELSE 'failed' END,
+            CASE WHEN TG_OP = 'DELETE' THEN 'cancelled' ELSE NEW.last_outcome END,
             CASE WHEN TG_OP = 'UPDATE' AND NEW.errors > OLD.errors THEN NEW.error END);
     RETURN NULL;
 END

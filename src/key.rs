@@ -1,17 +1,12 @@
-//! A cache key: its text, checked against the documented limits, and its SHA-256 digest,
-//! which is the primary key of once.entries and, in its first 8 bytes, the tag that
-//! shared-memory waiter slots hold.
+//! A cache key: its text (checked by api::args::key), its SHA-256 digest, which is the
+//! primary key of once.entries, and, in the digest's first 8 bytes, the tag that
+//! shared-memory waiter slots hold. Used by every layer.
 
-use crate::errors;
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-/// Longest key, in bytes. A key is also the NOTIFY payload, which must stay under 8,000
-/// bytes; 7,500 leaves room.
-pub const MAX_KEY_BYTES: usize = 7500;
-
-/// A checked key and its SHA-256 digest (the primary key of once.entries).
+/// A key and its SHA-256 digest (the primary key of once.entries).
 pub struct Key<'a> {
     pub text: &'a str,
     hash: pg_sys::Datum,
@@ -20,29 +15,15 @@ pub struct Key<'a> {
 }
 
 impl<'a> Key<'a> {
-    pub fn new(key: Option<&'a str>) -> Key<'a> {
-        let Some(text) = key else {
-            errors::null_argument("key", "Pass the cache key as text, e.g. a URL.");
-        };
-        if text.is_empty() {
-            errors::invalid_argument(
-                "key must not be empty".into(),
-                "Use a non-empty string that names what is being computed.",
-            );
-        }
-        if text.len() > MAX_KEY_BYTES {
-            errors::too_long(
-                format!("key is {} bytes long; the limit is {MAX_KEY_BYTES} bytes", text.len()),
-                "Keys are sent as NOTIFY payloads. Use a digest of long input as the key, e.g. encode(sha256(convert_to(url, 'UTF8')), 'hex').",
-            );
-        }
+    /// A key whose text was checked by api::args::key.
+    pub fn new(text: &'a str) -> Key<'a> {
         let hash = hash_key(text);
         // SAFETY: sha256_bytea returns a freshly built, untoasted bytea.
         let digest = unsafe { pgrx::varlena::varlena_to_byte_slice(hash.cast_mut_ptr()) };
         Key {
             text,
             hash,
-            tag: crate::shmem::key_tag(digest),
+            tag: tag_of(digest),
         }
     }
 
@@ -78,4 +59,12 @@ fn hash_key(text: &str) -> pg_sys::Datum {
         pgrx::fcinfo::direct_function_call_as_datum(pg_sys::sha256_bytea, &[text.into_datum()])
             .expect("sha256 of a value is never NULL")
     }
+}
+
+/// The first 8 bytes of a key digest: what waiter slots hold. Distinct keys sharing a
+/// prefix only cause a spurious wake-up, after which the waiter simply looks again.
+pub fn tag_of(digest: &[u8]) -> u64 {
+    let mut tag = [0u8; 8];
+    tag.copy_from_slice(&digest[..8]);
+    u64::from_le_bytes(tag).max(1) // 0 means "not waiting"
 }

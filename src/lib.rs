@@ -1,39 +1,28 @@
 //! pg_once: compute each expensive, cacheable key once across a fleet of processes.
 //!
 //! The SQL objects are declared by hand in sql/; this crate provides the C functions
-//! behind them. Modules, by concern:
-//! - `api`: the SQL-callable functions (argument checks, then the protocol)
-//! - `key`: a cache key, checked, and its digest (the primary key of once.entries)
-//! - `args` / `errors`: bad input → a specific SQLSTATE and an actionable message
-//! - `claim`: the claim protocol, every write of once.entries
-//! - `entry`: reading a key's row straight from the primary-key index
-//! - `queue`: queue mode (queues, enqueue, claim_next, batch operations)
-//! - `wait`: server-side waiting inside claim_key
-//! - `liveness`: who a claim names (`Me`, `Owner`) and whether that owner is still running
-//! - `notify`: the trigger that NOTIFYs channel `once` with the key
-//! - `shmem`: shared memory when preloaded (backend slots, relay queues, counters)
-//! - `worker`: the per-database background worker (reaper and NOTIFY relay)
-//! - `guc`: the once.* settings
-//! - `statements`, `subxact`, `jsonb`: plan caching, lock-free lost races, jsonb pass-through
+//! behind them. Layers, each calling only those below it (CONTRIBUTING.md, "Layers"):
+//! - `api`: the SQL surface. One function per SQL function: check the arguments
+//!   (`api::args`, pure validation), then call the protocol.
+//! - `protocol`: what the calls mean: `claim` (every write of a key), `queue` (queue
+//!   mode), `waiting` (claim_key and claim_next with `wait`), and `rules`, the SQL
+//!   fragments that several statements share.
+//! - `storage`: once.entries below the protocol: `statements` (plans with named
+//!   parameters), `entry` (index reads that bypass the executor), `subxact` (bounded
+//!   lock waits), `jsonb` (datums passed through).
+//! - `runtime`: `shmem` (backend slots, relay queues, counters), `wait` (latch sleeps),
+//!   `liveness` (who owns a claim, is it alive), `notify` (NOTIFY and wake-ups at
+//!   commit), `worker` (reaper and relay), `guc` (settings).
+//! - Used by all: `key` (a key, its digest and tag) and `errors` (how pg_once fails).
 
 use pgrx::prelude::*;
 
 mod api;
-mod args;
-mod claim;
-mod entry;
 mod errors;
-mod guc;
-mod jsonb;
 mod key;
-mod liveness;
-mod notify;
-mod queue;
-mod shmem;
-mod statements;
-mod subxact;
-mod wait;
-mod worker;
+mod protocol;
+mod runtime;
+mod storage;
 
 #[cfg(any(test, feature = "pg_test"))]
 mod tests;
@@ -47,13 +36,13 @@ extension_sql_file!("../sql/functions.sql", name = "functions", finalize);
 pub extern "C-unwind" fn _PG_init() {
     // SAFETY: reads a flag the postmaster sets while loading preload libraries.
     let preloading = unsafe { pgrx::pg_sys::process_shared_preload_libraries_in_progress };
-    guc::register(preloading);
+    runtime::guc::register(preloading);
     // Shared memory, commit callbacks and workers exist only when preloaded; otherwise
     // waiting polls, the trigger NOTIFYs directly and reap_stale is called by a scheduler.
     if preloading {
-        shmem::request();
-        notify::register_callbacks();
-        worker::register();
+        runtime::shmem::request();
+        runtime::notify::register_callbacks();
+        runtime::worker::register();
     }
 }
 

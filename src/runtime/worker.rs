@@ -9,8 +9,9 @@
 //! is restarted a second after a crash, does nothing where the extension is not
 //! installed, and exits with the postmaster.
 
-use crate::shmem;
-use crate::{claim, guc, notify};
+use crate::protocol::claim;
+use crate::runtime::shmem;
+use crate::runtime::{guc, notify};
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
@@ -64,29 +65,74 @@ pub extern "C-unwind" fn pg_once_worker_main(_arg: pg_sys::Datum) {
     log!("pg_once worker started for database {database}");
 
     let mut next_reap = Instant::now();
+    // Every wait below is a latch wait: SIGTERM and SIGHUP set the latch, so a stop or a
+    // reload is seen at once, whatever the worker was waiting for.
     loop {
         if BackgroundWorker::sigterm_received() {
             break;
         }
         if BackgroundWorker::sighup_received() {
-            // SAFETY: re-read postgresql.conf, as after any SIGHUP.
-            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            reload_settings();
         }
-        if relay(shared, queue) > 0 {
-            // Let the next batch gather: every listening backend is signalled once per
-            // batch and wakes to read it, so fewer, larger batches cost them far less.
-            std::thread::sleep(Duration::from_millis(guc::RELAY_INTERVAL_MS.get() as u64));
-        }
+        let sent = relay(shared, queue);
         if shared.take_reap_request(queue) || Instant::now() >= next_reap {
             reap();
             next_reap = Instant::now() + naptime();
         }
+        if sent > 0 {
+            // Let the next batch gather: every listening backend is signalled once per
+            // batch and wakes to read it, so fewer, larger batches cost them far less.
+            // Then relay again: keys pushed meanwhile found the queue non-empty and did
+            // not set the latch (see Shared::push).
+            match gather(Duration::from_millis(guc::RELAY_INTERVAL_MS.get() as u64)) {
+                Gathered::Elapsed => continue,
+                Gathered::Reload => {
+                    reload_settings();
+                    continue;
+                }
+                Gathered::Stop => break,
+            }
+        }
+        // The queue was empty at the last look: the next key pushed sets the latch.
         let until_reap = next_reap.saturating_duration_since(Instant::now());
         if !BackgroundWorker::wait_latch(Some(until_reap.max(Duration::from_millis(1)))) {
-            break; // postmaster died
+            break; // SIGTERM or postmaster death
         }
     }
     shared.detach_relay(queue);
+}
+
+fn reload_settings() {
+    // SAFETY: re-read postgresql.conf, as after any SIGHUP.
+    unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+}
+
+/// How a gathering sleep ended.
+enum Gathered {
+    Elapsed,
+    /// SIGHUP: settings are to be reloaded (the flag has been taken).
+    Reload,
+    /// SIGTERM, or the postmaster died.
+    Stop,
+}
+
+/// Sleep for `interval`, or until SIGTERM or SIGHUP. A latch set by a committing
+/// transaction does not end the sleep: the point is to let keys gather.
+fn gather(interval: Duration) -> Gathered {
+    let until = Instant::now() + interval;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Gathered::Elapsed;
+        }
+        // False on SIGTERM (whose flag it takes) or postmaster death.
+        if !BackgroundWorker::wait_latch(Some(left)) {
+            return Gathered::Stop;
+        }
+        if BackgroundWorker::sighup_received() {
+            return Gathered::Reload;
+        }
+    }
 }
 
 fn naptime() -> Duration {

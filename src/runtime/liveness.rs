@@ -10,7 +10,8 @@
 //! time comes from the server's backend status table (what pg_stat_activity.backend_start
 //! shows), a per-transaction copy that must be refreshed.
 
-use crate::{errors, guc, shmem};
+use crate::errors;
+use crate::runtime::{guc, shmem};
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;

@@ -7,9 +7,9 @@
 //! Writes stay SQL (see claim.rs): they need triggers, ON CONFLICT and index upkeep.
 
 use crate::errors;
-use crate::jsonb::Jsonb;
 use crate::key::Key;
-use crate::subxact::Blocked;
+use crate::storage::jsonb::Jsonb;
+use crate::storage::subxact::Blocked;
 use pgrx::datum::{FromDatum, TimestampWithTimeZone};
 use pgrx::memcxt::PgMemoryContexts;
 use pgrx::pg_sys;
@@ -242,10 +242,9 @@ unsafe fn once_relations<const N: usize>(names: [&CStr; N]) -> [pg_sys::Oid; N] 
 /// version. A holder that rolls back right after the check costs that one call the row,
 /// as SKIP LOCKED would have.)
 ///
-/// It runs ~100 times per claim_next call with 64 workers, so the SQL function is not
-/// SECURITY DEFINER: entering and leaving one (its pinned search_path) cost more than the
-/// answer. claim_next, which is, calls it as the extension's owner; anyone else needs
-/// SELECT on once.entries, as a direct look at the rows would.
+/// It runs ~100 times per claim_next call with 64 workers, which is why once.row_taken is
+/// not SECURITY DEFINER (sql/functions.sql says why) and checks the caller's SELECT
+/// privilege on once.entries itself.
 pub fn taken(tid: pg_sys::ItemPointerData) -> bool {
     // SAFETY: once.entries is opened with AccessShareLock (inside claim_next, which
     // already holds RowExclusiveLock, that is only a local count); the tid is checked

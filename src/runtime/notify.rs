@@ -13,8 +13,8 @@
 //! The key is passed to the server's pg_notify as a value, never spliced into SQL text,
 //! so any key (quotes, newlines, `'; DROP TABLE`) is delivered verbatim.
 
-use crate::guc::{self, NotifyMode};
-use crate::shmem::{self, Counter};
+use crate::runtime::guc::{self, NotifyMode};
+use crate::runtime::shmem::{self, Counter};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::RefCell;
@@ -72,29 +72,12 @@ fn key_resolved(key: &str, tag: u64) {
     }
 }
 
-/// Keys of `queue` became due in this transaction (enqueued, or sent back by a failure,
-/// release or reap): wake the workers waiting in claim_next for it, after commit.
-pub fn queue_has_work(queue: &str) {
+/// Wake the waiters announced on `tag` once this transaction commits (a queue's workers
+/// waiting in claim_next: see protocol::queue::wait_tag).
+pub fn wake_after_commit(tag: u64) {
     if shmem::shared().is_some() {
-        PENDING.with_borrow_mut(|p| p.wake.push(shmem::queue_tag(queue)));
+        PENDING.with_borrow_mut(|p| p.wake.push(tag));
     }
-}
-
-/// Trigger: a running key went back to its queue (a failure with retries left, a release,
-/// a reaped claim).
-#[pg_trigger(sql = false)]
-fn wake_queue<'a>(
-    trigger: &'a pgrx::PgTrigger<'a>,
-) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, PgHeapTupleError> {
-    if let Some(new) = trigger.new() {
-        if let Some(queue) = new
-            .get_by_name::<&str>("queue")
-            .unwrap_or_else(|e| error!("pg_once: {e}"))
-        {
-            queue_has_work(queue);
-        }
-    }
-    Ok(None)
 }
 
 #[pg_trigger(sql = false)]
@@ -111,7 +94,7 @@ fn notify_key_resolved<'a>(
             .unwrap_or_else(|e| error!("pg_once: {e}"));
         key_resolved(
             key.expect("once.entries.key is NOT NULL"),
-            shmem::key_tag(digest.expect("once.entries.key_hash is NOT NULL")),
+            crate::key::tag_of(digest.expect("once.entries.key_hash is NOT NULL")),
         );
     }
     Ok(None)

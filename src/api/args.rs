@@ -1,14 +1,40 @@
 //! Checks every SQL argument against the rules of docs/sql-reference.md ("Bad input raises
-//! an error and changes nothing") and turns it into a value the protocol can use. All
-//! checks run before any statement touches once.entries.
+//! an error and changes nothing") and turns it into a value the protocol can use. Pure
+//! validation: no statement runs here, and every check runs before any statement
+//! touches once.entries. (What needs the database, such as whether a queue exists, is
+//! asked of the protocol by the API layer.)
 
 use crate::errors;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
+
+/// Longest key, in bytes. A key is also the NOTIFY payload, which must stay under 8,000
+/// bytes; 7,500 leaves room.
+pub const MAX_KEY_BYTES: usize = 7500;
 
 const SECOND: i128 = 1_000_000;
 const DAY: i128 = 86_400 * SECOND;
 /// Interval lengths are compared the way PostgreSQL compares intervals: a month is 30 days.
 const YEAR: i128 = 360 * DAY;
+
+/// A cache key: not empty, at most MAX_KEY_BYTES.
+pub fn key(key: Option<&str>) -> &str {
+    let Some(text) = key else {
+        errors::null_argument("key", "Pass the cache key as text, e.g. a URL.");
+    };
+    if text.is_empty() {
+        errors::invalid_argument(
+            "key must not be empty".into(),
+            "Use a non-empty string that names what is being computed.",
+        );
+    }
+    if text.len() > MAX_KEY_BYTES {
+        errors::too_long(
+            format!("key is {} bytes long; the limit is {MAX_KEY_BYTES} bytes", text.len()),
+            "Keys are sent as NOTIFY payloads. Use a digest of long input as the key, e.g. encode(sha256(convert_to(url, 'UTF8')), 'hex').",
+        );
+    }
+    text
+}
 
 /// A fencing token handed out by claim_key or claim_next: positive, never NULL.
 pub fn token(token: Option<i64>) -> i64 {
@@ -99,7 +125,7 @@ pub fn required<T>(value: Option<T>, name: &str, hint: &str) -> T {
     value.unwrap_or_else(|| errors::null_argument(name, hint))
 }
 
-/// The name of an existing queue.
+/// A queue's name (whether the queue exists is protocol::queue::require).
 pub fn queue(queue: Option<&str>) -> &str {
     let hint = "Name a queue created with once.create_queue, e.g. 'default'.";
     let Some(queue) = queue else {
@@ -107,15 +133,6 @@ pub fn queue(queue: Option<&str>) -> &str {
     };
     if queue.is_empty() {
         errors::invalid_argument("queue must not be empty".into(), hint);
-    }
-    if !crate::queue::queue_exists(queue) {
-        errors::undefined_object(
-            format!("queue \"{queue}\" does not exist"),
-            &format!(
-                "Create it first: SELECT once.create_queue('{}');",
-                queue.replace('\'', "''")
-            ),
-        );
     }
     queue
 }

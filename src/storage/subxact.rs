@@ -25,12 +25,17 @@ use std::ffi::CString;
 #[derive(Debug)]
 pub struct Blocked;
 
-/// Run `f` in a subtransaction in which no lock wait lasts longer than `lock_timeout_ms`
-/// (at least 1 ms). Keep its effects if `won(&result)`, roll them (and every lock `f` took)
-/// back otherwise. A lock wait that times out rolls back and returns Blocked; any other
-/// error rolls back and propagates.
+/// How long a write may wait for another transaction's lock, in milliseconds (at least 1
+/// is used): what is left of the caller's `wait`.
+#[derive(Clone, Copy, Debug)]
+pub struct LockBudget(pub i64);
+
+/// Run `f` in a subtransaction in which no lock wait lasts longer than `budget`. Keep its
+/// effects if `won(&result)`, roll them (and every lock `f` took) back otherwise. A lock
+/// wait that times out rolls back and returns Blocked; any other error rolls back and
+/// propagates.
 pub fn keep_if<R>(
-    lock_timeout_ms: i64,
+    budget: LockBudget,
     f: impl FnOnce() -> R,
     won: impl FnOnce(&R) -> bool,
 ) -> Result<R, Blocked> {
@@ -50,7 +55,7 @@ pub fn keep_if<R>(
         pg_sys::MemoryContextSwitchTo(context);
         let guc_level = pg_sys::NewGUCNestLevel();
         let outcome = PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
-            set_lock_timeout(lock_timeout_ms.clamp(1, i32::MAX as i64));
+            set_lock_timeout(budget.0.clamp(1, i32::MAX as i64));
             Ok(f())
         }))
         .catch_when(PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE, |_| Err(Blocked))

@@ -16,14 +16,14 @@
 //! out (see subxact.rs). Only two claims racing within the same instant block on each
 //! other, for as long as the first one's statement takes.
 
-use crate::entry::{self, Entry};
-use crate::jsonb::Jsonb;
 use crate::key::Key;
-use crate::liveness::{self, Me, Owner, OwnerWatch};
-use crate::shmem::{self, Counter};
-use crate::statements::types::*;
-use crate::statements::{self, Statement};
-use crate::subxact::{self, Blocked};
+use crate::protocol::rules::*;
+use crate::runtime::liveness::{self, Me, Owner, OwnerWatch};
+use crate::runtime::shmem::{self, Counter};
+use crate::storage::entry::{self, Entry};
+use crate::storage::jsonb::Jsonb;
+use crate::storage::statements::{self, params, Param, Statement};
+use crate::storage::subxact::{self, Blocked, LockBudget};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::prelude::*;
 
@@ -61,82 +61,78 @@ pub enum Claim {
     },
 }
 
-static INSERT_CLAIM: Statement = Statement::new(
-    "INSERT INTO once.entries (key_hash, key, state, token, owner, owner_pid, owner_started,
-                               lease_only, lease_expires_at, attempts, claimed_at)
-     VALUES ($1, $2, 'running', nextval('once.token_seq'), $3, $4, $5, $6,
-             clock_timestamp() + $7, 1, clock_timestamp())
+static INSERT_CLAIM: Statement = Statement::new(concat!(
+    "INSERT INTO once.entries (key_hash, key, attempts, ",
+    claimant_columns!(),
+    ")
+     VALUES ($key_hash, $key, 1, ",
+    claimant_values!(),
+    ")
      ON CONFLICT (key_hash) DO NOTHING
-     RETURNING token, lease_expires_at, attempts",
-    &[BYTEA, TEXT, TEXT, INT4, TIMESTAMPTZ, BOOL, INTERVAL],
-);
+     RETURNING token, lease_expires_at, attempts"
+));
 
 // Claims a key that exists but may be claimed: expired result, failure whose retry time has
-// come, or a claim whose owner is gone ($9 says why; the takeover counts as an error).
-// `token = $2 AND state = $3` makes the claim conditional on nothing having changed since
-// the key was read, and a running key is taken only if its owner is still gone when the
-// row is locked (a heartbeat may have just extended the lease). Run through
-// subxact::keep_if, so a lost race leaves no lock behind.
-static TAKE_CLAIM: Statement = Statement::new(
+// come, or a claim whose owner is gone ($gone_reason says why; the takeover counts as an
+// error). `token = $seen_token AND state = $seen_state` makes the claim conditional on
+// nothing having changed since the key was read, and a running key is taken only if its
+// owner is still gone when the row is locked (a heartbeat may have just extended the
+// lease). Run through subxact::keep_if, so a lost race leaves no lock behind.
+static TAKE_CLAIM: Statement = Statement::new(concat!(
     "UPDATE once.entries
-        SET state = 'running', token = nextval('once.token_seq'),
-            owner = $4, owner_pid = $5, owner_started = $6, lease_only = $7,
-            lease_expires_at = clock_timestamp() + $8,
-            claimed_at = clock_timestamp(), updated_at = clock_timestamp(),
+        SET (",
+    claimant_columns!(),
+    ") = (",
+    claimant_values!(),
+    "),
             attempts = CASE WHEN state = 'done' THEN 1 ELSE attempts + 1 END,
             errors = CASE WHEN state = 'done' THEN 0
                           WHEN state = 'running' THEN errors + 1 ELSE errors END,
             error = CASE WHEN state = 'done' THEN NULL
-                         WHEN state = 'running' THEN format('owner %s (token %s) is gone: %s; claim taken over', owner, token, $9)
+                         WHEN state = 'running' THEN ",
+    owner_gone_error!("", "$gone_reason", "taken over"),
+    "
                          ELSE error END,
+            last_outcome = CASE WHEN state = 'running' THEN 'taken_over' ELSE last_outcome END,
             result = NULL, expires_at = NULL, retry_at = NULL
-      WHERE key_hash = $1 AND token = $2 AND state = $3::once.key_state
-        AND (state <> 'running' OR lease_expires_at <= clock_timestamp()
-             OR (NOT lease_only AND NOT once.backend_alive(owner_pid, owner_started)))
-     RETURNING token, lease_expires_at, attempts",
-    &[BYTEA, INT8, TEXT, TEXT, INT4, TIMESTAMPTZ, BOOL, INTERVAL, TEXT],
-);
+      WHERE key_hash = $key_hash AND token = $seen_token AND state = $seen_state::once.key_state
+        AND (state <> 'running' OR ",
+    owner_gone!(""),
+    ")
+     RETURNING token, lease_expires_at, attempts"
+));
 
-static COMPLETE: Statement = Statement::new(
-    "UPDATE once.entries
-        SET state = 'done', result = $3, expires_at = clock_timestamp() + $4,
-            completed_at = clock_timestamp(), updated_at = clock_timestamp(),
-            lease_expires_at = NULL, error = NULL, retry_at = NULL
-      WHERE key_hash = $1 AND token = $2 AND state = 'running'",
-    &[BYTEA, INT8, JSONB, INTERVAL],
-);
+static COMPLETE: Statement = Statement::new(concat!(
+    "UPDATE once.entries SET ",
+    completed!("$result"),
+    "
+      WHERE key_hash = $key_hash AND token = $token AND state = 'running'"
+));
 
-// A failure is served to callers until retry_at. A queued key instead goes back to its
-// queue after an exponential backoff with jitter, until it has been claimed max_attempts
-// times; then it stays failed (retry_at = infinity: a dead letter, until re-enqueued).
-static FAIL: Statement = Statement::new(
+// A failure is served to callers until retry_at; a queued key goes back to its queue
+// instead (rules::failed_attempt).
+static FAIL: Statement = Statement::new(concat!(
     "WITH policy AS (
-         SELECT e.key_hash, e.queue IS NOT NULL AS queued_key,
-                e.attempts >= coalesce(e.max_attempts, q.max_attempts, 1) AS dead,
-                least(q.max_backoff, q.backoff * power(2, greatest(e.attempts - 1, 0)))
-                    * (0.5 + random() / 2) AS backoff
+         SELECT e.key_hash, ",
+    retry_policy!(),
+    "
            FROM once.entries e LEFT JOIN once.queues q ON q.name = e.queue
-          WHERE e.key_hash = $1 AND e.token = $2 AND e.state = 'running')
+          WHERE e.key_hash = $key_hash AND e.token = $token AND e.state = 'running')
      UPDATE once.entries AS e
-        SET state = CASE WHEN p.queued_key AND NOT p.dead THEN 'queued'
-                         ELSE 'failed' END::once.key_state,
-            retry_at = CASE WHEN NOT p.queued_key THEN clock_timestamp() + $4
-                            WHEN p.dead THEN 'infinity' END,
-            run_at = CASE WHEN p.queued_key AND NOT p.dead
-                          THEN clock_timestamp() + greatest($4, p.backoff) ELSE e.run_at END,
-            error = $3, errors = e.errors + 1, lease_expires_at = NULL,
-            updated_at = clock_timestamp()
+        SET ",
+    failed_attempt!("p.", "$retry_after"),
+    ",
+            error = $error, last_outcome = 'failed'
        FROM policy p
-      WHERE e.key_hash = $1 AND e.key_hash = p.key_hash AND e.token = $2 AND e.state = 'running'",
-    &[BYTEA, INT8, TEXT, INTERVAL],
-);
+      WHERE e.key_hash = $key_hash AND e.key_hash = p.key_hash AND e.token = $token
+        AND e.state = 'running'"
+));
 
 static HEARTBEAT: Statement = Statement::new(
     "UPDATE once.entries
-        SET lease_expires_at = clock_timestamp() + $3, updated_at = clock_timestamp()
-      WHERE key_hash = $1 AND token = $2 AND state = 'running'
+        SET lease_expires_at = clock_timestamp() + $lease, updated_at = clock_timestamp()
+      WHERE key_hash = $key_hash AND token = $token AND state = 'running'
      RETURNING lease_expires_at",
-    &[BYTEA, INT8, INTERVAL],
 );
 
 // A released key becomes absent, so the next caller claims it as if it were cold (tokens
@@ -145,62 +141,56 @@ static HEARTBEAT: Statement = Statement::new(
 static RELEASE: Statement = Statement::new(
     "WITH gone AS (
          DELETE FROM once.entries
-          WHERE key_hash = $1 AND token = $2 AND state = 'running' AND queue IS NULL
+          WHERE key_hash = $key_hash AND token = $token AND state = 'running' AND queue IS NULL
          RETURNING 1),
      requeued AS (
          UPDATE once.entries
             SET state = 'queued', attempts = greatest(attempts - 1, 0),
                 run_at = clock_timestamp(), lease_expires_at = NULL,
-                updated_at = clock_timestamp()
-          WHERE key_hash = $1 AND token = $2 AND state = 'running' AND queue IS NOT NULL
+                updated_at = clock_timestamp(), last_outcome = 'released'
+          WHERE key_hash = $key_hash AND token = $token AND state = 'running'
+            AND queue IS NOT NULL
          RETURNING 1)
      SELECT 1 FROM gone UNION ALL SELECT 1 FROM requeued",
-    &[BYTEA, INT8],
 );
 
 static INVALIDATE: Statement =
-    Statement::new("DELETE FROM once.entries WHERE key_hash = $1", &[BYTEA]);
+    Statement::new("DELETE FROM once.entries WHERE key_hash = $key_hash");
 
 // Claims whose owner is gone become `failed` with retry_at = now: claimable at once, the
 // error recorded and counted, waiters notified by the trigger. Queued keys go back to
 // their queue after a backoff, unless that was their last attempt. SKIP LOCKED: a reaper
 // never waits for anybody, so any number of them can run at the same time.
-static REAP_GONE_OWNERS: Statement = Statement::new(
+static REAP_GONE_OWNERS: Statement = Statement::new(concat!(
     "WITH gone AS (
          SELECT e.key_hash,
                 CASE WHEN e.lease_expires_at <= clock_timestamp() THEN 'lease expired'
-                     ELSE 'backend exited' END AS why,
-                e.queue IS NOT NULL AS queued_key,
-                e.attempts >= coalesce(e.max_attempts, q.max_attempts, 1) AS dead,
-                least(q.max_backoff, q.backoff * power(2, greatest(e.attempts - 1, 0)))
-                    * (0.5 + random() / 2) AS backoff
+                     ELSE 'backend exited' END AS why, ",
+    retry_policy!(),
+    "
            FROM once.entries e LEFT JOIN once.queues q ON q.name = e.queue
-          WHERE e.state = 'running'
-            AND (e.lease_expires_at <= clock_timestamp()
-                 OR (NOT e.lease_only AND NOT once.backend_alive(e.owner_pid, e.owner_started)))
+          WHERE e.state = 'running' AND ",
+    owner_gone!("e."),
+    "
             FOR UPDATE OF e SKIP LOCKED)
      UPDATE once.entries AS e
-        SET state = CASE WHEN g.queued_key AND NOT g.dead THEN 'queued'
-                         ELSE 'failed' END::once.key_state,
-            retry_at = CASE WHEN NOT g.queued_key THEN clock_timestamp()
-                            WHEN g.dead THEN 'infinity' END,
-            run_at = CASE WHEN g.queued_key AND NOT g.dead
-                          THEN clock_timestamp() + g.backoff ELSE e.run_at END,
-            errors = e.errors + 1,
-            error = format('owner %s (token %s) is gone: %s; claim reaped', e.owner, e.token, g.why),
-            lease_expires_at = NULL, updated_at = clock_timestamp()
+        SET ",
+    failed_attempt!("g.", "'0'::interval"),
+    ",
+            error = ",
+    owner_gone_error!("e.", "g.why", "reaped"),
+    ",
+            last_outcome = 'abandoned'
        FROM gone g
-      WHERE e.key_hash = ANY (ARRAY(SELECT key_hash FROM gone)) AND e.key_hash = g.key_hash",
-    &[],
-);
+      WHERE e.key_hash = ANY (ARRAY(SELECT key_hash FROM gone)) AND e.key_hash = g.key_hash"
+));
 
 static PURGE_HISTORY: Statement = Statement::new(
     "DELETE FROM once.attempts
       WHERE ctid = ANY (ARRAY(
             SELECT ctid FROM once.attempts
-             WHERE finished_at < clock_timestamp() - make_interval(secs => $1)
-             LIMIT $2))",
-    &[FLOAT8, INT8],
+             WHERE finished_at < clock_timestamp() - make_interval(secs => $retention_s)
+             LIMIT $batch))",
 );
 
 static PURGE_EXPIRED: Statement = Statement::new(
@@ -208,17 +198,22 @@ static PURGE_EXPIRED: Statement = Statement::new(
          SELECT key_hash FROM once.entries
           WHERE expires_at <= clock_timestamp() AND state = 'done'
           ORDER BY expires_at
-          LIMIT $1
+          LIMIT $batch
             FOR UPDATE SKIP LOCKED)
      DELETE FROM once.entries AS e USING expired
       WHERE e.key_hash = ANY (ARRAY(SELECT key_hash FROM expired)) AND e.key_hash = expired.key_hash",
-    &[INT8],
 );
 
-/// How long a claim's write may wait for another transaction's lock, in milliseconds (at
-/// least 1): what is left of the caller's `wait`.
-#[derive(Clone, Copy)]
-pub struct LockBudget(pub i64);
+/// The parameters of rules::claimant_values: who claims, and for how long.
+pub fn claimant_params(me: &Me, lease: Interval) -> [Param<'static>; 5] {
+    params![
+        owner = me.label.clone(),
+        owner_pid = me.pid,
+        owner_started = me.started_param(),
+        lease_only = me.lease_only,
+        lease = lease,
+    ]
+}
 
 /// One look at the key, claiming it if it may be claimed. Never waits for the owner, and
 /// waits for another transaction's lock at most `budget`.
@@ -338,9 +333,11 @@ fn claimed_from(table: pgrx::spi::SpiTupleTable<'_>, me: &Me) -> pgrx::spi::Resu
     shmem::count(Counter::Claimed);
     let row = table.first();
     Ok(Some(Claim::Claimed {
-        token: row.get(1)?.expect("token is NOT NULL"),
-        lease_expires_at: row.get(2)?.expect("a claim has a lease"),
-        attempts: row.get(3)?.unwrap_or(1),
+        token: row.get_by_name("token")?.expect("token is NOT NULL"),
+        lease_expires_at: row
+            .get_by_name("lease_expires_at")?
+            .expect("a claim has a lease"),
+        attempts: row.get_by_name("attempts")?.unwrap_or(1),
         owner: me.label.clone(),
     }))
 }
@@ -353,20 +350,14 @@ fn insert_claim(
 ) -> Result<Option<Claim>, Blocked> {
     let me = &Me::new(None, owner);
     owner.before_claiming(Some(key.tag));
-    let args = [
-        key.hash_param(),
-        key.text_param(),
-        me.label.clone().into(),
-        me.pid.into(),
-        me.started_param(),
-        me.lease_only.into(),
-        lease.into(),
-    ];
+    let args = params![key_hash = key.hash_param(), key = key.text_param()]
+        .into_iter()
+        .chain(claimant_params(me, lease));
     // In a subtransaction: an insert that lost to a committed one leaves no lock behind,
     // and one that meets an uncommitted one gives up at the budget.
     subxact::keep_if(
-        budget.0,
-        || statements::run(&INSERT_CLAIM, &args, |table| claimed_from(table, me)),
+        budget,
+        || statements::run(&INSERT_CLAIM, args, |table| claimed_from(table, me)),
         Option::is_some,
     )
 }
@@ -381,20 +372,17 @@ fn take_claim(
 ) -> Result<Option<Claim>, Blocked> {
     let me = &Me::new(None, owner);
     owner.before_claiming(Some(key.tag));
-    let args = [
-        key.hash_param(),
-        seen.token.into(),
-        seen.state.clone().into(),
-        me.label.clone().into(),
-        me.pid.into(),
-        me.started_param(),
-        me.lease_only.into(),
-        lease.into(),
-        gone_reason.map(str::to_owned).into(),
-    ];
+    let args = params![
+        key_hash = key.hash_param(),
+        seen_token = seen.token,
+        seen_state = seen.state.as_str(),
+        gone_reason = gone_reason,
+    ]
+    .into_iter()
+    .chain(claimant_params(me, lease));
     let claim = subxact::keep_if(
-        budget.0,
-        || statements::run(&TAKE_CLAIM, &args, |table| claimed_from(table, me)),
+        budget,
+        || statements::run(&TAKE_CLAIM, args, |table| claimed_from(table, me)),
         Option::is_some,
     )?;
     if claim.is_some() && gone_reason.is_some() {
@@ -414,27 +402,32 @@ fn resolved_by_owner(key: &Key, done: bool, counter: Counter) -> bool {
 
 /// Store the result of a claim; false when the claim is no longer current.
 pub fn complete(key: &Key, token: i64, result: Jsonb, ttl: Option<Interval>) -> bool {
-    let args = [key.hash_param(), token.into(), result.into(), ttl.into()];
-    let done = statements::run(&COMPLETE, &args, |table| Ok(table.len() == 1));
+    let args = params![
+        key_hash = key.hash_param(),
+        token = token,
+        result = result,
+        ttl = ttl
+    ];
+    let done = statements::run(&COMPLETE, args, |table| Ok(table.len() == 1));
     resolved_by_owner(key, done, Counter::Completed)
 }
 
 /// Record a failure of a claim; false when the claim is no longer current.
 pub fn fail(key: &Key, token: i64, error: String, retry_after: Interval) -> bool {
-    let args = [
-        key.hash_param(),
-        token.into(),
-        error.into(),
-        retry_after.into(),
+    let args = params![
+        key_hash = key.hash_param(),
+        token = token,
+        error = error,
+        retry_after = retry_after,
     ];
-    let done = statements::run(&FAIL, &args, |table| Ok(table.len() == 1));
+    let done = statements::run(&FAIL, args, |table| Ok(table.len() == 1));
     resolved_by_owner(key, done, Counter::Failed)
 }
 
 /// Extend a claim's lease; None when the claim is no longer current.
 pub fn heartbeat(key: &Key, token: i64, lease: Interval) -> Option<TimestampWithTimeZone> {
-    let args = [key.hash_param(), token.into(), lease.into()];
-    statements::run(&HEARTBEAT, &args, |table| {
+    let args = params![key_hash = key.hash_param(), token = token, lease = lease];
+    statements::run(&HEARTBEAT, args, |table| {
         if table.is_empty() {
             Ok(None)
         } else {
@@ -445,14 +438,14 @@ pub fn heartbeat(key: &Key, token: i64, lease: Interval) -> Option<TimestampWith
 
 /// Give a claim back unfailed; false when the claim is no longer current.
 pub fn release(key: &Key, token: i64) -> bool {
-    let args = [key.hash_param(), token.into()];
-    let done = statements::run(&RELEASE, &args, |table| Ok(table.len() == 1));
+    let args = params![key_hash = key.hash_param(), token = token];
+    let done = statements::run(&RELEASE, args, |table| Ok(table.len() == 1));
     resolved_by_owner(key, done, Counter::Released)
 }
 
 /// Forget a key whatever its state; false when there was nothing to forget.
 pub fn invalidate(key: &Key) -> bool {
-    let done = statements::run(&INVALIDATE, &[key.hash_param()], |table| {
+    let done = statements::run(&INVALIDATE, params![key_hash = key.hash_param()], |table| {
         Ok(table.len() == 1)
     });
     if done {
@@ -475,14 +468,14 @@ pub struct Reaped {
 /// Take back claims whose owner is gone, purge expired results and old attempt history.
 pub fn reap() -> Reaped {
     liveness::refresh();
-    let reclaimed = statements::run(&REAP_GONE_OWNERS, &[], |table| Ok(table.len() as i64));
-    let expired = statements::run(&PURGE_EXPIRED, &[PURGE_BATCH.into()], |table| {
+    let reclaimed = statements::run(&REAP_GONE_OWNERS, params![], |table| Ok(table.len() as i64));
+    let expired = statements::run(&PURGE_EXPIRED, params![batch = PURGE_BATCH], |table| {
         Ok(table.len() as i64)
     });
-    let retention = crate::guc::HISTORY_RETENTION_S.get() as f64;
+    let retention = crate::runtime::guc::HISTORY_RETENTION_S.get() as f64;
     let history = statements::run(
         &PURGE_HISTORY,
-        &[retention.into(), PURGE_BATCH.into()],
+        params![retention_s = retention, batch = PURGE_BATCH],
         |table| Ok(table.len() as i64),
     );
     shmem::count_n(Counter::Reaped, reclaimed as u64);

@@ -1,0 +1,248 @@
+//! The cache functions: claim_key and what an owner does with its claim.
+
+use super::args;
+use super::refuse_wait_under_snapshot_isolation;
+use crate::errors;
+use crate::key::Key;
+use crate::protocol::claim::{self, Claim};
+use crate::protocol::waiting;
+use crate::runtime::liveness::{self, Owner, OwnerWatch};
+use crate::storage::jsonb::Jsonb;
+use crate::storage::subxact::LockBudget;
+use pgrx::datum::{Interval, TimestampWithTimeZone};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::PgTupleDesc;
+use std::cell::RefCell;
+
+#[pg_extern(sql = false)]
+fn claim_key(
+    key: Option<&str>,
+    lease: Option<Interval>,
+    wait: Option<Interval>,
+    owner_pid: Option<i32>,
+    fcinfo: pg_sys::FunctionCallInfo,
+) -> pgrx::composite_type!('static, "claim") {
+    errors::plain(|| {
+        let key = Key::new(args::key(key));
+        let lease = args::lease(lease);
+        let wait_micros = args::wait(wait);
+        let owner = Owner::from_arg(owner_pid);
+        let claim = if wait_micros > 0 {
+            refuse_wait_under_snapshot_isolation("claim_key");
+            waiting::claim_key(&key, lease, owner, wait_micros)
+        } else {
+            // wait => 0 never waits for a lock: an uncommitted claim answers `wait` at once.
+            claim::attempt(
+                &key,
+                lease,
+                owner,
+                &mut OwnerWatch::default(),
+                LockBudget(1),
+            )
+        };
+        claim_row(fcinfo, claim)
+    })
+}
+
+/// once.owner_session(): see liveness::become_owner_session.
+#[pg_extern(sql = false)]
+fn owner_session() -> i32 {
+    errors::plain(liveness::become_owner_session)
+}
+
+#[pg_extern(sql = false)]
+fn complete_key(
+    key: Option<&str>,
+    token: Option<i64>,
+    result: Option<Jsonb>,
+    ttl: Option<Interval>,
+) -> bool {
+    errors::plain(|| {
+        let key = Key::new(args::key(key));
+        let token = args::token(token);
+        let result = args::required(
+            result,
+            "result",
+            "Pass the computed value as jsonb; to cache \"nothing\", pass 'null'::jsonb.",
+        );
+        let ttl = args::ttl(ttl);
+        claim::complete(&key, token, result, ttl)
+    })
+}
+
+#[pg_extern(sql = false)]
+fn fail_key(
+    key: Option<&str>,
+    token: Option<i64>,
+    error: Option<String>,
+    retry_after: Option<Interval>,
+) -> bool {
+    errors::plain(|| {
+        let key = Key::new(args::key(key));
+        let token = args::token(token);
+        let error = args::required(
+            error,
+            "error",
+            "Describe what went wrong, e.g. the upstream error message.",
+        );
+        let retry_after = args::retry_after(retry_after);
+        claim::fail(&key, token, error, retry_after)
+    })
+}
+
+#[pg_extern(sql = false)]
+fn heartbeat_key(
+    key: Option<&str>,
+    token: Option<i64>,
+    lease: Option<Interval>,
+) -> Option<TimestampWithTimeZone> {
+    errors::plain(|| {
+        let key = Key::new(args::key(key));
+        let token = args::token(token);
+        let lease = args::lease(lease);
+        claim::heartbeat(&key, token, lease)
+    })
+}
+
+#[pg_extern(sql = false)]
+fn release_key(key: Option<&str>, token: Option<i64>) -> bool {
+    errors::plain(|| {
+        let key = Key::new(args::key(key));
+        let token = args::token(token);
+        claim::release(&key, token)
+    })
+}
+
+#[pg_extern(sql = false)]
+fn invalidate_key(key: Option<&str>) -> bool {
+    errors::plain(|| claim::invalidate(&Key::new(args::key(key))))
+}
+
+#[pg_extern(sql = false)]
+fn reap_stale() -> TableIterator<
+    'static,
+    (
+        name!(reclaimed, i64),
+        name!(expired, i64),
+        name!(history, i64),
+    ),
+> {
+    errors::plain(|| {
+        let reaped = claim::reap();
+        TableIterator::once((reaped.reclaimed, reaped.expired, reaped.history))
+    })
+}
+
+/// The once.claim row this call returns, each value set by its column's name.
+fn claim_row(
+    fcinfo: pg_sys::FunctionCallInfo,
+    claim: Claim,
+) -> PgHeapTuple<'static, AllocatedByRust> {
+    let mut row = ClaimRow::for_call(fcinfo);
+    let (outcome, token, attempts) = match claim {
+        Claim::Hit {
+            token,
+            result,
+            expires_at,
+            attempts,
+        } => {
+            row.set("result", result);
+            row.set("expires_at", expires_at);
+            ("hit", Some(token), Some(attempts))
+        }
+        Claim::Claimed {
+            token,
+            owner,
+            lease_expires_at,
+            attempts,
+        } => {
+            row.set("owner", owner);
+            row.set("lease_expires_at", lease_expires_at);
+            ("claimed", Some(token), Some(attempts))
+        }
+        Claim::Wait {
+            token,
+            owner,
+            lease_expires_at,
+            attempts,
+            ..
+        } => {
+            row.set("owner", owner);
+            row.set("lease_expires_at", lease_expires_at);
+            ("wait", token, attempts)
+        }
+        Claim::Failed {
+            token,
+            error,
+            retry_at,
+            attempts,
+        } => {
+            row.set("error", error);
+            row.set("retry_at", retry_at);
+            ("failed", Some(token), Some(attempts))
+        }
+    };
+    row.set("outcome", outcome);
+    row.set("token", token);
+    row.set("attempts", attempts);
+    row.build()
+}
+
+/// A row of the calling function's composite result type (once.claim), built by column
+/// name: columns not set are NULL.
+struct ClaimRow {
+    tupdesc: PgTupleDesc<'static>,
+    datums: Vec<Option<pg_sys::Datum>>,
+}
+
+thread_local! {
+    /// The columns (name, type) of the once.claim type with this oid: looked up once per
+    /// backend rather than by scanning attribute names on every cache hit.
+    static COLUMNS: RefCell<(pg_sys::Oid, Vec<(String, pg_sys::Oid)>)> =
+        const { RefCell::new((pg_sys::InvalidOid, Vec::new())) };
+}
+
+impl ClaimRow {
+    fn for_call(fcinfo: pg_sys::FunctionCallInfo) -> ClaimRow {
+        // SAFETY: asks PostgreSQL for the declared result type of the running function.
+        let tupdesc = unsafe {
+            let mut tupdesc: pg_sys::TupleDesc = std::ptr::null_mut();
+            let kind = pg_sys::get_call_result_type(fcinfo, std::ptr::null_mut(), &mut tupdesc);
+            if kind != pg_sys::TypeFuncClass::TYPEFUNC_COMPOSITE {
+                error!("pg_once: claim_key must be declared to return once.claim");
+            }
+            PgTupleDesc::from_pg_copy(tupdesc)
+        };
+        COLUMNS.with_borrow_mut(|(type_oid, columns)| {
+            if *type_oid != tupdesc.tdtypeid {
+                *columns = tupdesc
+                    .iter()
+                    .map(|a| (a.name().to_owned(), a.atttypid))
+                    .collect();
+                *type_oid = tupdesc.tdtypeid;
+            }
+        });
+        let datums = vec![None; tupdesc.len()];
+        ClaimRow { tupdesc, datums }
+    }
+
+    /// Set `column`, which must exist with the SQL type of `T`.
+    fn set<T: IntoDatum>(&mut self, column: &str, value: T) {
+        let found = COLUMNS.with_borrow(|(_, columns)| {
+            columns
+                .iter()
+                .position(|(name, oid)| name == column && *oid == T::type_oid())
+        });
+        match found {
+            Some(i) => self.datums[i] = value.into_datum(),
+            None => error!("pg_once: once.claim has no column {column} of the type this call sets"),
+        }
+    }
+
+    fn build(self) -> PgHeapTuple<'static, AllocatedByRust> {
+        // SAFETY: each datum was checked against its column's type in `set`.
+        unsafe { PgHeapTuple::from_datums(self.tupdesc, self.datums) }
+            .unwrap_or_else(|e| error!("pg_once: cannot build once.claim: {e}"))
+    }
+}

@@ -1,0 +1,56 @@
+//! Functions the extension's own SQL calls (listed under "Internal functions" in
+//! docs/sql-reference.md): not part of the protocol's surface.
+
+use crate::runtime::guc::{self, NotifyMode};
+use crate::runtime::{liveness, shmem};
+use crate::storage::entry;
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+/// The owner-gone test of the protocol's statements (protocol::rules::owner_gone).
+#[pg_extern(sql = false)]
+fn backend_alive(pid: Option<i32>, started: Option<TimestampWithTimeZone>) -> Option<bool> {
+    Some(liveness::backend_alive(pid?, started?.into_inner()))
+}
+
+/// claim_next's filter: see storage::entry::taken.
+#[pg_extern(sql = false)]
+fn row_taken(tid: Option<pg_sys::ItemPointerData>) -> Option<bool> {
+    Some(entry::taken(tid?))
+}
+
+/// How pg_once runs in this server, and its counters since start as a jsonb object keyed
+/// by once.stats column (NULL without shared memory). Feeds the once.stats view.
+#[pg_extern(sql = false)]
+#[allow(clippy::type_complexity)]
+fn runtime() -> TableIterator<
+    'static,
+    (
+        name!(shared_memory, bool),
+        name!(notify, String),
+        name!(workers, Option<i32>),
+        name!(counters, Option<pgrx::JsonB>),
+    ),
+> {
+    let shared = shmem::shared();
+    let notify = match guc::NOTIFY.get() {
+        NotifyMode::Relay if shared.is_some() => "relay",
+        NotifyMode::Off => "off",
+        _ => "direct",
+    };
+    // By name, so that once.stats reads each counter by its column name.
+    let counters = shmem::counters().map(|values| {
+        let named = shmem::COUNTER_COLUMNS
+            .iter()
+            .zip(values)
+            .map(|(&column, value)| (column.to_owned(), serde_json::Value::from(value)));
+        pgrx::JsonB(serde_json::Value::Object(named.collect()))
+    });
+    TableIterator::once((
+        shared.is_some(),
+        notify.to_owned(),
+        shared.map(|s| s.workers_running()),
+        counters,
+    ))
+}

@@ -1,0 +1,29 @@
+//! The SQL surface: the C functions behind the functions CREATE EXTENSION declares in
+//! sql/functions.sql. Each checks its arguments (args) and calls the protocol; none holds
+//! a rule of the protocol itself.
+//!
+//! Every function here is `sql = false`: its CREATE FUNCTION statement (defaults,
+//! SECURITY DEFINER, pinned search_path, comment) is hand-written next to the others in
+//! sql/functions.sql, with its arguments in the order of the Rust signature. Arguments
+//! arrive as Options so that NULL gets the documented 22004 error instead of a silent
+//! NULL result, and every body runs inside errors::plain.
+
+pub mod args;
+mod cache;
+mod internal;
+mod queue;
+
+use crate::errors;
+use pgrx::pg_sys;
+
+/// A waiting call needs to see other sessions' commits, which a REPEATABLE READ or
+/// SERIALIZABLE snapshot never shows: it would always wait out its full time.
+fn refuse_wait_under_snapshot_isolation(function: &str) {
+    // SAFETY: reads the current transaction's isolation level.
+    if unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
+        errors::not_supported(
+            format!("{function} cannot wait inside a REPEATABLE READ or SERIALIZABLE transaction"),
+            &format!("Call {function} with wait in its own READ COMMITTED transaction (autocommit), or pass wait => '0'."),
+        );
+    }
+}

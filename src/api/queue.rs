@@ -1,0 +1,184 @@
+//! The queue functions: queues, enqueue_key, claim_next and the batch operations.
+
+use super::args;
+use super::refuse_wait_under_snapshot_isolation;
+use crate::errors;
+use crate::key::Key;
+use crate::protocol::{queue, waiting};
+use crate::runtime::liveness::Owner;
+use crate::storage::jsonb::{Jsonb, JsonbArray};
+use pgrx::datum::{Interval, TimestampWithTimeZone};
+use pgrx::prelude::*;
+
+#[pg_extern(sql = false)]
+fn create_queue(
+    name: Option<&str>,
+    max_attempts: Option<i32>,
+    backoff: Option<Interval>,
+    max_backoff: Option<Interval>,
+) {
+    errors::plain(|| {
+        let name = args::new_queue_name(name);
+        let max_attempts = args::required(
+            args::max_attempts(max_attempts),
+            "max_attempts",
+            "Pass how many times a key may be tried before it stays failed, e.g. 5.",
+        );
+        let (backoff, max_backoff) = args::backoff(backoff, max_backoff);
+        queue::upsert_queue(name, max_attempts, backoff, max_backoff);
+    })
+}
+
+#[pg_extern(sql = false)]
+fn drop_queue(name: Option<&str>) {
+    errors::plain(|| {
+        let name = queue::require(args::queue(name));
+        let keys = queue::keys_in_queue(name);
+        if keys > 0 {
+            errors::object_in_use(
+                format!("queue \"{name}\" still has {keys} keys"),
+                &format!(
+                    "Remove them first: SELECT once.invalidate_keys(queue => '{}');",
+                    name.replace('\'', "''")
+                ),
+            );
+        }
+        queue::drop_queue(name);
+    })
+}
+
+#[pg_extern(sql = false)]
+#[allow(clippy::too_many_arguments)]
+fn enqueue_key(
+    key: Option<&str>,
+    payload: Option<Jsonb>,
+    queue: Option<&str>,
+    priority: Option<i32>,
+    run_at: Option<TimestampWithTimeZone>,
+    refresh: Option<bool>,
+    max_attempts: Option<i32>,
+) -> &'static str {
+    errors::plain(|| {
+        let key = Key::new(args::key(key));
+        let job = queue::Job {
+            key: &key,
+            payload,
+            queue: queue::require(args::queue(queue)),
+            priority: args::required(
+                priority,
+                "priority",
+                "Pass an integer; smaller runs first, default 0.",
+            ),
+            run_at: args::run_at(run_at),
+            max_attempts: args::max_attempts(max_attempts),
+        };
+        let refresh = args::required(
+            refresh,
+            "refresh",
+            "Pass true to recompute a key that has a fresh result, else false.",
+        );
+        match queue::enqueue(&job, refresh) {
+            queue::Enqueued::Queued => "queued",
+            queue::Enqueued::Requeued => "requeued",
+            queue::Enqueued::Duplicate => "duplicate",
+            queue::Enqueued::Cached => "cached",
+        }
+    })
+}
+
+#[pg_extern(sql = false)]
+#[allow(clippy::type_complexity)]
+fn claim_next(
+    queue: Option<&str>,
+    lease: Option<Interval>,
+    worker: Option<&str>,
+    n: Option<i32>,
+    wait: Option<Interval>,
+    owner_pid: Option<i32>,
+) -> TableIterator<
+    'static,
+    (
+        name!(key, String),
+        name!(token, i64),
+        name!(payload, Option<Jsonb>),
+        name!(attempt, i32),
+    ),
+> {
+    errors::plain(|| {
+        let queue_name = queue::require(args::queue(queue));
+        let lease = args::lease(lease);
+        let worker = args::worker(worker);
+        let n = args::batch_size(n);
+        let wait_micros = args::wait(wait);
+        let owner = Owner::from_arg(owner_pid);
+        let claimed = if wait_micros > 0 {
+            refuse_wait_under_snapshot_isolation("claim_next");
+            waiting::claim_next(queue_name, lease, worker, owner, n, wait_micros)
+        } else {
+            queue::claim_next(queue_name, lease, worker, owner, n)
+        };
+        TableIterator::new(
+            claimed
+                .into_iter()
+                .map(|c| (c.key, c.token, c.payload, c.attempt)),
+        )
+    })
+}
+
+#[pg_extern(sql = false)]
+fn invalidate_keys(queue: Option<&str>, prefix: Option<&str>) -> i64 {
+    errors::plain(|| {
+        if queue.is_none() && prefix.is_none() {
+            errors::invalid_argument(
+                "invalidate_keys needs a queue or a key prefix".into(),
+                "Pass queue => 'name' and/or prefix => 'https://example.com/'.",
+            );
+        }
+        let queue = queue.map(|q| queue::require(args::queue(Some(q))));
+        if prefix == Some("") {
+            errors::invalid_argument(
+                "prefix must not be empty".into(),
+                "Pass a key prefix such as 'https://example.com/', or only a queue.",
+            );
+        }
+        queue::invalidate_many(queue, prefix)
+    })
+}
+
+#[pg_extern(sql = false)]
+fn complete_keys(
+    keys: Option<Vec<Option<String>>>,
+    tokens: Option<Vec<Option<i64>>>,
+    results: Option<JsonbArray>,
+    ttl: Option<Interval>,
+) -> TableIterator<'static, (name!(key, String),)> {
+    errors::plain(|| {
+        let hint = "Pass three arrays of the same length: keys, their tokens, their results.";
+        let keys = args::required(keys, "keys", hint);
+        let tokens = args::required(tokens, "tokens", hint);
+        let results = args::required(results, "results", hint);
+        let (length, has_null) = results.shape();
+        if keys.len() != tokens.len() || keys.len() != length {
+            errors::invalid_argument(
+                format!(
+                    "keys, tokens and results have {}, {} and {length} elements",
+                    keys.len(),
+                    tokens.len()
+                ),
+                hint,
+            );
+        }
+        if has_null {
+            errors::null_argument("results[i]", hint);
+        }
+        let keys: Vec<String> = keys
+            .into_iter()
+            .map(|k| args::required(k, "keys[i]", hint))
+            .collect();
+        let keys: Vec<Key> = keys.iter().map(|k| Key::new(args::key(Some(k)))).collect();
+        let tokens: Vec<i64> = tokens.into_iter().map(args::token).collect();
+        let ttl = args::ttl(ttl);
+        let done = queue::complete_many(&keys, tokens, results, ttl);
+        TableIterator::new(done.into_iter().map(|k| (k,)))
+    })
+}

@@ -1,0 +1,8 @@
+//! The protocol: what a claim, a completion, a failure, a queue and a wait mean, as
+//! statements on once.entries and reads of it. Called by the SQL surface (api) and by
+//! the worker (reap_stale); calls storage and runtime.
+
+pub mod claim;
+pub mod queue;
+mod rules;
+pub mod waiting;

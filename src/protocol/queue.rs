@@ -1,0 +1,386 @@
+//! Queue mode: the same keys, fed to a fleet of workers.
+//!
+//! A queued key is a row in state `queued` with a queue, a payload, a priority and a due
+//! time. Workers take due keys with claim_next, which is `FOR UPDATE SKIP LOCKED` over a
+//! partial index of queued keys: no global lock, no hot row, and two workers never get
+//! the same key. They finish with the same complete_key / fail_key / heartbeat_key as any
+//! owner; fail_key sends a queued key back with a backoff (rules::failed_attempt).
+//!
+//! Plans: every statement that writes rows found by a CTE also names them as
+//! `key_hash = ANY (...)`, so that its plan looks them up in the primary key whatever the
+//! statistics say. (A generic plan made while statistics said the table was small scanned
+//! the whole primary key for every claim_next.)
+//!
+//! Lost races: before locking a candidate, claim_next asks once.row_taken(ctid) and passes
+//! over versions another worker has claimed since its snapshot or is claiming right now;
+//! why plain SKIP LOCKED is not enough is said at storage::entry::taken.
+//!
+//! Deadlocks: claim_next never waits (SKIP LOCKED). Every operation that locks several
+//! keys (invalidate_keys, complete_keys) locks them in key_hash order, and every other
+//! write locks one key; so no two pg_once calls can wait for each other in a cycle.
+
+use crate::errors;
+use crate::key::Key;
+use crate::protocol::claim::claimant_params;
+use crate::protocol::rules::*;
+use crate::runtime::liveness::{self, Me, Owner};
+use crate::runtime::notify;
+use crate::runtime::shmem::{self, Counter};
+use crate::storage::jsonb::{Jsonb, JsonbArray};
+use crate::storage::statements::{self, params, Statement};
+use crate::storage::subxact::{self, Blocked, LockBudget};
+use pgrx::datum::{Interval, TimestampWithTimeZone};
+use pgrx::prelude::*;
+
+static QUEUE_EXISTS: Statement = Statement::new("SELECT 1 FROM once.queues WHERE name = $name");
+
+static UPSERT_QUEUE: Statement = Statement::new(
+    "INSERT INTO once.queues (name, max_attempts, backoff, max_backoff)
+     VALUES ($name, $max_attempts, $backoff, $max_backoff)
+     ON CONFLICT (name) DO UPDATE
+        SET max_attempts = EXCLUDED.max_attempts, backoff = EXCLUDED.backoff,
+            max_backoff = EXCLUDED.max_backoff",
+);
+
+static COUNT_QUEUE_KEYS: Statement =
+    Statement::new("SELECT count(*) FROM once.entries WHERE queue = $name");
+
+static DROP_QUEUE: Statement = Statement::new("DELETE FROM once.queues WHERE name = $name");
+
+static KEY_STATE: Statement =
+    Statement::new("SELECT state::text FROM once.entries WHERE key_hash = $key_hash");
+
+static ENQUEUE_NEW: Statement = Statement::new(
+    "INSERT INTO once.entries (key_hash, key, state, token, queue, payload, priority, run_at,
+                               max_attempts, enqueued_at)
+     VALUES ($key_hash, $key, 'queued', 0, $queue, $payload, $priority,
+             coalesce($run_at, clock_timestamp()), $max_attempts, clock_timestamp())
+     ON CONFLICT (key_hash) DO NOTHING",
+);
+
+// A key that failed for good, whose result expired, or (with refresh) whose result is
+// still fresh, goes back in the queue with a new budget of attempts. A fresh result stays
+// and is served until the new one lands; errors are kept, so a key that keeps failing
+// stays behind healthier ones.
+static ENQUEUE_AGAIN: Statement = Statement::new(
+    "UPDATE once.entries
+        SET state = 'queued', queue = $queue, payload = $payload, priority = $priority,
+            run_at = coalesce($run_at, clock_timestamp()), max_attempts = $max_attempts,
+            enqueued_at = clock_timestamp(), attempts = 0, retry_at = NULL,
+            updated_at = clock_timestamp()
+      WHERE key_hash = $key_hash
+        AND (state = 'failed'
+             OR (state = 'done' AND ($refresh OR expires_at <= clock_timestamp())))",
+);
+
+// once.row_taken: see storage::entry::taken.
+static CLAIM_NEXT: Statement = Statement::new(concat!(
+    "WITH next AS (
+         SELECT key_hash FROM once.entries
+          WHERE state = 'queued' AND queue = $queue AND run_at <= clock_timestamp()
+            AND NOT once.row_taken(ctid)
+          ORDER BY errors, priority, run_at
+          LIMIT $n
+            FOR UPDATE SKIP LOCKED)
+     UPDATE once.entries AS e
+        SET (",
+    claimant_columns!(),
+    ") = (",
+    claimant_values!(),
+    "),
+            attempts = e.attempts + 1
+       FROM next
+      WHERE e.key_hash = ANY (ARRAY(SELECT key_hash FROM next)) AND e.key_hash = next.key_hash
+     RETURNING e.key, e.token, e.payload, e.attempts, e.key_hash"
+));
+
+// Locks in key_hash order (the ORDER BY sits below the row locking), then deletes.
+static INVALIDATE_MANY: Statement = Statement::new(
+    "WITH doomed AS (
+         SELECT key_hash FROM once.entries
+          WHERE ($queue::text IS NULL OR queue = $queue)
+            AND ($prefix::text IS NULL OR left(key, length($prefix)) = $prefix)
+          ORDER BY key_hash
+            FOR UPDATE)
+     DELETE FROM once.entries AS e USING doomed
+      WHERE e.key_hash = ANY (ARRAY(SELECT key_hash FROM doomed)) AND e.key_hash = doomed.key_hash",
+);
+
+// Each (key, token, result) completes like complete_key; rows are locked in key_hash
+// order first, so two batches (or a batch and invalidate_keys) cannot deadlock.
+static COMPLETE_MANY: Statement = Statement::new(concat!(
+    "WITH input AS (
+         SELECT * FROM unnest($key_hashes::bytea[], $tokens::bigint[], $results::jsonb[])
+                    AS i(key_hash, token, result)),
+     locked AS (
+         SELECT key_hash FROM once.entries
+          WHERE key_hash = ANY ($key_hashes) AND state = 'running'
+          ORDER BY key_hash
+            FOR UPDATE)
+     UPDATE once.entries AS e
+        SET ",
+    completed!("i.result"),
+    "
+       FROM input i, locked l
+      WHERE e.key_hash = ANY ($key_hashes) AND e.key_hash = l.key_hash
+        AND e.key_hash = i.key_hash AND e.token = i.token AND e.state = 'running'
+     RETURNING e.key"
+));
+
+/// The queue named `name`, which must exist.
+pub fn require(name: &str) -> &str {
+    let exists = statements::run(&QUEUE_EXISTS, params![name = name], |table| {
+        Ok(!table.is_empty())
+    });
+    if !exists {
+        errors::undefined_object(
+            format!("queue \"{name}\" does not exist"),
+            &format!(
+                "Create it first: SELECT once.create_queue('{}');",
+                name.replace('\'', "''")
+            ),
+        );
+    }
+    name
+}
+
+/// What a worker waiting in claim_next for `queue` announces in its backend slot: a 64-bit
+/// FNV-1a hash of "queue", a NUL and the queue's name. Key tags come from SHA-256 digests,
+/// so the two meet only by chance, and a collision only causes a spurious wake-up.
+pub fn wait_tag(queue: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in b"queue\0".iter().chain(queue.as_bytes()) {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash.max(1)
+}
+
+/// Keys of `queue` became due in this transaction: wake its waiting workers after commit.
+fn has_work(queue: &str) {
+    notify::wake_after_commit(wait_tag(queue));
+}
+
+/// Trigger: a running key went back to its queue (a failure with retries left, a release,
+/// a reaped claim).
+#[pg_trigger(sql = false)]
+fn wake_queue<'a>(
+    trigger: &'a pgrx::PgTrigger<'a>,
+) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, PgHeapTupleError> {
+    if let Some(new) = trigger.new() {
+        if let Some(queue) = new
+            .get_by_name::<&str>("queue")
+            .unwrap_or_else(|e| error!("pg_once: {e}"))
+        {
+            has_work(queue);
+        }
+    }
+    Ok(None)
+}
+
+pub fn upsert_queue(name: &str, max_attempts: i32, backoff: Interval, max_backoff: Interval) {
+    let args = params![
+        name = name,
+        max_attempts = max_attempts,
+        backoff = backoff,
+        max_backoff = max_backoff,
+    ];
+    statements::run(&UPSERT_QUEUE, args, |_| Ok(()));
+}
+
+pub fn keys_in_queue(name: &str) -> i64 {
+    statements::run(&COUNT_QUEUE_KEYS, params![name = name], |table| {
+        Ok(table.first().get(1)?.unwrap_or(0))
+    })
+}
+
+pub fn drop_queue(name: &str) -> bool {
+    statements::run(&DROP_QUEUE, params![name = name], |table| {
+        Ok(table.len() == 1)
+    })
+}
+
+/// What enqueue_key did.
+pub enum Enqueued {
+    /// The key was absent and is now queued.
+    Queued,
+    /// The key failed, expired, or (refresh) had a result, and is queued again.
+    Requeued,
+    /// The key is already queued or being computed: nothing changed.
+    Duplicate,
+    /// The key has a fresh result and refresh was not asked for: nothing changed.
+    Cached,
+}
+
+pub struct Job<'a> {
+    pub key: &'a Key<'a>,
+    pub payload: Option<Jsonb>,
+    pub queue: &'a str,
+    pub priority: i32,
+    pub run_at: Option<TimestampWithTimeZone>,
+    pub max_attempts: Option<i32>,
+}
+
+impl Job<'_> {
+    /// What ENQUEUE_NEW and ENQUEUE_AGAIN both write.
+    fn params(&self) -> [statements::Param<'static>; 6] {
+        params![
+            key_hash = self.key.hash_param(),
+            queue = self.queue,
+            payload = self.payload,
+            priority = self.priority,
+            run_at = self.run_at,
+            max_attempts = self.max_attempts,
+        ]
+    }
+}
+
+pub fn enqueue(job: &Job, refresh: bool) -> Enqueued {
+    let new = job
+        .params()
+        .into_iter()
+        .chain(params![key = job.key.text_param()]);
+    if statements::run(&ENQUEUE_NEW, new, |table| Ok(table.len() == 1)) {
+        has_work(job.queue);
+        return Enqueued::Queued;
+    }
+    let again = job.params().into_iter().chain(params![refresh = refresh]);
+    if statements::run(&ENQUEUE_AGAIN, again, |table| Ok(table.len() == 1)) {
+        has_work(job.queue);
+        return Enqueued::Requeued;
+    }
+    // Through SQL, not entry::read: that look gives up when DDL waits for once.entries,
+    // whereas this transaction, having written the table, is let ahead of such DDL.
+    let args = params![key_hash = job.key.hash_param()];
+    let state: Option<String> = statements::run(&KEY_STATE, args, |table| {
+        if table.is_empty() {
+            Ok(None)
+        } else {
+            table.first().get(1)
+        }
+    });
+    match state.as_deref() {
+        Some("done") => Enqueued::Cached,
+        _ => Enqueued::Duplicate,
+    }
+}
+
+/// A key handed to a worker by claim_next.
+pub struct Claimed {
+    pub key: String,
+    pub token: i64,
+    pub payload: Option<Jsonb>,
+    pub attempt: i32,
+}
+
+/// Claim up to `n` due keys of `queue` for `owner`.
+pub fn claim_next(
+    queue: &str,
+    lease: Interval,
+    worker: Option<&str>,
+    owner: Owner,
+    n: i32,
+) -> Vec<Claimed> {
+    let me = Me::new(worker, owner);
+    // The owner's identity must be registered before its claims are visible to others.
+    owner.before_claiming(None);
+    let args = params![queue = queue, n = n as i64]
+        .into_iter()
+        .chain(claimant_params(&me, lease));
+    let claimed = statements::run(&CLAIM_NEXT, args, |table| {
+        let mut claimed = Vec::with_capacity(table.len());
+        if table.is_empty() {
+            return Ok(claimed);
+        }
+        let column = |name| table.column_ordinal(name);
+        let [key, token, payload, attempts, key_hash] = [
+            column("key")?,
+            column("token")?,
+            column("payload")?,
+            column("attempts")?,
+            column("key_hash")?,
+        ];
+        for row in table {
+            let digest: &[u8] = row.get(key_hash)?.expect("key_hash is NOT NULL");
+            if owner == Owner::ThisBackend {
+                liveness::own(crate::key::tag_of(digest));
+            }
+            claimed.push(Claimed {
+                key: row.get(key)?.expect("key is NOT NULL"),
+                token: row.get(token)?.expect("token is NOT NULL"),
+                payload: row.get(payload)?,
+                attempt: row.get(attempts)?.unwrap_or(1),
+            });
+        }
+        Ok(claimed)
+    });
+    shmem::count_n(Counter::Claimed, claimed.len() as u64);
+    claimed
+}
+
+/// One look of a waiting claim_next: `claim_next` in a subtransaction that keeps nothing
+/// (no lock either) unless it claimed something, and whose lock waits end at `budget`.
+pub fn claim_next_within(
+    queue: &str,
+    lease: Interval,
+    worker: Option<&str>,
+    owner: Owner,
+    n: i32,
+    budget: LockBudget,
+) -> Result<Vec<Claimed>, Blocked> {
+    subxact::keep_if(
+        budget,
+        || claim_next(queue, lease, worker, owner, n),
+        |claimed| !claimed.is_empty(),
+    )
+}
+
+static NEXT_DUE: Statement = Statement::new(
+    "SELECT min(run_at) FROM once.entries WHERE state = 'queued' AND queue = $queue",
+);
+
+/// When the earliest queued key of `queue` is due (None: nothing is queued), read in a
+/// subtransaction that is rolled back, so that a waiting worker keeps no lock.
+pub fn next_due(queue: &str, budget: LockBudget) -> Result<Option<TimestampWithTimeZone>, Blocked> {
+    subxact::keep_if(
+        budget,
+        || {
+            let args = params![queue = queue];
+            statements::run(&NEXT_DUE, args, |table| table.first().get(1))
+        },
+        |_| false,
+    )
+}
+
+pub fn invalidate_many(queue: Option<&str>, prefix: Option<&str>) -> i64 {
+    let args = params![queue = queue, prefix = prefix];
+    let n = statements::run(&INVALIDATE_MANY, args, |table| Ok(table.len() as i64));
+    shmem::count_n(Counter::Invalidated, n as u64);
+    n
+}
+
+/// Complete several claims in one statement; returns the keys that were completed.
+pub fn complete_many(
+    keys: &[Key],
+    tokens: Vec<i64>,
+    results: JsonbArray,
+    ttl: Option<Interval>,
+) -> Vec<String> {
+    let key_hashes: Vec<Vec<u8>> = keys.iter().map(Key::digest).collect();
+    let args = params![
+        key_hashes = key_hashes,
+        tokens = tokens,
+        results = results,
+        ttl = ttl,
+    ];
+    let done: Vec<String> = statements::run(&COMPLETE_MANY, args, |table| {
+        table
+            .map(|row| Ok(row.get::<String>(1)?.expect("key is NOT NULL")))
+            .collect()
+    });
+    for key in keys.iter().filter(|k| done.iter().any(|d| d == k.text)) {
+        liveness::disown(key.tag);
+    }
+    shmem::count_n(Counter::Completed, done.len() as u64);
+    done
+}

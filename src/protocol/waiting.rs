@@ -1,0 +1,103 @@
+//! claim_key(..., wait => ...) and claim_next(..., wait => ...): look, and while there is
+//! nothing to take, sleep (runtime::wait) until something changes or the wait runs out.
+//!
+//! Each look takes its locks only if it can have them at once and releases them at once,
+//! and a look that would write (claim) waits for another transaction's lock at most until
+//! the deadline: an uncommitted or prepared claim, or DDL on once.entries, make the call
+//! answer at its deadline instead of blocking past it.
+
+use crate::key::Key;
+use crate::protocol::claim::{self, Claim};
+use crate::protocol::queue::{self, Claimed};
+use crate::runtime::liveness::{Owner, OwnerWatch};
+use crate::runtime::wait::{Waiter, SAFETY_SLEEP_MICROS, SHORT_POLL_MICROS};
+use crate::storage::subxact::LockBudget;
+use pgrx::datum::Interval;
+
+/// What is left of the wait for a write to wait for another transaction's lock.
+fn budget(waiter: &Waiter) -> LockBudget {
+    LockBudget(waiter.millis_left())
+}
+
+/// Look at the key until it is decided or `wait_micros` have passed. Sleeps until woken by
+/// the key's resolution or its owner's exit, until just after the owner's lease runs out
+/// (the claim may then be taken over), or at most SAFETY_SLEEP.
+pub fn claim_key(key: &Key, lease: Interval, owner: Owner, wait_micros: i128) -> Claim {
+    let mut waiter = Waiter::new(key.tag, wait_micros);
+    let mut watch = OwnerWatch::default();
+    loop {
+        waiter.before_look();
+        let claim = claim::attempt(key, lease, owner, &mut watch, budget(&waiter));
+        let Claim::Wait {
+            lease_expires_at,
+            uncommitted,
+            ..
+        } = &claim
+        else {
+            return claim;
+        };
+        // No early return when the owner is this very backend: behind a pool, the claim
+        // may belong to another client whose calls ran on this server connection.
+        let remaining = waiter.remaining();
+        if remaining <= 0 {
+            return claim;
+        }
+        let sleep = if *uncommitted {
+            // Nobody wakes us when another transaction commits or aborts its claim.
+            SHORT_POLL_MICROS
+        } else if waiter.is_woken_by_changes() {
+            let now = crate::runtime::wait::now() as i128;
+            let lease_end = lease_expires_at.map_or(i128::MAX, |t| t.into_inner() as i128);
+            let lease_left = lease_end.saturating_sub(now) + 1000;
+            lease_left.clamp(1000, SAFETY_SLEEP_MICROS)
+        } else {
+            Waiter::poll_interval()
+        };
+        waiter.sleep(sleep);
+    }
+}
+
+/// Claim up to `n` due keys of `queue`, waiting up to `wait_micros` for one to become due.
+/// Each look runs in a subtransaction that is rolled back when it finds nothing, so the
+/// wait holds no lock. Woken after the commit of whatever makes a key of the queue due
+/// now (enqueue_key, a failure, release or reaped claim sending a key back); sleeps no
+/// longer than until the earliest queued key's due time (a backoff ending).
+pub fn claim_next(
+    queue_name: &str,
+    lease: Interval,
+    worker: Option<&str>,
+    owner: Owner,
+    n: i32,
+    wait_micros: i128,
+) -> Vec<Claimed> {
+    let mut waiter = Waiter::new(queue::wait_tag(queue_name), wait_micros);
+    loop {
+        waiter.before_look();
+        if let Ok(claimed) =
+            queue::claim_next_within(queue_name, lease, worker, owner, n, budget(&waiter))
+        {
+            if !claimed.is_empty() {
+                return claimed;
+            }
+        }
+        if waiter.remaining() <= 0 {
+            return Vec::new();
+        }
+        let sleep = if waiter.is_woken_by_changes() {
+            match queue::next_due(queue_name, budget(&waiter)) {
+                // A key that is due already but was not ours to take (another worker is
+                // claiming it): look again shortly.
+                Ok(Some(due)) => {
+                    let now = crate::runtime::wait::now() as i128;
+                    (due.into_inner() as i128 - now).max(SHORT_POLL_MICROS)
+                }
+                Ok(None) => SAFETY_SLEEP_MICROS,
+                Err(_) => SHORT_POLL_MICROS,
+            }
+            .min(SAFETY_SLEEP_MICROS)
+        } else {
+            Waiter::poll_interval()
+        };
+        waiter.sleep(sleep);
+    }
+}

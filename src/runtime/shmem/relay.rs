@@ -1,0 +1,303 @@
+//! One relay queue per database worker: the keys whose NOTIFY committing transactions
+//! handed over to the worker (once.notify = relay).
+//!
+//! A transaction promises itself room at pre-commit (`reserve`), so that once it has
+//! committed the hand-over cannot fail; it appends its keys after commit (`push`). The
+//! worker reads keys without removing them (`peek`) and removes them only once it has
+//! sent them (`consume`), so a worker that dies mid-batch leaves them to its successor.
+//!
+//! The ring itself (`RelayRing`) is plain Rust with no PostgreSQL in it, tested below;
+//! `Shared`'s methods wrap it in the queue's LWLock and set the worker's latch.
+
+use super::{latch_of, lock, Locked, Shared};
+use pgrx::pg_sys;
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering::SeqCst};
+
+/// Bytes of queued keys per database relay.
+const RELAY_BYTES: usize = 256 * 1024;
+
+/// Keys, each stored as a 2-byte little-endian length and its bytes, in a ring of `N`
+/// bytes. Positions only grow; a position's byte is at `position % N`. All-zero is the
+/// empty ring (shared memory starts zeroed).
+#[repr(C)]
+pub struct RelayRing<const N: usize> {
+    /// Where the next key goes.
+    head: u64,
+    /// Where the oldest key not yet consumed starts.
+    tail: u64,
+    /// Bytes promised to transactions that are committing.
+    reserved: u64,
+    data: [u8; N],
+}
+
+impl<const N: usize> RelayRing<N> {
+    /// Bytes `keys` take in a ring.
+    pub fn bytes_for(keys: &[String]) -> u64 {
+        keys.iter().map(|k| 2 + k.len() as u64).sum()
+    }
+
+    /// Promise `bytes` to a committing transaction; false if they do not fit.
+    pub fn reserve(&mut self, bytes: u64) -> bool {
+        let used = self.head - self.tail + self.reserved;
+        if used + bytes > N as u64 {
+            return false;
+        }
+        self.reserved += bytes;
+        true
+    }
+
+    /// Give back a promise that will not be used (the transaction aborted).
+    pub fn unreserve(&mut self, bytes: u64) {
+        self.reserved -= bytes;
+    }
+
+    /// Append `keys` into the `reserved` bytes promised for them. Returns whether the ring
+    /// was empty before: only then may the reader be asleep (see worker.rs).
+    pub fn push(&mut self, keys: &[String], reserved: u64) -> bool {
+        debug_assert!(Self::bytes_for(keys) <= reserved && reserved <= self.reserved);
+        let was_empty = self.head == self.tail;
+        for key in keys {
+            // Keys are at most 7,500 bytes (api::args::MAX_KEY_BYTES): the length fits.
+            let len = (key.len() as u16).to_le_bytes();
+            for &b in len.iter().chain(key.as_bytes()) {
+                self.data[(self.head % N as u64) as usize] = b;
+                self.head += 1;
+            }
+        }
+        self.reserved -= reserved;
+        was_empty
+    }
+
+    /// Up to `max` keys from the oldest on, without removing them, and the position to
+    /// `consume` up to once they are sent.
+    pub fn peek(&self, max: usize) -> (Vec<String>, u64) {
+        let byte = |pos: u64| self.data[(pos % N as u64) as usize];
+        let mut keys = Vec::new();
+        let mut tail = self.tail;
+        while tail < self.head && keys.len() < max {
+            let len = u16::from_le_bytes([byte(tail), byte(tail + 1)]) as u64;
+            let bytes: Vec<u8> = (tail + 2..tail + 2 + len).map(byte).collect();
+            keys.push(String::from_utf8_lossy(&bytes).into_owned());
+            tail += 2 + len;
+        }
+        (keys, tail)
+    }
+
+    /// Remove the keys read by `peek` up to `position`.
+    pub fn consume(&mut self, position: u64) {
+        debug_assert!(self.tail <= position && position <= self.head);
+        self.tail = position;
+    }
+}
+
+#[repr(C)]
+pub(super) struct RelayQueue {
+    /// Database this queue serves, 0 if unused.
+    dboid: AtomicU32,
+    /// Pid and PGPROC number of the worker draining it; pid 0 while it is not running.
+    worker_pid: AtomicI32,
+    worker_pgprocno: AtomicI32,
+    /// An owner session exited: the worker should reap now rather than at its next round.
+    reap_requested: AtomicBool,
+    /// Only touched under the queue's LWLock (`Shared::ring`).
+    ring: UnsafeCell<RelayRing<RELAY_BYTES>>,
+}
+
+impl Shared {
+    /// Run `f` on relay queue `index`'s ring under the queue's lock.
+    fn ring<R>(&self, index: usize, f: impl FnOnce(&mut RelayRing<RELAY_BYTES>) -> R) -> R {
+        let _guard = Locked::exclusive(lock(1 + index));
+        // SAFETY: the ring is only touched under this lock, so this is the only reference.
+        f(unsafe { &mut *self.relays[index].ring.get() })
+    }
+
+    fn wake_worker(&self, index: usize) {
+        let queue = &self.relays[index];
+        // SAFETY: SetLatch on another process's latch is what latches are for.
+        unsafe { pg_sys::SetLatch(latch_of(queue.worker_pgprocno.load(SeqCst))) };
+    }
+
+    /// The relay queue of `dboid` whose worker is running.
+    pub fn relay_for(&self, dboid: pg_sys::Oid) -> Option<usize> {
+        self.relays
+            .iter()
+            .position(|q| q.dboid.load(SeqCst) == dboid.to_u32() && q.worker_pid.load(SeqCst) != 0)
+    }
+
+    /// Attach the calling worker to the queue of its database (taking a free one).
+    pub fn attach_relay(&self, dboid: pg_sys::Oid) -> Option<usize> {
+        let _guard = Locked::exclusive(lock(0));
+        let index = self
+            .relays
+            .iter()
+            .position(|q| q.dboid.load(SeqCst) == dboid.to_u32())
+            .or_else(|| self.relays.iter().position(|q| q.dboid.load(SeqCst) == 0))?;
+        let queue = &self.relays[index];
+        queue.dboid.store(dboid.to_u32(), SeqCst);
+        // SAFETY: MyProc is this worker's PGPROC; MyProcPid is set at process start.
+        unsafe {
+            queue
+                .worker_pgprocno
+                .store((*pg_sys::MyProc).pgprocno, SeqCst);
+            queue.worker_pid.store(pg_sys::MyProcPid, SeqCst);
+        }
+        Some(index)
+    }
+
+    /// Ask the worker of `dboid`, if one runs, to reap at once.
+    pub fn request_reap(&self, dboid: pg_sys::Oid) {
+        if let Some(index) = self.relay_for(dboid) {
+            self.relays[index].reap_requested.store(true, SeqCst);
+            self.wake_worker(index);
+        }
+    }
+
+    /// Whether a reap was requested since the last call (the worker's side).
+    pub fn take_reap_request(&self, index: usize) -> bool {
+        self.relays[index].reap_requested.swap(false, SeqCst)
+    }
+
+    pub fn detach_relay(&self, index: usize) {
+        self.relays[index].worker_pid.store(0, SeqCst);
+    }
+
+    /// Promise `bytes` of queue space to a committing transaction; false if full.
+    pub fn reserve(&self, index: usize, bytes: u64) -> bool {
+        self.ring(index, |ring| ring.reserve(bytes))
+    }
+
+    /// Give back a promise that will not be used (the transaction aborted).
+    pub fn unreserve(&self, index: usize, bytes: u64) {
+        self.ring(index, |ring| ring.unreserve(bytes));
+    }
+
+    /// Append `keys` using the space reserved for them, and wake the worker if it may be
+    /// asleep: a worker sleeps only after finding its queue empty, and drains it all once
+    /// woken, so only the first key after it emptied the queue needs to wake it.
+    pub fn push(&self, index: usize, keys: &[String], reserved: u64) {
+        if self.ring(index, |ring| ring.push(keys, reserved)) {
+            self.wake_worker(index);
+        }
+    }
+
+    /// Read up to `max` queued keys without removing them (the worker's side), and the
+    /// position to `consume` up to once they are sent.
+    pub fn peek(&self, index: usize, max: usize) -> (Vec<String>, u64) {
+        self.ring(index, |ring| ring.peek(max))
+    }
+
+    /// Remove the keys read by `peek` up to `position`.
+    pub fn consume(&self, index: usize, position: u64) {
+        self.ring(index, |ring| ring.consume(position));
+    }
+
+    /// Bytes a list of keys takes in a relay queue.
+    pub fn queue_bytes(keys: &[String]) -> u64 {
+        RelayRing::<RELAY_BYTES>::bytes_for(keys)
+    }
+
+    /// Number of database workers currently running.
+    pub fn workers_running(&self) -> i32 {
+        self.relays
+            .iter()
+            .filter(|q| q.worker_pid.load(SeqCst) != 0)
+            .count() as i32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RelayRing;
+
+    fn ring<const N: usize>() -> Box<RelayRing<N>> {
+        Box::new(RelayRing {
+            head: 0,
+            tail: 0,
+            reserved: 0,
+            data: [0; N],
+        })
+    }
+
+    fn keys(names: &[&str]) -> Vec<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// Reserve, then push, as a committing transaction does.
+    fn hand_over<const N: usize>(ring: &mut RelayRing<N>, names: &[&str]) -> bool {
+        let keys = keys(names);
+        let bytes = RelayRing::<N>::bytes_for(&keys);
+        assert!(ring.reserve(bytes), "room for {names:?}");
+        ring.push(&keys, bytes)
+    }
+
+    #[test]
+    fn keys_come_out_in_order_and_stay_until_consumed() {
+        let mut ring = ring::<64>();
+        assert!(
+            hand_over(&mut ring, &["a", "bb"]),
+            "the first push finds the ring empty"
+        );
+        assert!(!hand_over(&mut ring, &["ccc"]), "later pushes do not");
+        let (all, end) = ring.peek(10);
+        assert_eq!(all, keys(&["a", "bb", "ccc"]));
+        assert_eq!(ring.peek(10).0, all, "peek removes nothing");
+        let (first_two, position) = ring.peek(2);
+        assert_eq!(first_two, keys(&["a", "bb"]));
+        ring.consume(position);
+        assert_eq!(ring.peek(10).0, keys(&["ccc"]));
+        ring.consume(end);
+        assert_eq!(ring.peek(10), (vec![], end));
+        assert!(
+            hand_over(&mut ring, &["d"]),
+            "empty again once all is consumed"
+        );
+    }
+
+    #[test]
+    fn keys_wrap_around_the_end_of_the_ring() {
+        let mut ring = ring::<16>();
+        for round in 0..20 {
+            let key = format!("key-{round}"); // 2 + 5 or 6 bytes: crosses the end often
+            hand_over(&mut ring, &[&key]);
+            let (got, position) = ring.peek(1);
+            assert_eq!(got, vec![key]);
+            ring.consume(position);
+        }
+        assert!(
+            ring.head > 16 * 5,
+            "positions kept growing past the ring's size"
+        );
+    }
+
+    #[test]
+    fn a_full_ring_refuses_a_promise_until_keys_are_consumed() {
+        let mut ring = ring::<16>();
+        hand_over(&mut ring, &["0123456789"]); // 12 of 16 bytes
+        assert!(!ring.reserve(5), "12 + 5 > 16");
+        assert!(ring.reserve(4), "12 + 4 fits exactly");
+        assert!(!ring.reserve(1), "promised bytes count as used");
+        ring.unreserve(4);
+        assert!(ring.reserve(3));
+        ring.unreserve(3);
+        let (_, position) = ring.peek(1);
+        ring.consume(position);
+        assert!(ring.reserve(16), "all of it is free again");
+    }
+
+    #[test]
+    fn keys_keep_their_bytes() {
+        let mut ring = ring::<64>();
+        let names = ["ключ", "'; DROP TABLE x; --", "line\nbreak", ""];
+        hand_over(&mut ring, &names);
+        assert_eq!(ring.peek(10).0, keys(&names));
+    }
+
+    #[test]
+    fn a_longest_key_fits_its_length_prefix() {
+        let mut ring = ring::<16384>();
+        let long = "x".repeat(7500);
+        hand_over(&mut ring, &[&long, "after"]);
+        assert_eq!(ring.peek(10).0, vec![long, "after".to_string()]);
+    }
+}

@@ -1,0 +1,9 @@
+//! Access to once.entries below the protocol: statements prepared once per backend with
+//! named parameters, direct reads of the primary-key index that bypass the executor,
+//! subtransactions that bound lock waits, and jsonb datums passed through untouched.
+//! Knows tables and rows, not what a claim means.
+
+pub mod entry;
+pub mod jsonb;
+pub mod statements;
+pub mod subxact;
