@@ -7,7 +7,11 @@
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PG_BIN=/usr/lib/postgresql/15/bin
+# PG_ONCE_PG_BIN: another PostgreSQL 15 installation's bin directory, e.g. a copy of the
+# system one (a copied installation finds its lib/ and share/ relative to bin/), so that
+# two checkouts can install and test their builds side by side (CONTRIBUTING.md).
+PG_BIN=${PG_ONCE_PG_BIN:-/usr/lib/postgresql/15/bin}
+export PG_ONCE_PG_BIN=$PG_BIN   # the crash tests restart the cluster with its pg_ctl
 PG_CONFIG=$PG_BIN/pg_config
 PGRX_VERSION=0.18.1
 # Clusters live outside root's home so the postgres user can write them.

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Install whatever is missing, then run every pg_once test. Run as root on Debian bookworm.
 #
-#   1. formatting and lints         cargo fmt --check, cargo clippy -D warnings
-#   2. single-session unit tests    cargo pgrx test (#[pg_test], in src/tests.rs)
+#   1. formatting and lints         cargo fmt --check, cargo clippy -D warnings, and
+#                                   check-boundary (SQL declarations = Rust signatures)
+#   2. single-session unit tests    cargo pgrx test (#[pg_test]s in src/tests/, and plain
+#                                   #[test]s of code with no PostgreSQL in it)
 #   3. SQL regression tests         pg_regress, pg_test/regress
 #      isolation specs              pg_isolation_regress, pg_test/isolation
 #   4. multi-connection tests       cargo test -p pg_once_multi, pg_test/multi, and crash
@@ -12,6 +14,9 @@
 #   6. client libraries             clients/python (psycopg 3), clients/node (pg),
 #                                   clients/rust (tokio-postgres), direct and through
 #                                   PgBouncer in transaction mode
+#
+# STEPS="2 4" (for example) runs only those steps, and SERVERS="preloaded" only that
+# server's run of steps 3 to 6; by default everything runs.
 #
 # Steps 3 to 6 run twice, against throwaway clusters on 127.0.0.1: one without
 # preloading (polling, direct NOTIFY, no worker) on $PG_ONCE_TEST_PORT, and one with
@@ -25,19 +30,31 @@ PORT=${PG_ONCE_TEST_PORT:-25432}
 # carry one (see errors::plain).
 export RUST_BACKTRACE=1
 started=$SECONDS
+STEPS=${STEPS:-1 2 3 4 5 6}
+SERVERS=${SERVERS:-plain preloaded}
+step() { [[ " $STEPS " == *" $1 "* ]]; }
 
 ensure_toolchain
 cd "$REPO_ROOT"
 
-say "1/6 formatting and lints"
-cargo fmt --all --check
-cargo clippy --workspace --all-targets --quiet -- -D warnings
+if step 1; then
+    say "1/6 formatting and lints"
+    cargo fmt --all --check
+    cargo clippy --workspace --all-targets --quiet -- -D warnings
+    python3 scripts/check-boundary.py
+fi
 
-say "2/6 unit tests: cargo pgrx test"
-# One at a time: the tests use the same keys in transactions that roll back, and a claim
-# never waits for another transaction's uncommitted claim (it is told `wait`).
-RUST_TEST_THREADS=1 cargo pgrx test pg15 --runas postgres --pgdata "$PG_ONCE_WORK/pgrx-test"
+if step 2; then
+    say "2/6 unit tests: cargo pgrx test"
+    # One at a time: the tests use the same keys in transactions that roll back, and a
+    # claim never waits for another transaction's uncommitted claim (it is told `wait`).
+    RUST_TEST_THREADS=1 cargo pgrx test pg15 --runas postgres --pgdata "$PG_ONCE_WORK/pgrx-test"
+fi
 
+if ! step 3 && ! step 4 && ! step 5 && ! step 6; then
+    say "steps $STEPS passed in $((SECONDS - started)) s"
+    exit 0
+fi
 install_extension debug
 cargo build --quiet -p pg_once_multi --tests
 
@@ -66,62 +83,72 @@ run_server_tests() {
     export PG_ONCE_DSN="host=127.0.0.1 port=$port user=postgres dbname=postgres"
     export PG_ONCE_BOUNCER_DSN="host=127.0.0.1 port=$((port + 10)) user=postgres dbname=postgres"
 
-    say "3/6 SQL regression tests, $name server: pg_regress"
-    run_pgxs_suite regress "$port" regress-$name pg_once_regress \
-        $(cd pg_test/regress/sql && ls *.sql | sed 's/\.sql$//')
-
-    if [ "$name" = plain ]; then
+    if step 3; then
+        say "3/6 SQL regression tests, $name server: pg_regress"
+        run_pgxs_suite regress "$port" regress-$name pg_once_regress \
+            $(cd pg_test/regress/sql && ls *.sql | sed 's/\.sql$//')
         python3 scripts/check-docs.py
+        # Isolation specs expire leases by hand; a worker reaping them in between would
+        # make their output depend on timing, so they run on the server without one.
+        if [ "$name" = plain ]; then
+            say "3/6 isolation specs, $name server: pg_isolation_regress"
+            run_pgxs_suite isolation "$port" isolation pg_once_isolation \
+                $(cd pg_test/isolation/specs && ls *.spec | sed 's/\.spec$//')
+        fi
     fi
 
-    # Isolation specs expire leases by hand; a worker reaping them in between would make
-    # their output depend on timing, so they run on the server without one.
-    if [ "$name" = plain ]; then
-        say "3/6 isolation specs, $name server: pg_isolation_regress"
-        run_pgxs_suite isolation "$port" isolation pg_once_isolation \
-            $(cd pg_test/isolation/specs && ls *.spec | sed 's/\.spec$//')
-    fi
-
-    say "4/6 multi-connection tests, $name server"
     cluster_psql "$name" "$port" -q -c "CREATE EXTENSION pg_once"
-    cargo test -p pg_once_multi --quiet --test protocol --test wakeups --test queue --test pooling
-    # These kill and restart the server: alone, one at a time.
-    PG_ONCE_DATA_DIR=$PG_ONCE_WORK/$name/data \
-        cargo test -p pg_once_multi --quiet --test crash -- --test-threads=1
-
-    say "5/6 invariant soak, $name server, $soak_seconds s"
-    cargo run --quiet -p pg_once_tools --bin soak -- --seconds "$soak_seconds" | tail -25
-
-    say "6/6 client libraries, $name server, direct and through PgBouncer"
-    "$py_venv/bin/python" -m pytest -q -p no:cacheprovider clients/python/tests
-    local node_log=$PG_ONCE_WORK/node-tests-$name.log
-    if ! (cd clients/node &&
-            PG_ONCE_DSN="postgres://postgres@127.0.0.1:$port/postgres" \
-            PG_ONCE_BOUNCER_DSN="postgres://postgres@127.0.0.1:$((port + 10))/postgres" \
-            npm test --silent >"$node_log" 2>&1); then
-        cat "$node_log" >&2
-        exit 1
+    if step 4; then
+        say "4/6 multi-connection tests, $name server"
+        cargo test -p pg_once_multi --quiet --test protocol --test wakeups --test queue --test pooling
+        # These kill and restart the server: alone, one at a time.
+        PG_ONCE_DATA_DIR=$PG_ONCE_WORK/$name/data \
+            cargo test -p pg_once_multi --quiet --test crash -- --test-threads=1
     fi
-    grep -E '^# (pass|fail)' "$node_log"
-    cargo test -p pg_once_client --quiet
+
+    if step 5; then
+        say "5/6 invariant soak, $name server, $soak_seconds s"
+        cargo run --quiet -p pg_once_tools --bin soak -- --seconds "$soak_seconds" | tail -25
+    fi
+
+    if step 6; then
+        say "6/6 client libraries, $name server, direct and through PgBouncer"
+        "$py_venv/bin/python" -m pytest -q -p no:cacheprovider clients/python/tests
+        local node_log=$PG_ONCE_WORK/node-tests-$name.log
+        if ! (cd clients/node &&
+                PG_ONCE_DSN="postgres://postgres@127.0.0.1:$port/postgres" \
+                PG_ONCE_BOUNCER_DSN="postgres://postgres@127.0.0.1:$((port + 10))/postgres" \
+                npm test --silent >"$node_log" 2>&1); then
+            cat "$node_log" >&2
+            exit 1
+        fi
+        grep -E '^# (pass|fail)' "$node_log"
+        cargo test -p pg_once_client --quiet
+    fi
     pgbouncer_stop "$name-bouncer"
     cluster_stop "$name"
 }
 
 trap 'pgbouncer_stop plain-bouncer; pgbouncer_stop preloaded-bouncer; cluster_stop plain; cluster_stop preloaded' EXIT
-say "installing the client libraries' dependencies"
 py_venv=$PG_ONCE_WORK/py-venv
-# A fresh virtualenv each run, as a user's would be: the package installs from its own
-# pyproject.toml, with pytest for its tests.
-rm -rf "$py_venv"
-python3 -m venv "$py_venv"
-"$py_venv/bin/pip" install --quiet --disable-pip-version-check ./clients/python pytest
-(cd clients/node && npm ci --silent --no-audit --no-fund && npm run --silent typecheck)
+if step 6; then
+    say "installing the client libraries' dependencies"
+    # A fresh virtualenv each run, as a user's would be: the package installs from its
+    # own pyproject.toml, with pytest for its tests.
+    rm -rf "$py_venv"
+    python3 -m venv "$py_venv"
+    "$py_venv/bin/pip" install --quiet --disable-pip-version-check ./clients/python pytest
+    (cd clients/node && npm ci --silent --no-audit --no-fund && npm run --silent typecheck)
+fi
 
-soak_seconds=${SOAK_PLAIN_SECONDS:-20}
-run_server_tests plain "$PORT"
-soak_seconds=${SOAK_PRELOADED_SECONDS:-40}
-run_server_tests preloaded $((PORT + 1)) "shared_preload_libraries = 'pg_once'" \
-    "once.databases = 'postgres'"
+if [[ " $SERVERS " == *" plain "* ]]; then
+    soak_seconds=${SOAK_PLAIN_SECONDS:-20}
+    run_server_tests plain "$PORT"
+fi
+if [[ " $SERVERS " == *" preloaded "* ]]; then
+    soak_seconds=${SOAK_PRELOADED_SECONDS:-40}
+    run_server_tests preloaded $((PORT + 1)) "shared_preload_libraries = 'pg_once'" \
+        "once.databases = 'postgres'"
+fi
 
-say "all tests passed in $((SECONDS - started)) s"
+say "steps $STEPS passed in $((SECONDS - started)) s (servers: $SERVERS)"

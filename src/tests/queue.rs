@@ -181,6 +181,51 @@ mod tests {
     }
 
     #[pg_test]
+    fn each_ended_attempt_leaves_its_outcome_on_the_key() {
+        // The statement that ends an attempt says how in once.entries.last_outcome, and the
+        // history records that: no error text is read to tell a reaped claim from a
+        // failure (this failure's message even looks like a reaper's).
+        Spi::run("SELECT once.enqueue_key(k) FROM unnest(ARRAY['done', 'failed', 'released', 'reaped', 'taken']) k").unwrap();
+        let claimed = claim_next("default", 5);
+        let token = |k: &str| claimed.iter().find(|c| c.0 == k).unwrap().1;
+        Spi::run(&format!(
+            "SELECT once.complete_key('done', {}, '1')",
+            token("done")
+        ))
+        .unwrap();
+        Spi::run(&format!(
+            "SELECT once.fail_key('failed', {}, 'owner x (token 1) is gone: not really')",
+            token("failed")
+        ))
+        .unwrap();
+        Spi::run(&format!(
+            "SELECT once.release_key('released', {})",
+            token("released")
+        ))
+        .unwrap();
+        kill_owner("taken");
+        assert_eq!(
+            text("SELECT outcome FROM once.claim_key('taken')"),
+            "claimed"
+        );
+        kill_owner("reaped");
+        assert_eq!(
+            one::<i64>("SELECT reclaimed FROM once.reap_stale()"),
+            Some(1)
+        );
+        assert_eq!(
+            text(
+                "SELECT string_agg(key || ':' || last_outcome, ' ' ORDER BY key) FROM once.entries"
+            ),
+            "done:completed failed:failed reaped:abandoned released:released taken:taken_over"
+        );
+        assert_eq!(
+            text("SELECT string_agg(key || ':' || outcome, ' ' ORDER BY key) FROM once.attempts"),
+            "done:completed failed:failed reaped:abandoned released:released taken:taken_over"
+        );
+    }
+
+    #[pg_test]
     fn a_dead_worker_counts_as_an_attempt() {
         Spi::run("SELECT once.create_queue('fragile', max_attempts => 1)").unwrap();
         Spi::run("SELECT once.enqueue_key('crasher', queue => 'fragile')").unwrap();

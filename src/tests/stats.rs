@@ -2,7 +2,7 @@
 
 #[pgrx::pg_schema]
 mod tests {
-    use crate::tests::{one, outcome_and_token};
+    use crate::tests::{one, outcome_and_token, text};
     use pgrx::prelude::*;
 
     #[pg_test]
@@ -37,5 +37,28 @@ mod tests {
         Spi::run(&format!("SELECT once.complete_key('k2', {token}, '1')")).unwrap();
         outcome_and_token("k2");
         assert!(one::<i64>("SELECT hits FROM once.stats").unwrap() > hits);
+    }
+
+    #[pg_test]
+    fn every_counter_has_its_column_in_once_stats() {
+        // once.runtime() names each counter by the once.stats column that shows it
+        // (runtime::shmem::counters); the view reads them by those names. A counter
+        // without a column, or a column naming no counter, would show nothing at all.
+        let counters = text(
+            "SELECT string_agg(k, ',' ORDER BY k) FROM jsonb_object_keys((SELECT counters FROM once.runtime())) k",
+        );
+        let columns = text(
+            "SELECT string_agg(attname, ',' ORDER BY attname) FROM pg_attribute
+              WHERE attrelid = 'once.stats'::regclass AND attnum > 0
+                AND attname NOT IN ('queued', 'running', 'done', 'failed', 'running_past_lease',
+                                    'expired_unpurged', 'oldest_claimed_at', 'errors', 'attempts',
+                                    'last_token', 'shared_memory', 'notify', 'workers')",
+        );
+        assert_eq!(counters, columns);
+        assert_eq!(
+            one::<bool>("SELECT num_nulls(claims, hits, waits, wakeups, takeovers, completions, failures, releases, invalidations, reaped, purged, notified_direct, notified_relayed) = 0 FROM once.stats"),
+            Some(true),
+            "every counter column reads a counter"
+        );
     }
 }

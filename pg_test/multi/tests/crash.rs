@@ -12,6 +12,11 @@ use tokio_postgres::Client;
 const LEASE: Duration = Duration::from_secs(600);
 const NO_WAIT: Duration = Duration::ZERO;
 
+/// The bin directory of the PostgreSQL that runs the cluster (scripts/lib.sh exports it).
+fn pg_bin() -> String {
+    std::env::var("PG_ONCE_PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into())
+}
+
 fn pg_ctl(args: &[&str]) -> Result<()> {
     let data = std::env::var("PG_ONCE_DATA_DIR")
         .context("PG_ONCE_DATA_DIR is not set: run through scripts/test.sh")?;
@@ -20,7 +25,7 @@ fn pg_ctl(args: &[&str]) -> Result<()> {
             "-u",
             "postgres",
             "--",
-            "/usr/lib/postgresql/15/bin/pg_ctl",
+            &format!("{}/pg_ctl", pg_bin()),
             "-D",
             &data,
             "-w",
@@ -213,4 +218,72 @@ async fn a_client_whose_socket_closes_mid_compute_is_taken_over_within_a_second(
     assert!(took < Duration::from_secs(1), "taken over after {took:?}");
     drop(owner);
     Ok(())
+}
+
+/// The worker pauses after each batch of notifications (once.relay_interval) to let the
+/// next one gather. It pauses on its latch, so a reload (like a stop) ends the pause at
+/// once instead of after it. Here: a key completed during a 1 s pause is relayed as soon
+/// as the settings are reloaded, not when the pause would have ended.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_ends_the_workers_pause_between_batches_at_once() -> Result<()> {
+    let admin = connect_when_up().await?;
+    let workers: Option<i32> = admin
+        .query_one("SELECT workers FROM once.stats", &[])
+        .await?
+        .get(0);
+    if workers.unwrap_or(0) == 0 {
+        return Ok(()); // no worker on this server: nothing relays
+    }
+    // Each its own statement: ALTER SYSTEM refuses to run in a transaction block.
+    admin
+        .batch_execute("ALTER SYSTEM SET once.relay_interval = '1s'")
+        .await?;
+    admin.batch_execute("SELECT pg_reload_conf()").await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (listener, mut rx) = once::connect_listening(&once::dsn_from_env()?).await?;
+    listener.batch_execute("LISTEN once").await?;
+    let owner = connect_when_up().await?;
+    let (first, second) = (fresh_key("pause-first"), fresh_key("pause-second"));
+    let first_claim = once::claim_key(&owner, &first, LEASE, NO_WAIT).await?;
+    let second_claim = once::claim_key(&owner, &second, LEASE, NO_WAIT).await?;
+    once::complete_key(&owner, &first, first_claim.token.unwrap(), &json!(1), None).await?;
+    // The worker has sent that batch, and pauses for 1 s before the next.
+    wait_for(&mut rx, &first).await?;
+    once::complete_key(
+        &owner,
+        &second,
+        second_claim.token.unwrap(),
+        &json!(2),
+        None,
+    )
+    .await?;
+    let reloaded = Instant::now();
+    admin
+        .batch_execute("ALTER SYSTEM RESET once.relay_interval")
+        .await?;
+    admin.batch_execute("SELECT pg_reload_conf()").await?;
+    wait_for(&mut rx, &second).await?;
+    let after_reload = reloaded.elapsed();
+    assert!(
+        after_reload < Duration::from_millis(500),
+        "relayed {after_reload:?} after the reload: the pause outlived it"
+    );
+    Ok(())
+}
+
+/// Wait up to 5 s for a notification whose payload is `key`.
+async fn wait_for(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>,
+    key: &str,
+) -> Result<()> {
+    tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let n = rx.recv().await.context("listener closed")?;
+            if n.payload() == key {
+                return Ok(());
+            }
+        }
+    })
+    .await
+    .context("no notification within 5 s")?
 }
