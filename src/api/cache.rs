@@ -59,8 +59,7 @@ fn complete_key(
     ttl: Option<Interval>,
 ) -> bool {
     errors::plain(|| {
-        let key = Key::new(args::key(key));
-        let token = args::token(token);
+        let (key, token) = claim_of(key, token);
         let result = args::required(
             result,
             "result",
@@ -79,8 +78,7 @@ fn fail_key(
     retry_after: Option<Interval>,
 ) -> bool {
     errors::plain(|| {
-        let key = Key::new(args::key(key));
-        let token = args::token(token);
+        let (key, token) = claim_of(key, token);
         let error = args::required(
             error,
             "error",
@@ -98,8 +96,7 @@ fn heartbeat_key(
     lease: Option<Interval>,
 ) -> Option<TimestampWithTimeZone> {
     errors::plain(|| {
-        let key = Key::new(args::key(key));
-        let token = args::token(token);
+        let (key, token) = claim_of(key, token);
         let lease = args::lease(lease);
         claim::heartbeat(&key, token, lease)
     })
@@ -108,8 +105,7 @@ fn heartbeat_key(
 #[pg_extern(sql = false)]
 fn release_key(key: Option<&str>, token: Option<i64>) -> bool {
     errors::plain(|| {
-        let key = Key::new(args::key(key));
-        let token = args::token(token);
+        let (key, token) = claim_of(key, token);
         claim::release(&key, token)
     })
 }
@@ -132,6 +128,11 @@ fn reap_stale() -> TableIterator<
         let reaped = claim::reap();
         TableIterator::once((reaped.reclaimed, reaped.expired, reaped.history))
     })
+}
+
+/// The claim an owner's call names: its key and fencing token, checked.
+fn claim_of(key: Option<&str>, token: Option<i64>) -> (Key<'_>, i64) {
+    (Key::new(args::key(key)), args::token(token))
 }
 
 /// The once.claim row this call returns, each value set by its column's name.
