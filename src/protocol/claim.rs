@@ -13,8 +13,8 @@
 //! A claim never waits long for someone else's transaction: it does not write a row that
 //! a transaction in progress holds (or a key such a transaction is inserting) but answers
 //! `wait`, and the write itself gives up when what is left of the caller's `wait` runs
-//! out (see subxact.rs). Only two claims racing within the same instant block on each
-//! other, for as long as the first one's statement takes.
+//! out (see storage::subxact). Only two claims racing within the same instant block on
+//! each other, for as long as the first one's statement takes.
 
 use crate::key::Key;
 use crate::protocol::rules::*;
