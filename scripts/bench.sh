@@ -4,7 +4,7 @@
 #
 #   1. claim+complete cycles/s on distinct keys vs the hand-made protocol, at 1, 8 and 32
 #      clients (pgbench), and over TCP with RTT_US of added round trip; cache hits vs a
-#      primary-key SELECT and vs SELECT 1.
+#      primary-key SELECT and vs SELECT 1, and inside a namespace vs outside.
 #   2. stampede: many callers on one cold key: computations, and time from the owner's
 #      complete_key to each caller's answer, by how callers wait.
 #   3. failover: time until a killed owner's key is claimed by a waiting caller, and the
@@ -106,11 +106,12 @@ open(path, "w").writelines(rows)
 PY
 fi
 
-# tps WORKLOAD CLIENTS [LINK]: one pgbench run (LINK socket or rtt); prints transactions/s.
+# tps WORKLOAD CLIENTS [LINK [ROLE]]: one pgbench run (LINK socket or rtt, as ROLE,
+# postgres by default); prints transactions/s.
 tps() {
     local target=(-h "$PG_ONCE_WORK/bench" -p "$PORT")
     [ "${3:-socket}" = rtt ] && target=(-h 127.0.0.1 -p "$PROXY_PORT")
-    "$PG_BIN/pgbench" "${target[@]}" -U postgres -n -M prepared -c "$2" -j 2 \
+    "$PG_BIN/pgbench" "${target[@]}" -U "${4:-postgres}" -n -M prepared -c "$2" -j 2 \
         -T "$SECONDS_PER_RUN" -f "$SQL/$1.sql" postgres 2>&1 |
         sed -n 's/^tps = \([0-9.]*\) .*/\1/p'
 }
@@ -129,13 +130,14 @@ ratio_of_column() {
 progress() { printf '\r  %-60s' "$*" >&2; }
 progress_done() { printf '\r%70s\r' '' >&2; }
 
-# compare A B CLIENTS LABEL [LINK]: alternate A and B, print a markdown row, log JSON.
+# compare A B CLIENTS LABEL [LINK [ROLE]]: alternate A and B, print a markdown row, log
+# JSON.
 compare() {
-    local a=$1 b=$2 clients=$3 label=$4 link=${5:-socket} runs_a="" runs_b=""
+    local a=$1 b=$2 clients=$3 label=$4 link=${5:-socket} role=${6:-postgres} runs_a="" runs_b=""
     for ((r = 1; r <= ROUNDS; r++)); do
         progress "$label, round $r/$ROUNDS"
-        runs_a+=" $(tps "$a" "$clients" "$link")"
-        runs_b+=" $(tps "$b" "$clients" "$link")"
+        runs_a+=" $(tps "$a" "$clients" "$link" "$role")"
+        runs_b+=" $(tps "$b" "$clients" "$link" "$role")"
     done
     progress_done
     local ma mina maxa mb minb maxb
@@ -247,6 +249,10 @@ done
 compare once_hit pk_select 8 "claim_key hit vs primary-key SELECT, 8 clients"
 compare once_hit select1 8 "claim_key hit vs SELECT 1, 8 clients"
 compare once_hit pk_select 8 "claim_key hit vs primary-key SELECT, 8 clients, ${RTT_US} us RTT" rtt
+# Namespaces: the same hit by an application role (not a superuser, which every check
+# lets through at once), on a key inside a namespace it belongs to vs a key outside.
+cluster_psql bench "$PORT" -q -f "$SQL/namespace_setup.sql" >/dev/null
+compare once_hit_namespace once_hit 8 "claim_key hit in a namespace vs outside, 8 clients, as an application role" socket bench_app
 echo
 
 fi

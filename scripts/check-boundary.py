@@ -27,6 +27,8 @@ RUST_TO_SQL = {
     "Vec<Option<String>>": "text[]",
     "Vec<Option<i64>>": "bigint[]",
     "pg_sys::ItemPointerData": "tid",
+    # An Oid argument is a role: regrole's datum is the role's oid.
+    "pg_sys::Oid": "regrole",
 }
 
 

@@ -100,7 +100,8 @@ run_server_tests() {
     cluster_psql "$name" "$port" -q -c "CREATE EXTENSION pg_once"
     if step 4; then
         say "4/6 multi-connection tests, $name server"
-        cargo test -p pg_once_multi --quiet --test protocol --test wakeups --test queue --test pooling
+        cargo test -p pg_once_multi --quiet --test protocol --test wakeups --test queue --test pooling \
+            --test namespaces
         # These kill and restart the server: alone, one at a time.
         PG_ONCE_DATA_DIR=$PG_ONCE_WORK/$name/data \
             cargo test -p pg_once_multi --quiet --test crash -- --test-threads=1

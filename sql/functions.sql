@@ -126,22 +126,55 @@ to 10,000 attempt-history rows older than once.history_retention. Returns how ma
 each. Never waits for a lock, so it is safe to run from many sessions at once, e.g. every
 second from pg_cron; when preloaded, the pg_once worker runs it.$$;
 
+-- ---- namespaces ----------------------------------------------------------------------
+
+CREATE FUNCTION once.create_namespace(
+    prefix text,
+    owner  regrole,
+    notify text DEFAULT 'digest')
+RETURNS void
+LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'create_namespace_wrapper';
+
+COMMENT ON FUNCTION once.create_namespace(text, regrole, text) IS
+$$Make every key that starts with prefix (the longest registered prefix wins) belong to
+owner: only its members and superusers may claim, read, complete, fail, heartbeat,
+release, invalidate or enqueue such keys (42501 for anyone else). notify: what LISTENers
+on channel once receive when such a key resolves: 'digest' (its hex SHA-256, computable
+from the key by whoever knows it) or 'key'. Changes an existing namespace's owner and
+notify. Only for superusers and members of the extension's owner.$$;
+
+CREATE FUNCTION once.drop_namespace(prefix text)
+RETURNS void
+LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'drop_namespace_wrapper';
+
+COMMENT ON FUNCTION once.drop_namespace(text) IS
+$$Forget a namespace. Refused (55006) while it still has keys or queues, which would
+otherwise become shared by every role. Only for superusers and members of the
+extension's owner.$$;
+
 -- ---- queue mode ----------------------------------------------------------------------
 
 CREATE FUNCTION once.create_queue(
     name         text,
     max_attempts integer DEFAULT 5,
     backoff      interval DEFAULT '1 second',
-    max_backoff  interval DEFAULT '1 hour')
+    max_backoff  interval DEFAULT '1 hour',
+    namespace    text DEFAULT NULL)
 RETURNS void
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'create_queue_wrapper';
 
-COMMENT ON FUNCTION once.create_queue(text, integer, interval, interval) IS
+COMMENT ON FUNCTION once.create_queue(text, integer, interval, interval, text) IS
 $$Create a queue, or change the retry policy of an existing one: a failed attempt waits
 backoff * 2^(attempts - 1), capped at max_backoff and jittered to between half and all of
-that, until the key has been claimed max_attempts times; then it stays failed.$$;
+that, until the key has been claimed max_attempts times; then it stays failed.
+namespace: the queue belongs to that namespace (only its members may enqueue into it,
+claim_next from it or drop it, and its keys may only go into its queues); NULL: shared.$$;
 
 CREATE FUNCTION once.drop_queue(name text)
 RETURNS void
@@ -253,6 +286,29 @@ updated or deleted by a committed transaction, or is held (locked, updated or de
 another transaction in progress. Either way claim_next passes over it without trying to
 lock it. NULL if the argument is NULL.$$;
 
+-- Not SECURITY DEFINER: the views call it for every row, as the role reading them, and it
+-- answers for that role. It reads only pg_once's own memory of the namespaces (loading it
+-- as the table's owner). PARALLEL RESTRICTED: the leader alone answers, for the role it
+-- runs as.
+CREATE FUNCTION once.may_use_key(key text)
+RETURNS boolean
+LANGUAGE c STABLE CALLED ON NULL INPUT PARALLEL RESTRICTED
+AS 'MODULE_PATHNAME', 'may_use_key_wrapper';
+
+COMMENT ON FUNCTION once.may_use_key(text) IS
+$$Whether the calling role may use this key: true outside every namespace, else whether
+it is a member of the owner of the key's namespace. NULL if the argument is NULL.$$;
+
+CREATE FUNCTION once.key_namespace(key text)
+RETURNS text
+LANGUAGE c STABLE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL RESTRICTED
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'key_namespace_wrapper';
+
+COMMENT ON FUNCTION once.key_namespace(text) IS
+$$The prefix of the namespace this key belongs to (the longest registered prefix it
+starts with), or NULL.$$;
+
 CREATE FUNCTION once.runtime()
 RETURNS TABLE (shared_memory boolean, notify text, workers integer, counters jsonb)
 LANGUAGE c VOLATILE SECURITY DEFINER PARALLEL SAFE
@@ -294,11 +350,12 @@ SELECT k.queued, k.running, k.done, k.failed, k.running_past_lease, k.expired_un
                coalesce(sum(errors), 0) AS errors,
                coalesce(sum(attempts), 0) AS attempts,
                (SELECT last_value FROM once.token_seq) AS last_token
-          FROM once.entries) AS k,
+          FROM once.entries
+         WHERE once.may_use_key(key)) AS k,
        once.runtime() AS r;
 
 COMMENT ON VIEW once.stats IS
-    'Keys per state, claims past their lease, expired results not yet purged, the oldest running claim and error/attempt totals (a scan of once.entries); how pg_once runs (shared memory, notify mode, workers); and counters of calls since server start (NULL unless preloaded).';
+    'Keys per state, claims past their lease, expired results not yet purged, the oldest running claim and error/attempt totals (a scan of once.entries, counting only keys the reader may use); how pg_once runs (shared memory, notify mode, workers); and counters of calls since server start (NULL unless preloaded).';
 
 CREATE VIEW once.queue_stats AS
 SELECT q.name AS queue,
@@ -319,22 +376,32 @@ SELECT q.name AS queue,
          WHERE a.queue = q.name AND a.outcome = 'completed'
            AND a.finished_at > clock_timestamp() - interval '1 hour') AS completed_last_hour
   FROM once.queues q
-  LEFT JOIN once.entries e ON e.queue = q.name
+  LEFT JOIN once.entries e ON e.queue = q.name AND once.may_use_key(e.key)
+ WHERE q.namespace IS NULL OR once.may_use_key(q.namespace)
  GROUP BY q.name;
 
 COMMENT ON VIEW once.queue_stats IS
-    'Per queue: depth (queued), due (queued and due now), running, dead (failed for good), the oldest due key''s wait, and attempts that completed or did not in the last minute / hour.';
+    'Per queue the reader may use: depth (queued), due (queued and due now), running, dead (failed for good), the oldest due key''s wait, and attempts that completed or did not in the last minute / hour.';
 
 CREATE VIEW once.dead_letters AS
 SELECT key, queue, payload, attempts, errors, error, updated_at AS failed_at
   FROM once.entries
- WHERE state = 'failed' AND queue IS NOT NULL;
+ WHERE state = 'failed' AND queue IS NOT NULL AND once.may_use_key(key);
 
 COMMENT ON VIEW once.dead_letters IS
-    'Queued keys that failed their last attempt. Re-enqueue one with once.enqueue_key(key, payload, queue) for a new set of attempts.';
+    'Queued keys that failed their last attempt (those the reader may use). Re-enqueue one with once.enqueue_key(key, payload, queue) for a new set of attempts.';
+
+CREATE VIEW once.namespaces AS
+SELECT prefix, owner, notify, created_at, once.may_use_key(prefix) AS member
+  FROM once.namespace_owners;
+
+COMMENT ON VIEW once.namespaces IS
+    'Namespaces: key prefixes that belong to a role (owner), what their keys are announced as on channel once (notify), and whether the role reading this may use them (member).';
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA once FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA once FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA once FROM PUBLIC;
 -- The digest function is harmless and handy for looking keys up by hand.
 GRANT EXECUTE ON FUNCTION once.key_hash(text) TO PUBLIC;
+-- The views call it as the role reading them; it only tells a role about itself.
+GRANT EXECUTE ON FUNCTION once.may_use_key(text) TO PUBLIC;

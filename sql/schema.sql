@@ -44,11 +44,36 @@ CREATE TABLE once.queues (
     max_attempts integer NOT NULL DEFAULT 5,            -- claims before a key stays failed
     backoff      interval NOT NULL DEFAULT '1 second',  -- delay before the 2nd attempt
     max_backoff  interval NOT NULL DEFAULT '1 hour',    -- the doubling stops here
-    created_at   timestamptz NOT NULL DEFAULT now()
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    namespace    text                                   -- NULL: shared by every role
 );
 INSERT INTO once.queues (name) VALUES ('default');
 COMMENT ON TABLE once.queues IS
     'Queues of queue mode and their retry policy: a failed attempt waits backoff * 2^(attempts-1) (capped at max_backoff, with jitter) until max_attempts claims, then the key stays failed.';
+
+-- Namespaces: every key that starts with prefix (the longest registered prefix wins), and
+-- every queue whose namespace is prefix, belongs to owner: only its members and superusers
+-- may use them (src/protocol/namespace.rs). Written only by once.create_namespace and
+-- once.drop_namespace; read through the once.namespaces view.
+CREATE TABLE once.namespace_owners (
+    prefix     text PRIMARY KEY,
+    owner      regrole NOT NULL,
+    notify     text NOT NULL DEFAULT 'digest',   -- NOTIFY payload: key | digest
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE once.namespace_owners IS
+    'Namespaces: key prefixes that belong to a role, and what their keys are announced as on channel once. See the once.namespaces view.';
+
+-- Every backend keeps the namespaces in memory (every call checks them); a change sends a
+-- relcache invalidation of this table, which makes every backend read them again.
+CREATE FUNCTION once.namespaces_changed() RETURNS trigger
+    LANGUAGE c
+    AS 'MODULE_PATHNAME', 'namespaces_changed_wrapper';
+COMMENT ON FUNCTION once.namespaces_changed() IS
+    'Trigger function: make every backend read once.namespace_owners again.';
+CREATE TRIGGER namespace_owners_changed
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON once.namespace_owners
+    FOR EACH STATEMENT EXECUTE FUNCTION once.namespaces_changed();
 
 CREATE TABLE once.entries (
     key_hash         bytea NOT NULL,   -- once.key_hash(key), computed by the functions
@@ -148,6 +173,7 @@ SELECT pg_catalog.pg_extension_config_dump('once.entries', '');
 SELECT pg_catalog.pg_extension_config_dump('once.token_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('once.queues', 'WHERE name <> ''default''');
 SELECT pg_catalog.pg_extension_config_dump('once.attempts', '');
+SELECT pg_catalog.pg_extension_config_dump('once.namespace_owners', '');
 
 -- Tell listeners on channel "once" that a key left the running state (completed, failed,
 -- released, reaped or invalidated). The payload is the key itself, passed to

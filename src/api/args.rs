@@ -5,6 +5,7 @@
 //! asked of the protocol by the API layer.)
 
 use crate::errors;
+use crate::protocol::namespace::Payload;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 
 /// Longest key, in bytes. A key is also the NOTIFY payload, which must stay under 8,000
@@ -229,4 +230,39 @@ pub fn run_at(run_at: Option<TimestampWithTimeZone>) -> Option<TimestampWithTime
         );
     }
     Some(t)
+}
+
+/// A namespace's prefix: not empty, at most MAX_KEY_BYTES (keys start with it).
+pub fn namespace_prefix(prefix: Option<&str>) -> &str {
+    let hint = "Pass the key prefix the namespace owns, e.g. 'tenant2/'.";
+    let Some(prefix) = prefix else {
+        errors::null_argument("prefix", hint)
+    };
+    if prefix.is_empty() {
+        errors::invalid_argument("prefix must not be empty".into(), hint);
+    }
+    if prefix.len() > MAX_KEY_BYTES {
+        errors::too_long(
+            format!(
+                "prefix is {} bytes long; keys, and so prefixes, are at most {MAX_KEY_BYTES} bytes",
+                prefix.len()
+            ),
+            hint,
+        );
+    }
+    prefix
+}
+
+/// What a namespace's keys are announced as on channel `once`: 'key' or 'digest'.
+pub fn notify_payload(notify: Option<&str>) -> Payload {
+    let hint = "Pass 'digest' (the key's hex SHA-256: listeners without rights learn nothing) or 'key' (the key itself).";
+    match notify {
+        None => errors::null_argument("notify", hint),
+        Some("digest") => Payload::Digest,
+        Some("key") => Payload::Key,
+        Some(other) => errors::invalid_argument(
+            format!("notify must be 'digest' or 'key', got '{other}'"),
+            hint,
+        ),
+    }
 }

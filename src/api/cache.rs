@@ -1,7 +1,7 @@
 //! The cache functions: claim_key and what an owner does with its claim.
 
 use super::args;
-use super::refuse_wait_under_snapshot_isolation;
+use super::{refuse_wait_under_snapshot_isolation, usable_key};
 use crate::errors;
 use crate::key::Key;
 use crate::protocol::claim::{self, Claim};
@@ -24,7 +24,7 @@ fn claim_key(
     fcinfo: pg_sys::FunctionCallInfo,
 ) -> pgrx::composite_type!('static, "claim") {
     errors::plain(|| {
-        let key = Key::new(args::key(key));
+        let key = usable_key(key, "claim_key");
         let lease = args::lease(lease);
         let wait_micros = args::wait(wait);
         let owner = Owner::from_arg(owner_pid);
@@ -59,7 +59,7 @@ fn complete_key(
     ttl: Option<Interval>,
 ) -> bool {
     errors::plain(|| {
-        let (key, token) = claim_of(key, token);
+        let (key, token) = claim_of(key, token, "complete_key");
         let result = args::required(
             result,
             "result",
@@ -78,7 +78,7 @@ fn fail_key(
     retry_after: Option<Interval>,
 ) -> bool {
     errors::plain(|| {
-        let (key, token) = claim_of(key, token);
+        let (key, token) = claim_of(key, token, "fail_key");
         let error = args::required(
             error,
             "error",
@@ -96,7 +96,7 @@ fn heartbeat_key(
     lease: Option<Interval>,
 ) -> Option<TimestampWithTimeZone> {
     errors::plain(|| {
-        let (key, token) = claim_of(key, token);
+        let (key, token) = claim_of(key, token, "heartbeat_key");
         let lease = args::lease(lease);
         claim::heartbeat(&key, token, lease)
     })
@@ -105,14 +105,14 @@ fn heartbeat_key(
 #[pg_extern(sql = false)]
 fn release_key(key: Option<&str>, token: Option<i64>) -> bool {
     errors::plain(|| {
-        let (key, token) = claim_of(key, token);
+        let (key, token) = claim_of(key, token, "release_key");
         claim::release(&key, token)
     })
 }
 
 #[pg_extern(sql = false)]
 fn invalidate_key(key: Option<&str>) -> bool {
-    errors::plain(|| claim::invalidate(&Key::new(args::key(key))))
+    errors::plain(|| claim::invalidate(&usable_key(key, "invalidate_key")))
 }
 
 #[pg_extern(sql = false)]
@@ -131,8 +131,8 @@ fn reap_stale() -> TableIterator<
 }
 
 /// The claim an owner's call names: its key and fencing token, checked.
-fn claim_of(key: Option<&str>, token: Option<i64>) -> (Key<'_>, i64) {
-    (Key::new(args::key(key)), args::token(token))
+fn claim_of<'a>(key: Option<&'a str>, token: Option<i64>, function: &str) -> (Key<'a>, i64) {
+    (usable_key(key, function), args::token(token))
 }
 
 /// The once.claim row this call returns, each value set by its column's name.

@@ -1,6 +1,7 @@
 //! Functions the extension's own SQL calls (listed under "Internal functions" in
 //! docs/sql-reference.md): not part of the protocol's surface.
 
+use crate::protocol::namespace;
 use crate::runtime::guc::{self, NotifyMode};
 use crate::runtime::{liveness, shmem};
 use crate::storage::entry;
@@ -18,6 +19,20 @@ fn backend_alive(pid: Option<i32>, started: Option<TimestampWithTimeZone>) -> Op
 #[pg_extern(sql = false)]
 fn row_taken(tid: Option<pg_sys::ItemPointerData>) -> Option<bool> {
     Some(entry::taken(tid?))
+}
+
+/// Whether the caller may use `key` (namespaces): the filter of the views and of
+/// invalidate_keys. Also true for a namespace's own prefix exactly when the caller may use
+/// the namespace (a queue's namespace is checked that way).
+#[pg_extern(sql = false)]
+fn may_use_key(key: Option<&str>) -> Option<bool> {
+    Some(namespace::admits_key(key?))
+}
+
+/// The prefix of the namespace `key` belongs to (NULL: none).
+#[pg_extern(sql = false)]
+fn key_namespace(key: Option<&str>) -> Option<String> {
+    namespace::prefix_of(key?)
 }
 
 /// How pg_once runs in this server, and its counters since start as a jsonb object keyed

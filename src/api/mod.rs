@@ -11,10 +11,22 @@
 pub mod args;
 mod cache;
 mod internal;
+mod namespace;
 mod queue;
 
 use crate::errors;
+use crate::key::Key;
+use crate::protocol::namespace as namespaces;
 use pgrx::pg_sys;
+
+/// The key a call names: checked (args::key), and one the caller may use (42501 for a key
+/// of a namespace whose owner the caller is not a member of). `function` names the call
+/// in a refusal.
+fn usable_key<'a>(key: Option<&'a str>, function: &str) -> Key<'a> {
+    let text = args::key(key);
+    namespaces::require_key(text, function);
+    Key::new(text)
+}
 
 /// A waiting call needs to see other sessions' commits, which a REPEATABLE READ or
 /// SERIALIZABLE snapshot never shows: it would always wait out its full time.

@@ -1,7 +1,7 @@
 //! The queue functions: queues, enqueue_key, claim_next and the batch operations.
 
 use super::args;
-use super::refuse_wait_under_snapshot_isolation;
+use super::{refuse_wait_under_snapshot_isolation, usable_key};
 use crate::errors;
 use crate::key::Key;
 use crate::protocol::{queue, waiting};
@@ -16,6 +16,7 @@ fn create_queue(
     max_attempts: Option<i32>,
     backoff: Option<Interval>,
     max_backoff: Option<Interval>,
+    namespace: Option<&str>,
 ) {
     errors::plain(|| {
         let name = args::new_queue_name(name);
@@ -25,14 +26,15 @@ fn create_queue(
             "Pass how many times a key may be tried before it stays failed, e.g. 5.",
         );
         let (backoff, max_backoff) = args::backoff(backoff, max_backoff);
-        queue::upsert_queue(name, max_attempts, backoff, max_backoff);
+        let namespace = namespace.map(|n| args::namespace_prefix(Some(n)));
+        queue::upsert_queue(name, max_attempts, backoff, max_backoff, namespace);
     })
 }
 
 #[pg_extern(sql = false)]
 fn drop_queue(name: Option<&str>) {
     errors::plain(|| {
-        let name = queue::require(args::queue(name));
+        let name = queue::require(args::queue(name), "drop_queue").name;
         let keys = queue::keys_in_queue(name);
         if keys > 0 {
             errors::object_in_use(
@@ -59,11 +61,12 @@ fn enqueue_key(
     max_attempts: Option<i32>,
 ) -> &'static str {
     errors::plain(|| {
-        let key = Key::new(args::key(key));
+        let key = usable_key(key, "enqueue_key");
+        let queue = queue::require(args::queue(queue), "enqueue_key");
         let job = queue::Job {
             key: &key,
             payload,
-            queue: queue::require(args::queue(queue)),
+            queue: &queue,
             priority: args::required(
                 priority,
                 "priority",
@@ -105,7 +108,7 @@ fn claim_next(
     ),
 > {
     errors::plain(|| {
-        let queue_name = queue::require(args::queue(queue));
+        let queue_name = queue::require(args::queue(queue), "claim_next").name;
         let lease = args::lease(lease);
         let worker = args::worker(worker);
         let n = args::batch_size(n);
@@ -134,7 +137,7 @@ fn invalidate_keys(queue: Option<&str>, prefix: Option<&str>) -> i64 {
                 "Pass queue => 'name' and/or prefix => 'https://example.com/'.",
             );
         }
-        let queue = queue.map(|q| queue::require(args::queue(Some(q))));
+        let queue = queue.map(|q| queue::require(args::queue(Some(q)), "invalidate_keys").name);
         if prefix == Some("") {
             errors::invalid_argument(
                 "prefix must not be empty".into(),
@@ -175,7 +178,10 @@ fn complete_keys(
             .into_iter()
             .map(|k| args::required(k, "keys[i]", hint))
             .collect();
-        let keys: Vec<Key> = keys.iter().map(|k| Key::new(args::key(Some(k)))).collect();
+        let keys: Vec<Key> = keys
+            .iter()
+            .map(|k| usable_key(Some(k), "complete_keys"))
+            .collect();
         let tokens: Vec<i64> = tokens.into_iter().map(args::token).collect();
         let ttl = args::ttl(ttl);
         let done = queue::complete_many(&keys, tokens, results, ttl);

@@ -17,8 +17,10 @@
 //! each other, for as long as the first one's statement takes.
 
 use crate::key::Key;
+use crate::protocol::namespace;
 use crate::protocol::rules::*;
 use crate::runtime::liveness::{self, Me, Owner, OwnerWatch};
+use crate::runtime::notify;
 use crate::runtime::shmem::{self, Counter};
 use crate::storage::entry::{self, Entry};
 use crate::storage::jsonb::Jsonb;
@@ -485,4 +487,26 @@ pub fn reap() -> Reaped {
         expired,
         history,
     }
+}
+
+/// Trigger on once.entries: a running key was resolved (completed, failed, released,
+/// reaped, invalidated). Its waiters are woken and it is announced on channel `once`, as
+/// its namespace says (the key, or its digest).
+#[pg_trigger(sql = false)]
+fn notify_key_resolved<'a>(
+    trigger: &'a pgrx::PgTrigger<'a>,
+) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, PgHeapTupleError> {
+    // The triggers fire only for rows that were running (see schema.sql), so OLD exists.
+    if let Some(old) = trigger.old() {
+        let key = old
+            .get_by_name::<&str>("key")
+            .unwrap_or_else(|e| error!("pg_once: {e}"))
+            .expect("once.entries.key is NOT NULL");
+        let digest = old
+            .get_by_name::<&[u8]>("key_hash")
+            .unwrap_or_else(|e| error!("pg_once: {e}"))
+            .expect("once.entries.key_hash is NOT NULL");
+        notify::key_resolved(&namespace::payload(key, digest), crate::key::tag_of(digest));
+    }
+    Ok(None)
 }

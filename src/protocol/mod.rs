@@ -3,6 +3,7 @@
 //! the worker (reap_stale); calls storage and runtime.
 
 pub mod claim;
+pub mod namespace;
 pub mod queue;
 mod rules;
 pub mod waiting;

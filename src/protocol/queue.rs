@@ -22,6 +22,7 @@
 use crate::errors;
 use crate::key::Key;
 use crate::protocol::claim::claimant_params;
+use crate::protocol::namespace;
 use crate::protocol::rules::*;
 use crate::runtime::liveness::{self, Me, Owner};
 use crate::runtime::notify;
@@ -32,14 +33,15 @@ use crate::storage::subxact::{self, Blocked, LockBudget};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::prelude::*;
 
-static QUEUE_EXISTS: Statement = Statement::new("SELECT 1 FROM once.queues WHERE name = $name");
+static QUEUE_NAMESPACE: Statement =
+    Statement::new("SELECT namespace FROM once.queues WHERE name = $name");
 
 static UPSERT_QUEUE: Statement = Statement::new(
-    "INSERT INTO once.queues (name, max_attempts, backoff, max_backoff)
-     VALUES ($name, $max_attempts, $backoff, $max_backoff)
+    "INSERT INTO once.queues (name, max_attempts, backoff, max_backoff, namespace)
+     VALUES ($name, $max_attempts, $backoff, $max_backoff, $namespace)
      ON CONFLICT (name) DO UPDATE
         SET max_attempts = EXCLUDED.max_attempts, backoff = EXCLUDED.backoff,
-            max_backoff = EXCLUDED.max_backoff",
+            max_backoff = EXCLUDED.max_backoff, namespace = EXCLUDED.namespace",
 );
 
 static COUNT_QUEUE_KEYS: Statement =
@@ -94,12 +96,14 @@ static CLAIM_NEXT: Statement = Statement::new(concat!(
      RETURNING e.key, e.token, e.payload, e.attempts, e.key_hash"
 ));
 
-// Locks in key_hash order (the ORDER BY sits below the row locking), then deletes.
+// Locks in key_hash order (the ORDER BY sits below the row locking), then deletes. Only
+// keys the caller may use (namespaces): once.may_use_key answers from memory.
 static INVALIDATE_MANY: Statement = Statement::new(
     "WITH doomed AS (
          SELECT key_hash FROM once.entries
           WHERE ($queue::text IS NULL OR queue = $queue)
             AND ($prefix::text IS NULL OR left(key, length($prefix)) = $prefix)
+            AND once.may_use_key(key)
           ORDER BY key_hash
             FOR UPDATE)
      DELETE FROM once.entries AS e USING doomed
@@ -127,12 +131,29 @@ static COMPLETE_MANY: Statement = Statement::new(concat!(
      RETURNING e.key"
 ));
 
-/// The queue named `name`, which must exist.
-pub fn require(name: &str) -> &str {
-    let exists = statements::run(&QUEUE_EXISTS, params![name = name], |table| {
-        Ok(!table.is_empty())
-    });
-    if !exists {
+/// A queue, as a call names it.
+pub struct Queue<'a> {
+    pub name: &'a str,
+    /// The namespace it belongs to; None: shared by every role.
+    pub namespace: Option<String>,
+}
+
+/// The namespace of queue `name`: None if there is no such queue, Some(None) if it is
+/// shared.
+fn namespace_of_queue(name: &str) -> Option<Option<String>> {
+    statements::run(&QUEUE_NAMESPACE, params![name = name], |table| {
+        if table.is_empty() {
+            Ok(None)
+        } else {
+            Ok(Some(table.first().get(1)?))
+        }
+    })
+}
+
+/// The queue named `name`, which must exist (42704) and which the caller must be allowed
+/// to use (42501); `function` names the call in a refusal.
+pub fn require<'a>(name: &'a str, function: &str) -> Queue<'a> {
+    let Some(namespace) = namespace_of_queue(name) else {
         errors::undefined_object(
             format!("queue \"{name}\" does not exist"),
             &format!(
@@ -140,8 +161,11 @@ pub fn require(name: &str) -> &str {
                 name.replace('\'', "''")
             ),
         );
+    };
+    if let Some(prefix) = &namespace {
+        namespace::require_key(prefix, function);
     }
-    name
+    Queue { name, namespace }
 }
 
 /// What a worker waiting in claim_next for `queue` announces in its backend slot: a 64-bit
@@ -178,12 +202,27 @@ fn wake_queue<'a>(
     Ok(None)
 }
 
-pub fn upsert_queue(name: &str, max_attempts: i32, backoff: Interval, max_backoff: Interval) {
+/// Create the queue `name` or change its policy. A queue of a namespace may be changed only
+/// by a member, and given to a namespace only by a member of that one.
+pub fn upsert_queue(
+    name: &str,
+    max_attempts: i32,
+    backoff: Interval,
+    max_backoff: Interval,
+    namespace: Option<&str>,
+) {
+    if let Some(Some(current)) = namespace_of_queue(name) {
+        namespace::require_key(&current, "create_queue");
+    }
+    if let Some(prefix) = namespace {
+        namespace::require_named(prefix, "create_queue");
+    }
     let args = params![
         name = name,
         max_attempts = max_attempts,
         backoff = backoff,
         max_backoff = max_backoff,
+        namespace = namespace,
     ];
     statements::run(&UPSERT_QUEUE, args, |_| Ok(()));
 }
@@ -215,7 +254,7 @@ pub enum Enqueued {
 pub struct Job<'a> {
     pub key: &'a Key<'a>,
     pub payload: Option<Jsonb>,
-    pub queue: &'a str,
+    pub queue: &'a Queue<'a>,
     pub priority: i32,
     pub run_at: Option<TimestampWithTimeZone>,
     pub max_attempts: Option<i32>,
@@ -226,7 +265,7 @@ impl Job<'_> {
     fn params(&self) -> [statements::Param<'static>; 6] {
         params![
             key_hash = self.key.hash_param(),
-            queue = self.queue,
+            queue = self.queue.name,
             payload = self.payload,
             priority = self.priority,
             run_at = self.run_at,
@@ -236,17 +275,30 @@ impl Job<'_> {
 }
 
 pub fn enqueue(job: &Job, refresh: bool) -> Enqueued {
+    // A key of a namespace goes only into a queue of the same namespace: a shared queue's
+    // workers could be any role, and would get its payload.
+    if let Some(prefix) = namespace::prefix_of(job.key.text) {
+        if job.queue.namespace.as_deref() != Some(prefix.as_str()) {
+            errors::insufficient_privilege(
+                format!(
+                    "key \"{}\" belongs to namespace \"{prefix}\", queue \"{}\" does not",
+                    job.key.text, job.queue.name
+                ),
+                "Enqueue a namespace's keys into a queue of the same namespace: once.create_queue(name, namespace => ...).",
+            );
+        }
+    }
     let new = job
         .params()
         .into_iter()
         .chain(params![key = job.key.text_param()]);
     if statements::run(&ENQUEUE_NEW, new, |table| Ok(table.len() == 1)) {
-        has_work(job.queue);
+        has_work(job.queue.name);
         return Enqueued::Queued;
     }
     let again = job.params().into_iter().chain(params![refresh = refresh]);
     if statements::run(&ENQUEUE_AGAIN, again, |table| Ok(table.len() == 1)) {
-        has_work(job.queue);
+        has_work(job.queue.name);
         return Enqueued::Requeued;
     }
     // Through SQL, not entry::read: that look gives up when DDL waits for once.entries,

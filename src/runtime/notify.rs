@@ -1,8 +1,9 @@
 //! Telling the world that a key left the running state: waking waiters in shared memory
 //! and notifying LISTENers on channel `once`.
 //!
-//! The trigger on once.entries calls `key_resolved` for every key that leaves `running`.
-//! Nothing is sent before commit:
+//! The trigger on once.entries (protocol::claim::notify_key_resolved) calls `key_resolved`
+//! for every key that leaves `running`, with the payload its namespace chooses (the key,
+//! or its digest). Nothing is sent before commit:
 //! - waiters sleeping in claim_key are woken from the commit callback, which PostgreSQL
 //!   calls after the transaction is visible to others, so a woken waiter always sees the
 //!   change it was woken for;
@@ -10,8 +11,8 @@
 //!   to this database's pg_once worker after commit, and the worker sends them in
 //!   batches: the committing transaction never takes NOTIFY's cluster-wide commit lock.
 //!
-//! The key is passed to the server's pg_notify as a value, never spliced into SQL text,
-//! so any key (quotes, newlines, `'; DROP TABLE`) is delivered verbatim.
+//! The payload is passed to the server's pg_notify as a value, never spliced into SQL
+//! text, so any key (quotes, newlines, `'; DROP TABLE`) is delivered verbatim.
 
 use crate::runtime::guc::{self, NotifyMode};
 use crate::runtime::shmem::{self, Counter};
@@ -50,8 +51,9 @@ pub fn notify_now(key: &str) {
     }
 }
 
-/// A key left the running state in the current transaction.
-fn key_resolved(key: &str, tag: u64) {
+/// A key left the running state in the current transaction: announce `payload` on channel
+/// `once` and wake the waiters of `tag`, both once the transaction commits.
+pub fn key_resolved(payload: &str, tag: u64) {
     let shared = shmem::shared();
     let mode = guc::NOTIFY.get();
     // SAFETY: MyDatabaseId is set once connected.
@@ -59,14 +61,14 @@ fn key_resolved(key: &str, tag: u64) {
     let relay =
         mode == NotifyMode::Relay && shared.is_some_and(|s| s.relay_for(database).is_some());
     if mode != NotifyMode::Off && !relay {
-        notify_now(key);
+        notify_now(payload);
         shmem::count(Counter::NotifiedDirect);
     }
     if shared.is_some() {
         PENDING.with_borrow_mut(|p| {
             p.wake.push(tag);
             if relay {
-                p.relay.push(key.to_owned());
+                p.relay.push(payload.to_owned());
             }
         });
     }
@@ -78,26 +80,6 @@ pub fn wake_after_commit(tag: u64) {
     if shmem::shared().is_some() {
         PENDING.with_borrow_mut(|p| p.wake.push(tag));
     }
-}
-
-#[pg_trigger(sql = false)]
-fn notify_key_resolved<'a>(
-    trigger: &'a pgrx::PgTrigger<'a>,
-) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, PgHeapTupleError> {
-    // The triggers fire only for rows that were running (see schema.sql), so OLD exists.
-    if let Some(old) = trigger.old() {
-        let key = old
-            .get_by_name::<&str>("key")
-            .unwrap_or_else(|e| error!("pg_once: {e}"));
-        let digest = old
-            .get_by_name::<&[u8]>("key_hash")
-            .unwrap_or_else(|e| error!("pg_once: {e}"));
-        key_resolved(
-            key.expect("once.entries.key is NOT NULL"),
-            crate::key::tag_of(digest.expect("once.entries.key_hash is NOT NULL")),
-        );
-    }
-    Ok(None)
 }
 
 /// Hook the commit/abort callbacks; called from _PG_init when shared memory exists.

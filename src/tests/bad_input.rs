@@ -365,4 +365,68 @@ mod tests {
             queues
         );
     }
+
+    #[pg_test]
+    fn bad_namespace_input_is_refused() {
+        Spi::run("SELECT once.create_namespace('taken/', 'pg_database_owner')").unwrap();
+        Spi::run("SELECT once.claim_key('taken/k')").unwrap();
+        let cases: &[(&str, &str, &str)] = &[
+            (
+                "SELECT once.create_namespace(NULL, 'pg_database_owner')",
+                "22004",
+                "prefix must not be NULL",
+            ),
+            (
+                "SELECT once.create_namespace('', 'pg_database_owner')",
+                "22023",
+                "prefix must not be empty",
+            ),
+            (
+                "SELECT once.create_namespace(repeat('p', 7501), 'pg_database_owner')",
+                "22001",
+                "prefix is 7501 bytes long",
+            ),
+            (
+                "SELECT once.create_namespace('p/', NULL)",
+                "22004",
+                "owner must not be NULL",
+            ),
+            (
+                "SELECT once.create_namespace('p/', 'pg_database_owner', 'everything')",
+                "22023",
+                "notify must be 'digest' or 'key'",
+            ),
+            (
+                "SELECT once.drop_namespace('nope/')",
+                "42704",
+                "namespace \"nope/\" does not exist",
+            ),
+            (
+                "SELECT once.drop_namespace('taken/')",
+                "55006",
+                "namespace \"taken/\" still has 1 keys",
+            ),
+            (
+                "SELECT once.create_queue('q3', namespace => 'nope/')",
+                "42704",
+                "namespace \"nope/\" does not exist",
+            ),
+            (
+                "SELECT once.create_queue('q3', namespace => '')",
+                "22023",
+                "prefix must not be empty",
+            ),
+        ];
+        let before = snapshot();
+        let namespaces =
+            text("SELECT string_agg(prefix, ',' ORDER BY prefix) FROM once.namespace_owners");
+        for (sql, state, msg) in cases {
+            assert_error(sql, state, msg);
+        }
+        assert_eq!(snapshot(), before);
+        assert_eq!(
+            text("SELECT string_agg(prefix, ',' ORDER BY prefix) FROM once.namespace_owners"),
+            namespaces
+        );
+    }
 }

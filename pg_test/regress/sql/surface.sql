@@ -5,15 +5,16 @@ CREATE EXTENSION pg_once;
 SELECT p.oid::regprocedure AS function, pg_get_function_result(p.oid) AS returns
   FROM pg_proc p WHERE p.pronamespace = 'once'::regnamespace ORDER BY p.proname;
 
--- Every function is documented, SECURITY DEFINER (but the immutable digest, the triggers
--- and claim_next's per-row filter, which checks privileges itself) and pins its
--- search_path.
+-- Every function is documented, SECURITY DEFINER (but the immutable digest, the triggers,
+-- claim_next's per-row filter, which checks privileges itself, and may_use_key, which
+-- answers for the role calling it) and pins its search_path.
 SELECT p.oid::regprocedure AS undocumented FROM pg_proc p
  WHERE p.pronamespace = 'once'::regnamespace AND obj_description(p.oid, 'pg_proc') IS NULL;
 SELECT p.oid::regprocedure AS not_pinned FROM pg_proc p
  WHERE p.pronamespace = 'once'::regnamespace
    AND p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'c')
-   AND p.proname NOT IN ('notify_key_resolved', 'wake_queue', 'row_taken')
+   AND p.proname NOT IN ('notify_key_resolved', 'wake_queue', 'namespaces_changed',
+                         'row_taken', 'may_use_key')
    AND (NOT p.prosecdef OR NOT 'search_path=pg_catalog, pg_temp' = ANY (p.proconfig));
 -- The two queue functions whose statements take LIMIT n or arrays run on generic plans,
 -- which PostgreSQL would otherwise never pick for them (it planned them on every call).

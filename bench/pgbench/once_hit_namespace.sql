@@ -1,0 +1,4 @@
+-- A cache hit on a key inside a namespace: claim_key also checks that the caller is a
+-- member of the namespace's owner.
+\set k random(1, 10000)
+SELECT outcome, result FROM once.claim_key('tenant:hot:' || :k);
