@@ -2,7 +2,8 @@
 //
 // It does two jobs (docs/clients.md):
 // - it LISTENs on channel "once", where every key that stops running is notified with the
-//   key as the payload, and wakes this process's waiters for that key: a waiting call
+//   key (or, in a namespace, its digest: notifiedNames) as the payload, and wakes this
+//   process's waiters for that key: a waiting call
 //   holds no pooled connection, only an entry in `#interests`;
 // - it is the owner of this process's claims: `once.owner_session()` names it, and its
 //   pid P goes with every claim_key / claim_next, so the claims end when this process
@@ -10,9 +11,19 @@
 //
 // It must be a direct or session-pooled connection: under transaction pooling neither
 // LISTEN nor a session's pid means anything.
+import { createHash } from 'node:crypto';
 import pg from 'pg';
 import { OnceError } from './errors.js';
 import { jitter, sleep } from './util.js';
+
+/**
+ * What channel "once" may carry when `key` resolves: the key itself, or, for a key in a
+ * namespace created with notify => 'digest' (the default there), its hex SHA-256,
+ * encode(once.key_hash(key), 'hex'). A waiter listens for both.
+ */
+export function notifiedNames(key) {
+  return [key, createHash('sha256').update(key, 'utf8').digest('hex')];
+}
 
 /** One waiting call's interest in one key. Armed before each claim_key call. */
 class Interest {
@@ -97,12 +108,17 @@ export class Listener {
   /** Register interest in `key`; call dispose() when the call is over. */
   interest(key) {
     const interest = new Interest();
-    let set = this.#interests.get(key);
-    if (!set) this.#interests.set(key, (set = new Set()));
-    set.add(interest);
+    const sets = notifiedNames(key).map((name) => {
+      let set = this.#interests.get(name);
+      if (!set) this.#interests.set(name, (set = new Set()));
+      set.add(interest);
+      return [name, set];
+    });
     interest.dispose = () => {
-      set.delete(interest);
-      if (set.size === 0 && this.#interests.get(key) === set) this.#interests.delete(key);
+      for (const [name, set] of sets) {
+        set.delete(interest);
+        if (set.size === 0 && this.#interests.get(name) === set) this.#interests.delete(name);
+      }
     };
     return interest;
   }

@@ -2,9 +2,10 @@
 import { describe, test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  setups, makeClient, closeClient, countingPool, freshKey, sleep, admin,
+  setups, makeClient, closeClient, countingPool, freshKey, sleep, admin, DSN,
 } from './helpers.js';
 import { OnceClient, OnceFailed, OnceTimeout, OnceError } from '../src/index.js';
+import { Listener, notifiedNames } from '../src/listener.js';
 
 for (const setup of setups) {
   describe(`cache (${setup.name})`, () => {
@@ -281,3 +282,33 @@ for (const setup of setups) {
     });
   });
 }
+
+describe('namespaces', () => {
+  test('a waiter for a key in a namespace that announces digests is woken by its digest', async () => {
+    // Such a namespace sends encode(once.key_hash(key), 'hex') instead of the key.
+    const a = await admin();
+    const prefix = `${freshKey('ns')}/`;
+    const key = `${prefix}k`;
+    const listener = new Listener({ connectionString: DSN }, { onError: () => {}, ownerSession: () => true });
+    try {
+      await a.query('SELECT once.create_namespace($1, current_user::regrole)', [prefix]);
+      const { rows: [{ digest }] } = await a.query("SELECT encode(once.key_hash($1), 'hex') AS digest", [key]);
+      assert.deepEqual(notifiedNames(key), [key, digest]);
+      await listener.ownerPid();
+      const interest = listener.interest(key);
+      interest.arm();
+      const { rows: [{ token }] } = await a.query('SELECT token FROM once.claim_key($1)', [key]);
+      const started = Date.now();
+      const woken = interest.wait(10_000);
+      await a.query("SELECT once.complete_key($1, $2, '1')", [key, token]);
+      await woken;
+      assert.ok(Date.now() - started < 5_000, 'woken by the notification, not by the 10 s timeout');
+      interest.dispose();
+    } finally {
+      await listener.close();
+      await a.query('SELECT once.invalidate_key($1)', [key]);
+      await a.query('SELECT once.drop_namespace($1)', [prefix]).catch(() => {});
+      await a.end();
+    }
+  });
+});

@@ -1,5 +1,6 @@
 """get_or_compute and cached in one process: one computation, coalescing, errors."""
 
+import os
 import threading
 import time
 from datetime import timedelta
@@ -251,3 +252,29 @@ def test_waiters_survive_the_listen_connection_dropping(clients, key, admin):
     assert time.monotonic() - t0 < 2.5
     assert waiter._listener.reconnects == 1 and waiter.owner_pid != old
     t.join()
+
+
+def test_a_waiter_for_a_namespace_key_is_woken_by_its_digest(admin, key):
+    # A namespace that announces digests (the default) sends encode(once.key_hash(key),
+    # 'hex') instead of the key: the listener must wake the key's waiters on it.
+    from pg_once._common import notified_names
+    from pg_once._listener import Listener
+
+    prefix = key + "/ns/"
+    admin.execute("SELECT once.create_namespace(%s, current_user::regrole)", (prefix,))
+    ns_key = prefix + "k"
+    digest = admin.execute("SELECT encode(once.key_hash(%s), 'hex')", (ns_key,)).fetchone()[0]
+    assert notified_names(ns_key) == (ns_key, digest)
+    listener = Listener(os.environ["PG_ONCE_DSN"])
+    listener.start()
+    try:
+        event = listener.watch(ns_key)
+        token = admin.execute("SELECT token FROM once.claim_key(%s)", (ns_key,)).fetchone()[0]
+        admin.execute("SELECT once.complete_key(%s, %s, '1')", (ns_key, token))
+        # Only a notification sets the event: the listener has no timer of its own.
+        assert event.wait(5), "not woken by the digest notification"
+        listener.unwatch(ns_key, event)
+    finally:
+        listener.close()
+        admin.execute("SELECT once.invalidate_key(%s)", (ns_key,))
+        admin.execute("SELECT once.drop_namespace(%s)", (prefix,))

@@ -4,7 +4,8 @@
 //! `once.owner_session()` and every claim passes the returned pid as `owner_pid`, so when
 //! the process dies (and this connection with it) the server ends its claims within about
 //! a second, while pooled server connections can come and go. And it multiplexes wake-ups:
-//! every key is notified on channel `once` with the key as payload, and each waiting call
+//! every key is notified on channel `once` with the key (or, in a namespace, its digest)
+//! as payload, and each waiting call
 //! registers an [`Interest`] in its key before asking the server, so a completion that
 //! lands between the question and the sleep still wakes it.
 //!
@@ -15,6 +16,7 @@
 use crate::error::{Error, Result};
 use crate::raw::Owner;
 use futures_util::{stream, StreamExt};
+use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -37,19 +39,56 @@ pub(crate) struct State {
 }
 
 /// Per-key wake-up senders; a key is in the map while some call is interested in it.
+/// A key of a namespace created with notify => 'digest' is notified as its hex SHA-256
+/// (`encode(once.key_hash(key), 'hex')`), so each key is also found by its digest.
 #[derive(Default)]
 struct Registry {
-    keys: Mutex<HashMap<String, watch::Sender<u64>>>,
+    keys: Mutex<Keys>,
+}
+
+#[derive(Default)]
+struct Keys {
+    senders: HashMap<String, watch::Sender<u64>>,
+    /// Digest -> key, for every key in `senders`.
+    by_digest: HashMap<String, String>,
+}
+
+/// The hex SHA-256 of a key: what channel `once` carries for a key of a namespace that
+/// announces digests.
+pub(crate) fn digest(key: &str) -> String {
+    Sha256::digest(key.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 impl Registry {
-    fn wake(&self, key: &str) {
-        if let Some(tx) = self.keys.lock().unwrap().get(key) {
+    fn wake(&self, payload: &str) {
+        let keys = self.keys.lock().unwrap();
+        let key = keys.by_digest.get(payload).map_or(payload, String::as_str);
+        if let Some(tx) = keys.senders.get(key) {
             tx.send_modify(|n| *n += 1);
         }
     }
+    fn interest(registry: &Arc<Registry>, key: &str) -> Interest {
+        let mut keys = registry.keys.lock().unwrap();
+        if !keys.senders.contains_key(key) {
+            keys.by_digest.insert(digest(key), key.to_owned());
+        }
+        let rx = keys
+            .senders
+            .entry(key.to_owned())
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe();
+        Interest {
+            registry: registry.clone(),
+            key: key.to_owned(),
+            rx: Some(rx),
+        }
+    }
+
     fn wake_all(&self) {
-        for tx in self.keys.lock().unwrap().values() {
+        for tx in self.keys.lock().unwrap().senders.values() {
             tx.send_modify(|n| *n += 1);
         }
     }
@@ -81,10 +120,12 @@ impl Drop for Interest {
         let mut keys = self.registry.keys.lock().unwrap();
         self.rx.take();
         if keys
+            .senders
             .get(&self.key)
             .is_some_and(|tx| tx.receiver_count() == 0)
         {
-            keys.remove(&self.key);
+            keys.senders.remove(&self.key);
+            keys.by_digest.remove(&digest(&self.key));
         }
     }
 }
@@ -129,16 +170,7 @@ impl Listener {
 
     /// Register interest in `key`: call before asking the server about it.
     pub fn interest(&self, key: &str) -> Interest {
-        let mut keys = self.registry.keys.lock().unwrap();
-        let rx = keys
-            .entry(key.to_owned())
-            .or_insert_with(|| watch::channel(0).0)
-            .subscribe();
-        Interest {
-            registry: self.registry.clone(),
-            key: key.to_owned(),
-            rx: Some(rx),
-        }
+        Registry::interest(&self.registry, key)
     }
 
     /// The owner to claim as, waiting up to `patience` for the connection to be up.
@@ -238,4 +270,34 @@ async fn session(
     }
     drop(client);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{digest, Registry};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    #[test]
+    fn a_digest_is_the_servers_hex_sha256() {
+        // encode(once.key_hash('abc'), 'hex') on the server.
+        assert_eq!(
+            digest("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_key_is_woken_by_its_name_or_by_its_digest() {
+        let registry = Arc::new(Registry::default());
+        for payload in ["tenant2/k".to_owned(), digest("tenant2/k")] {
+            let mut interest = Registry::interest(&registry, "tenant2/k");
+            registry.wake(&payload);
+            tokio::time::timeout(Duration::from_secs(1), interest.changed())
+                .await
+                .unwrap_or_else(|_| panic!("not woken by {payload}"));
+        }
+        // Interests gone: the digest is forgotten with the key.
+        assert!(registry.keys.lock().unwrap().by_digest.is_empty());
+    }
 }

@@ -3,6 +3,7 @@ back-off timing and call counting. Nothing here does I/O."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import threading
@@ -44,6 +45,15 @@ CLAIM_NEXT_LEGACY = (
     f"{SECS}, worker => %s, n => %s)")
 LISTEN = "LISTEN once"
 OWNER_SESSION = "SELECT once.owner_session()"
+
+
+def notified_names(key: str) -> tuple:
+    """What channel "once" may carry when `key` resolves: the key itself, or, for a key in
+    a namespace created with notify => 'digest' (the default there), its hex SHA-256,
+    encode(once.key_hash(key), 'hex'). A waiter listens for both."""
+    return (key, hashlib.sha256(key.encode("utf-8")).hexdigest())
+
+
 CHANNEL = "once"
 
 # How long a waiter sleeps between two looks at a key when no notification comes: about a

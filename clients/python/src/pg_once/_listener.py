@@ -21,7 +21,7 @@ from typing import Dict, Optional, Set
 
 import psycopg
 
-from ._common import CHANNEL, LISTEN, OWNER_SESSION
+from ._common import CHANNEL, LISTEN, OWNER_SESSION, notified_names
 
 log = logging.getLogger("pg_once")
 
@@ -79,16 +79,18 @@ class Listener:
         completion arriving between the answer and the sleep still wakes the caller."""
         event = threading.Event()
         with self._cond:
-            self._interest.setdefault(key, set()).add(event)
+            for name in notified_names(key):
+                self._interest.setdefault(name, set()).add(event)
         return event
 
     def unwatch(self, key: str, event: threading.Event) -> None:
         with self._cond:
-            events = self._interest.get(key)
-            if events is not None:
-                events.discard(event)
-                if not events:
-                    del self._interest[key]
+            for name in notified_names(key):
+                events = self._interest.get(name)
+                if events is not None:
+                    events.discard(event)
+                    if not events:
+                        del self._interest[name]
 
     def _wake(self, key: str) -> None:
         with self._cond:

@@ -75,15 +75,17 @@ class AsyncListener:
 
     def watch(self, key: str) -> asyncio.Event:
         event = asyncio.Event()
-        self._interest.setdefault(key, set()).add(event)
+        for name in C.notified_names(key):
+            self._interest.setdefault(name, set()).add(event)
         return event
 
     def unwatch(self, key: str, event: asyncio.Event) -> None:
-        events = self._interest.get(key)
-        if events is not None:
-            events.discard(event)
-            if not events:
-                del self._interest[key]
+        for name in C.notified_names(key):
+            events = self._interest.get(name)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del self._interest[name]
 
     def _wake_all(self) -> None:
         for events in self._interest.values():
