@@ -332,12 +332,9 @@ impl Shared {
         RelayRing::<RELAY_BYTES>::bytes_for(keys)
     }
 
-    /// Number of database workers currently running.
-    pub fn workers_running(&self) -> i32 {
-        self.relays
-            .iter()
-            .filter(|q| q.worker_pid.load(SeqCst) != 0)
-            .count() as i32
+    /// Workers serving `dboid` right now: 0 or 1 (see attach_relay).
+    pub fn workers_serving(&self, dboid: pg_sys::Oid) -> i32 {
+        i32::from(self.worker_of(dboid).is_some())
     }
 }
 
