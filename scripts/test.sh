@@ -8,7 +8,8 @@
 #   3. SQL regression tests         pg_regress, pg_test/regress
 #      isolation specs              pg_isolation_regress, pg_test/isolation
 #   4. multi-connection tests       cargo test -p pg_once_multi, pg_test/multi, and crash
-#                                   and restart tests that kill -9 and stop -m immediate
+#                                   and restart tests that kill -9 and stop -m immediate,
+#                                   and terminate pg_once's launcher and workers
 #   5. invariant soak               tools' soak: random operations, killed connections,
 #                                   guarantees checked throughout (about a minute in all)
 #   6. client libraries             clients/python (psycopg 3), clients/node (pg),
@@ -105,6 +106,10 @@ run_server_tests() {
         # These kill and restart the server: alone, one at a time.
         PG_ONCE_DATA_DIR=$PG_ONCE_WORK/$name/data \
             cargo test -p pg_once_multi --quiet --test crash -- --test-threads=1
+        # These terminate pg_once's launcher and workers, create the databases it serves
+        # and read the server's log: alone, one at a time, too.
+        PG_ONCE_DATA_DIR=$PG_ONCE_WORK/$name/data PG_ONCE_SERVER_LOG=$PG_ONCE_WORK/$name/server.log \
+            cargo test -p pg_once_multi --quiet --test worker -- --test-threads=1
     fi
 
     if step 5; then
@@ -148,8 +153,10 @@ if [[ " $SERVERS " == *" plain "* ]]; then
 fi
 if [[ " $SERVERS " == *" preloaded "* ]]; then
     soak_seconds=${SOAK_PRELOADED_SECONDS:-40}
+    # pg_once_missing does not exist: pg_test/multi/tests/worker.rs checks that it is
+    # logged once, and that it gets a worker once created.
     run_server_tests preloaded $((PORT + 1)) "shared_preload_libraries = 'pg_once'" \
-        "once.databases = 'postgres'"
+        "once.databases = 'postgres, pg_once_missing'"
 fi
 
 say "steps $STEPS passed in $((SECONDS - started)) s (servers: $SERVERS)"

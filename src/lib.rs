@@ -12,7 +12,8 @@
 //!   lock waits), `jsonb` (datums passed through).
 //! - `runtime`: `shmem` (backend slots, relay queues, counters), `wait` (latch sleeps),
 //!   `liveness` (who owns a claim, is it alive), `notify` (NOTIFY and wake-ups at
-//!   commit), `worker` (reaper and relay), `guc` (settings).
+//!   commit), `launcher` (starts and restarts the workers), `worker` (reaper and relay),
+//!   `guc` (settings).
 //! - Used by all: `key` (a key, its digest and tag) and `errors` (how pg_once fails).
 
 use pgrx::prelude::*;
@@ -42,7 +43,7 @@ pub extern "C-unwind" fn _PG_init() {
     if preloading {
         runtime::shmem::request();
         runtime::notify::register_callbacks();
-        runtime::worker::register();
+        runtime::launcher::register();
     }
 }
 

@@ -62,10 +62,13 @@ fn runtime() -> TableIterator<
             .map(|(&column, value)| (column.to_owned(), serde_json::Value::from(value)));
         pgrx::JsonB(serde_json::Value::Object(named.collect()))
     });
+    // SAFETY: MyDatabaseId is set once connected.
+    let database = unsafe { pg_sys::MyDatabaseId };
     TableIterator::once((
         shared.is_some(),
         notify.to_owned(),
-        shared.map(|s| s.workers_running()),
+        // The worker serving this database (0 or 1): the others serve other databases.
+        shared.map(|s| s.workers_serving(database)),
         counters,
     ))
 }

@@ -1,20 +1,17 @@
-//! The pg_once worker: one background worker per database in once.databases, started when
-//! pg_once is in shared_preload_libraries. It
+//! The pg_once worker: one per database named in once.databases, started by the pg_once
+//! launcher (runtime::launcher) when pg_once is in shared_preload_libraries. It
 //! - runs reap_stale every once.reaper_naptime, so abandoned claims and expired results
 //!   go away with no client help;
 //! - sends the notifications that committing transactions handed over (once.notify =
 //!   relay), in batches, so those transactions never take NOTIFY's commit lock.
 //!
-//! Like pg_cron's launcher: it starts once recovery has finished (so never on a standby),
-//! is restarted a second after a crash, does nothing where the extension is not
-//! installed, and exits with the postmaster.
+//! It does nothing where the extension is not installed, and exits on SIGTERM or with the
+//! postmaster. The launcher starts it again however it ended.
 
 use crate::protocol::claim;
-use crate::runtime::shmem;
+use crate::runtime::shmem::{self, AttachError};
 use crate::runtime::{guc, notify};
-use pgrx::bgworkers::{
-    BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
-};
+use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::time::{Duration, Instant};
@@ -22,27 +19,38 @@ use std::time::{Duration, Instant};
 /// Keys sent per relay transaction, at most.
 const RELAY_BATCH: usize = 10_000;
 
-/// Register one worker per database named by once.databases (from _PG_init, preloading).
-pub fn register() {
-    for db in guc::databases().into_iter().take(shmem::MAX_DATABASES) {
-        BackgroundWorkerBuilder::new(&format!("pg_once worker for database {db}"))
-            .set_type("pg_once worker")
-            .set_library("pg_once")
-            .set_function("pg_once_worker_main")
-            .set_extra(&db)
-            .enable_spi_access()
-            .set_start_time(BgWorkerStartTime::RecoveryFinished)
-            .set_restart_time(Some(Duration::from_secs(1)))
-            .load();
+/// What the launcher tells a worker it starts, packed into the worker's Datum argument
+/// (a dynamic worker gets nothing else by value but bgw_extra, which holds the name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Launch {
+    /// The database to serve, by oid: the one the launcher looked up, even if another
+    /// database takes its name meanwhile.
+    pub dboid: pg_sys::Oid,
+    /// This start's number (Shared::next_launch), reported back once the worker is ready.
+    pub number: u32,
+}
+
+impl Launch {
+    pub fn to_datum(self) -> pg_sys::Datum {
+        pg_sys::Datum::from((u64::from(self.number) << 32) | u64::from(self.dboid.to_u32()))
+    }
+
+    fn from_datum(arg: pg_sys::Datum) -> Launch {
+        let packed = arg.value() as u64;
+        Launch {
+            dboid: pg_sys::Oid::from(packed as u32),
+            number: (packed >> 32) as u32,
+        }
     }
 }
 
 #[pg_guard]
 #[unsafe(no_mangle)]
-pub extern "C-unwind" fn pg_once_worker_main(_arg: pg_sys::Datum) {
+pub extern "C-unwind" fn pg_once_worker_main(arg: pg_sys::Datum) {
+    let launch = Launch::from_datum(arg);
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     let database = BackgroundWorker::get_extra().to_owned();
-    BackgroundWorker::connect_worker_to_spi(Some(&database), None);
+    BackgroundWorker::connect_worker_to_spi_by_oid(Some(launch.dboid), None);
     // The worker runs as a superuser: let no schema on a user's path change its SQL.
     // SAFETY: setting a GUC in this process.
     unsafe {
@@ -54,17 +62,30 @@ pub extern "C-unwind" fn pg_once_worker_main(_arg: pg_sys::Datum) {
         );
     }
     let shared = shmem::shared().expect("the worker only runs when preloaded");
-    // SAFETY: MyDatabaseId is set once connected.
-    let Some(queue) = shared.attach_relay(unsafe { pg_sys::MyDatabaseId }) else {
-        log!(
-            "pg_once: no free relay slot for database {database}; at most {} databases",
-            shmem::MAX_DATABASES
-        );
-        return;
+    let queue = match shared.attach_relay(launch.dboid) {
+        Ok(queue) => queue,
+        Err(AttachError::Taken { pid }) => {
+            // A launcher that restarted meanwhile started a second worker; the first one
+            // keeps serving and the launcher adopts it.
+            log!("pg_once: database {database} is already served by the pg_once worker with pid {pid}; this one exits");
+            return;
+        }
+        Err(AttachError::Full) => {
+            log!(
+                "pg_once: no free relay slot for database {database}; at most {} databases",
+                shmem::MAX_DATABASES
+            );
+            return;
+        }
     };
+    // However the worker exits from here on (SIGTERM, an ERROR), the queue is freed for
+    // its successor and the launcher woken to start it.
+    // SAFETY: registers a callback run once when this worker exits.
+    unsafe { pg_sys::before_shmem_exit(Some(on_worker_exit), pg_sys::Datum::from(queue)) };
     log!("pg_once worker started for database {database}");
 
     let mut next_reap = Instant::now();
+    let mut ready = false;
     // Every wait below is a latch wait: SIGTERM and SIGHUP set the latch, so a stop or a
     // reload is seen at once, whatever the worker was waiting for.
     loop {
@@ -78,6 +99,12 @@ pub extern "C-unwind" fn pg_once_worker_main(_arg: pg_sys::Datum) {
         if shared.take_reap_request(queue) || Instant::now() >= next_reap {
             reap();
             next_reap = Instant::now() + naptime();
+        }
+        if !ready {
+            // A first round done: the launcher restarts this worker promptly if it stops
+            // from now on, and with a growing backoff if it had not got this far.
+            shared.worker_ready(queue, launch.number);
+            ready = true;
         }
         if sent > 0 {
             // Let the next batch gather: every listening backend is signalled once per
@@ -99,7 +126,13 @@ pub extern "C-unwind" fn pg_once_worker_main(_arg: pg_sys::Datum) {
             break; // SIGTERM or postmaster death
         }
     }
-    shared.detach_relay(queue);
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn on_worker_exit(_code: i32, queue: pg_sys::Datum) {
+    if let Some(shared) = shmem::shared() {
+        shared.detach_relay(queue.value());
+    }
 }
 
 fn reload_settings() {

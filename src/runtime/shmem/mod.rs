@@ -3,7 +3,8 @@
 //! - One slot per backend: the identity of a backend that has made a claim (pid and start
 //!   time, so liveness is an exact test with no pgstat copy), and the key it is waiting
 //!   for (so whoever resolves that key sets its latch right after commit).
-//! - One relay queue per database worker: keys to NOTIFY, handed over after commit.
+//! - One relay queue per database worker: keys to NOTIFY, handed over after commit. It
+//!   also records which worker serves the database, which the launcher reads.
 //! - Counters for once.stats.
 //!
 //! Layout: `Shared` (this file) holds the counters (counters.rs) and one relay queue per
@@ -18,12 +19,13 @@ mod relay;
 mod slots;
 
 pub use counters::{count, count_n, counters, Counter, COUNTER_COLUMNS};
+pub use relay::AttachError;
 pub use slots::BackendSlot;
 
 use counters::COUNTERS;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64};
 
 /// Databases that can have a pg_once worker (reaper and NOTIFY relay).
 pub const MAX_DATABASES: usize = 8;
@@ -33,6 +35,12 @@ pub struct Shared {
     backends: usize,
     counters: [AtomicU64; COUNTERS],
     relays: [relay::RelayQueue; MAX_DATABASES],
+    /// Pid and PGPROC number of the running pg_once launcher (pid 0: none), whose latch a
+    /// worker sets when it exits.
+    launcher_pid: AtomicI32,
+    launcher_pgprocno: AtomicI32,
+    /// Worker starts so far: each start gets the next number (see runtime::launcher).
+    launches: AtomicU32,
     // followed by `backends` BackendSlots
 }
 

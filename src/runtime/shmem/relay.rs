@@ -8,6 +8,14 @@
 //!
 //! The ring itself (`RelayRing`) is plain Rust with no PostgreSQL in it, tested below;
 //! `Shared`'s methods wrap it in the queue's LWLock and set the worker's latch.
+//!
+//! A queue also records the worker that serves its database, the one registry of running
+//! workers: committing backends relay only to a database whose worker runs, once.stats
+//! counts it, and the launcher (runtime::launcher) reads it to tell whether a worker it
+//! did not start itself is still running and whether a worker got through its start.
+//! A worker clears its pid however it exits (`detach_relay` runs from an exit callback):
+//! a worker that dies without running it (SIGKILL, a crash) makes the postmaster
+//! reinitialise shared memory, so a pid found here is always a running worker.
 
 use super::{latch_of, lock, Locked, Shared};
 use pgrx::pg_sys;
@@ -29,6 +37,15 @@ pub struct RelayRing<const N: usize> {
     /// Bytes promised to transactions that are committing.
     reserved: u64,
     data: [u8; N],
+}
+
+/// Why a worker could not attach to a relay queue.
+#[derive(Debug)]
+pub enum AttachError {
+    /// Another worker (this pid) already serves the database.
+    Taken { pid: i32 },
+    /// Every queue serves another database.
+    Full,
 }
 
 impl<const N: usize> RelayRing<N> {
@@ -89,6 +106,12 @@ impl<const N: usize> RelayRing<N> {
         debug_assert!(self.tail <= position && position <= self.head);
         self.tail = position;
     }
+
+    /// Drop every key and promise: the ring is empty, ready for another database.
+    pub fn clear(&mut self) {
+        self.tail = self.head;
+        self.reserved = 0;
+    }
 }
 
 #[repr(C)]
@@ -100,6 +123,9 @@ pub(super) struct RelayQueue {
     worker_pgprocno: AtomicI32,
     /// An owner session exited: the worker should reap now rather than at its next round.
     reap_requested: AtomicBool,
+    /// Launch number (see runtime::launcher) of the last worker here that got through its
+    /// first round: the launcher's test of whether a worker that stopped had started well.
+    ready_launch: AtomicU32,
     /// Only touched under the queue's LWLock (`Shared::ring`).
     ring: UnsafeCell<RelayRing<RELAY_BYTES>>,
 }
@@ -125,15 +151,28 @@ impl Shared {
             .position(|q| q.dboid.load(SeqCst) == dboid.to_u32() && q.worker_pid.load(SeqCst) != 0)
     }
 
-    /// Attach the calling worker to the queue of its database (taking a free one).
-    pub fn attach_relay(&self, dboid: pg_sys::Oid) -> Option<usize> {
+    /// The queue assigned to `dboid`, whether or not its worker runs.
+    fn queue_of(&self, dboid: pg_sys::Oid) -> Option<&RelayQueue> {
+        self.relays
+            .iter()
+            .find(|q| q.dboid.load(SeqCst) == dboid.to_u32())
+    }
+
+    /// Attach the calling worker to the queue of its database (taking a free one), unless
+    /// another worker serves it: two workers draining one queue would send keys twice.
+    pub fn attach_relay(&self, dboid: pg_sys::Oid) -> Result<usize, AttachError> {
         let _guard = Locked::exclusive(lock(0));
         let index = self
             .relays
             .iter()
             .position(|q| q.dboid.load(SeqCst) == dboid.to_u32())
-            .or_else(|| self.relays.iter().position(|q| q.dboid.load(SeqCst) == 0))?;
+            .or_else(|| self.relays.iter().position(|q| q.dboid.load(SeqCst) == 0))
+            .ok_or(AttachError::Full)?;
         let queue = &self.relays[index];
+        let pid = queue.worker_pid.load(SeqCst);
+        if pid != 0 {
+            return Err(AttachError::Taken { pid });
+        }
         queue.dboid.store(dboid.to_u32(), SeqCst);
         // SAFETY: MyProc is this worker's PGPROC; MyProcPid is set at process start.
         unsafe {
@@ -142,7 +181,7 @@ impl Shared {
                 .store((*pg_sys::MyProc).pgprocno, SeqCst);
             queue.worker_pid.store(pg_sys::MyProcPid, SeqCst);
         }
-        Some(index)
+        Ok(index)
     }
 
     /// Ask the worker of `dboid`, if one runs, to reap at once.
@@ -158,8 +197,104 @@ impl Shared {
         self.relays[index].reap_requested.swap(false, SeqCst)
     }
 
+    /// The calling worker is exiting: its queue no longer has a worker (committing
+    /// backends send their own NOTIFYs until the next one attaches), and the launcher is
+    /// woken to start that one.
     pub fn detach_relay(&self, index: usize) {
-        self.relays[index].worker_pid.store(0, SeqCst);
+        // SAFETY: MyProcPid is set at process start.
+        let me = unsafe { pg_sys::MyProcPid };
+        // Only our own pid: a worker refused by attach_relay never took the queue.
+        let _ = self.relays[index]
+            .worker_pid
+            .compare_exchange(me, 0, SeqCst, SeqCst);
+        self.wake_launcher();
+    }
+
+    /// The calling worker, started as launch number `launch`, got through its first round.
+    pub fn worker_ready(&self, index: usize, launch: u32) {
+        self.relays[index].ready_launch.store(launch, SeqCst);
+    }
+
+    /// Whether the worker started as launch number `launch` for `dboid` got through its
+    /// first round.
+    pub fn was_ready(&self, dboid: pg_sys::Oid, launch: u32) -> bool {
+        self.queue_of(dboid)
+            .is_some_and(|q| q.ready_launch.load(SeqCst) == launch)
+    }
+
+    /// Pid of the worker serving `dboid`, if one runs.
+    pub fn worker_of(&self, dboid: pg_sys::Oid) -> Option<i32> {
+        self.queue_of(dboid)
+            .map(|q| q.worker_pid.load(SeqCst))
+            .filter(|&pid| pid != 0)
+    }
+
+    /// Databases that have a queue but no worker: the launcher frees the queues of those
+    /// that no longer exist (`release_relay`).
+    pub fn idle_relays(&self) -> Vec<pg_sys::Oid> {
+        self.relays
+            .iter()
+            .filter(|q| q.dboid.load(SeqCst) != 0 && q.worker_pid.load(SeqCst) == 0)
+            .map(|q| pg_sys::Oid::from(q.dboid.load(SeqCst)))
+            .collect()
+    }
+
+    /// Free the queue of `dboid`, a database that no longer exists, for another database;
+    /// keys left in it are dropped. Without this, each database dropped and created again
+    /// would keep a queue until the server restarts. Safe because no backend is connected
+    /// to a database that does not exist, so none is between `reserve` and `push`.
+    pub fn release_relay(&self, dboid: pg_sys::Oid) {
+        let _guard = Locked::exclusive(lock(0));
+        let Some(index) = self
+            .relays
+            .iter()
+            .position(|q| q.dboid.load(SeqCst) == dboid.to_u32())
+        else {
+            return;
+        };
+        let queue = &self.relays[index];
+        if queue.worker_pid.load(SeqCst) != 0 {
+            return;
+        }
+        self.ring(index, |ring| ring.clear());
+        queue.reap_requested.store(false, SeqCst);
+        queue.ready_launch.store(0, SeqCst);
+        queue.dboid.store(0, SeqCst);
+    }
+
+    /// The calling process is the launcher: workers set its latch when they exit.
+    pub fn set_launcher(&self) {
+        // SAFETY: MyProc is this process's PGPROC; MyProcPid is set at process start.
+        unsafe {
+            self.launcher_pgprocno
+                .store((*pg_sys::MyProc).pgprocno, SeqCst);
+            self.launcher_pid.store(pg_sys::MyProcPid, SeqCst);
+        }
+    }
+
+    /// The calling launcher is exiting.
+    pub fn clear_launcher(&self) {
+        // SAFETY: MyProcPid is set at process start.
+        let me = unsafe { pg_sys::MyProcPid };
+        let _ = self.launcher_pid.compare_exchange(me, 0, SeqCst, SeqCst);
+    }
+
+    fn wake_launcher(&self) {
+        if self.launcher_pid.load(SeqCst) != 0 {
+            // SAFETY: SetLatch on another process's latch is what latches are for.
+            unsafe { pg_sys::SetLatch(latch_of(self.launcher_pgprocno.load(SeqCst))) };
+        }
+    }
+
+    /// A number no earlier worker start had (wrapping after 4 billion starts; 0 is never
+    /// given, so a queue's `ready_launch` of 0 matches no worker).
+    pub fn next_launch(&self) -> u32 {
+        loop {
+            let n = self.launches.fetch_add(1, SeqCst).wrapping_add(1);
+            if n != 0 {
+                return n;
+            }
+        }
     }
 
     /// Promise `bytes` of queue space to a committing transaction; false if full.
@@ -197,12 +332,9 @@ impl Shared {
         RelayRing::<RELAY_BYTES>::bytes_for(keys)
     }
 
-    /// Number of database workers currently running.
-    pub fn workers_running(&self) -> i32 {
-        self.relays
-            .iter()
-            .filter(|q| q.worker_pid.load(SeqCst) != 0)
-            .count() as i32
+    /// Workers serving `dboid` right now: 0 or 1 (see attach_relay).
+    pub fn workers_serving(&self, dboid: pg_sys::Oid) -> i32 {
+        i32::from(self.worker_of(dboid).is_some())
     }
 }
 
@@ -282,6 +414,18 @@ mod tests {
         ring.unreserve(3);
         let (_, position) = ring.peek(1);
         ring.consume(position);
+        assert!(ring.reserve(16), "all of it is free again");
+    }
+
+    #[test]
+    fn a_cleared_ring_is_empty_and_promises_nothing() {
+        let mut ring = ring::<16>();
+        hand_over(&mut ring, &["0123456789"]);
+        assert!(ring.reserve(4));
+        ring.clear();
+        let (keys, position) = ring.peek(10);
+        assert!(keys.is_empty());
+        assert_eq!(position, ring.head, "positions keep growing");
         assert!(ring.reserve(16), "all of it is free again");
     }
 
