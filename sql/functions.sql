@@ -318,8 +318,8 @@ AS 'MODULE_PATHNAME', 'runtime_wrapper';
 COMMENT ON FUNCTION once.runtime() IS
 $$How pg_once runs here: shared_memory (preloaded: wake-ups, exact liveness, counters),
 notify (relay, direct or off, as in effect for this session), workers (pg_once workers
-running), and the counters since server start, by once.stats column (NULL without shared
-memory). See once.stats.$$;
+serving this database: 0 or 1), and the counters since server start, by once.stats
+column (NULL without shared memory). See once.stats.$$;
 
 CREATE VIEW once.stats AS
 SELECT k.queued, k.running, k.done, k.failed, k.running_past_lease, k.expired_unpurged,
