@@ -10,13 +10,18 @@ use tokio_postgres::Client;
 
 /// A login role with the README's grants ("Granting access"), connected.
 async fn app_role(admin: &Client, name: &str) -> Result<Client> {
+    // One at a time (an advisory lock): concurrent GRANTs on the same functions fail
+    // with "tuple concurrently updated".
     admin
         .batch_execute(&format!(
-            "CREATE ROLE {name} LOGIN;
+            "BEGIN;
+             SELECT pg_advisory_xact_lock(20261201);
+             CREATE ROLE {name} LOGIN;
              GRANT USAGE ON SCHEMA once TO {name};
              GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA once TO {name};
              GRANT SELECT ON once.stats, once.queue_stats, once.dead_letters, once.namespaces
-                TO {name};"
+                TO {name};
+             COMMIT;"
         ))
         .await?;
     connect_as(name).await
@@ -285,7 +290,9 @@ async fn a_listener_without_rights_sees_no_key_of_a_namespace() -> Result<()> {
     // A role with no grant at all can still LISTEN: any role that can connect can.
     let nobody = format!("nobody_{}", t.app2_role);
     t.admin
-        .batch_execute(&format!("CREATE ROLE {nobody} LOGIN"))
+        .batch_execute(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock(20261201); CREATE ROLE {nobody} LOGIN; COMMIT;"
+        ))
         .await?;
     let dsn = format!("{} user={nobody}", once::dsn_from_env()?);
     let (listener, mut rx) = once::connect_listening(&dsn).await?;
