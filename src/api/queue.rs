@@ -31,20 +31,7 @@ fn create_queue(
 
 #[pg_extern(sql = false)]
 fn drop_queue(name: Option<&str>) {
-    errors::plain(|| {
-        let name = queue::require(args::queue(name));
-        let keys = queue::keys_in_queue(name);
-        if keys > 0 {
-            errors::object_in_use(
-                format!("queue \"{name}\" still has {keys} keys"),
-                &format!(
-                    "Remove them first: SELECT once.invalidate_keys(queue => '{}');",
-                    name.replace('\'', "''")
-                ),
-            );
-        }
-        queue::drop_queue(name);
-    })
+    errors::plain(|| queue::drop_queue(queue::require(args::queue(name))))
 }
 
 #[pg_extern(sql = false)]

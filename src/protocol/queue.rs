@@ -32,6 +32,10 @@ use crate::storage::subxact::{self, Blocked, LockBudget};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::prelude::*;
 
+/// The queue enqueue_key and claim_next use when none is named (their SQL default). It is
+/// created with the extension and cannot be dropped.
+pub const DEFAULT_QUEUE: &str = "default";
+
 static QUEUE_EXISTS: Statement = Statement::new("SELECT 1 FROM once.queues WHERE name = $name");
 
 static UPSERT_QUEUE: Statement = Statement::new(
@@ -188,16 +192,28 @@ pub fn upsert_queue(name: &str, max_attempts: i32, backoff: Interval, max_backof
     statements::run(&UPSERT_QUEUE, args, |_| Ok(()));
 }
 
-pub fn keys_in_queue(name: &str) -> i64 {
-    statements::run(&COUNT_QUEUE_KEYS, params![name = name], |table| {
+/// Drop the queue `name`, which exists. Refused (55006) for the default queue, which every
+/// call that names no queue needs, and for a queue that keys still name.
+pub fn drop_queue(name: &str) {
+    if name == DEFAULT_QUEUE {
+        errors::object_in_use(
+            format!("queue \"{DEFAULT_QUEUE}\" cannot be dropped"),
+            "It is the queue enqueue_key and claim_next use when none is named, and it stays. To empty it: SELECT once.invalidate_keys(queue => 'default'); to change its retry policy: SELECT once.create_queue('default', max_attempts => ...);",
+        );
+    }
+    let keys: i64 = statements::run(&COUNT_QUEUE_KEYS, params![name = name], |table| {
         Ok(table.first().get(1)?.unwrap_or(0))
-    })
-}
-
-pub fn drop_queue(name: &str) -> bool {
-    statements::run(&DROP_QUEUE, params![name = name], |table| {
-        Ok(table.len() == 1)
-    })
+    });
+    if keys > 0 {
+        errors::object_in_use(
+            format!("queue \"{name}\" still has {keys} keys"),
+            &format!(
+                "Remove them first: SELECT once.invalidate_keys(queue => '{}');",
+                name.replace('\'', "''")
+            ),
+        );
+    }
+    statements::run(&DROP_QUEUE, params![name = name], |_| Ok(()));
 }
 
 /// What enqueue_key did.
