@@ -7,8 +7,10 @@
 #                                   #[test]s of code with no PostgreSQL in it)
 #   3. SQL regression tests         pg_regress, pg_test/regress
 #      isolation specs              pg_isolation_regress, pg_test/isolation
-#   4. multi-connection tests       cargo test -p pg_once_multi, pg_test/multi, and crash
-#                                   and restart tests that kill -9 and stop -m immediate
+#   4. multi-connection tests       cargo test -p pg_once_multi, pg_test/multi; crash and
+#                                   restart tests that kill -9 and stop -m immediate;
+#                                   fencing tokens across DROP/CREATE EXTENSION and
+#                                   pg_restore
 #   5. invariant soak               tools' soak: random operations, killed connections,
 #                                   guarantees checked throughout (about a minute in all)
 #   6. client libraries             clients/python (psycopg 3), clients/node (pg),
@@ -101,9 +103,9 @@ run_server_tests() {
     if step 4; then
         say "4/6 multi-connection tests, $name server"
         cargo test -p pg_once_multi --quiet --test protocol --test wakeups --test queue --test pooling
-        # These kill and restart the server: alone, one at a time.
+        # These kill and restart the server, or drop the extension: alone, one at a time.
         PG_ONCE_DATA_DIR=$PG_ONCE_WORK/$name/data \
-            cargo test -p pg_once_multi --quiet --test crash -- --test-threads=1
+            cargo test -p pg_once_multi --quiet --test crash --test tokens -- --test-threads=1
     fi
 
     if step 5; then
