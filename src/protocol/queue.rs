@@ -23,6 +23,7 @@ use crate::errors;
 use crate::key::Key;
 use crate::protocol::claim::claimant_params;
 use crate::protocol::rules::*;
+use crate::protocol::standby;
 use crate::runtime::liveness::{self, Me, Owner};
 use crate::runtime::notify;
 use crate::runtime::shmem::{self, Counter};
@@ -183,6 +184,7 @@ fn wake_queue<'a>(
 }
 
 pub fn upsert_queue(name: &str, max_attempts: i32, backoff: Interval, max_backoff: Interval) {
+    standby::refuse_writes("create_queue");
     let args = params![
         name = name,
         max_attempts = max_attempts,
@@ -213,6 +215,7 @@ pub fn drop_queue(name: &str) {
             ),
         );
     }
+    standby::refuse_writes("drop_queue");
     statements::run(&DROP_QUEUE, params![name = name], |_| Ok(()));
 }
 
@@ -252,6 +255,7 @@ impl Job<'_> {
 }
 
 pub fn enqueue(job: &Job, refresh: bool) -> Enqueued {
+    standby::refuse_writes("enqueue_key");
     let new = job
         .params()
         .into_iter()
@@ -297,6 +301,7 @@ pub fn claim_next(
     owner: Owner,
     n: i32,
 ) -> Vec<Claimed> {
+    standby::refuse_writes("claim_next");
     let me = Me::new(worker, owner);
     // The owner's identity must be registered before its claims are visible to others.
     owner.before_claiming(None);
@@ -369,6 +374,7 @@ pub fn next_due(queue: &str, budget: LockBudget) -> Result<Option<TimestampWithT
 }
 
 pub fn invalidate_many(queue: Option<&str>, prefix: Option<&str>) -> i64 {
+    standby::refuse_writes("invalidate_keys");
     let args = params![queue = queue, prefix = prefix];
     let n = statements::run(&INVALIDATE_MANY, args, |table| Ok(table.len() as i64));
     shmem::count_n(Counter::Invalidated, n as u64);
@@ -382,6 +388,7 @@ pub fn complete_many(
     results: JsonbArray,
     ttl: Option<Interval>,
 ) -> Vec<String> {
+    standby::refuse_writes("complete_keys");
     let key_hashes: Vec<Vec<u8>> = keys.iter().map(Key::digest).collect();
     let args = params![
         key_hashes = key_hashes,
