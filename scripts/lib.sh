@@ -88,6 +88,27 @@ cluster_start() {
     runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null
 }
 
+# standby_start NAME PORT PRIMARY_PORT
+# A hot standby of the cluster on 127.0.0.1:PRIMARY_PORT in $PG_ONCE_WORK/NAME, listening
+# on 127.0.0.1:PORT and a socket in its own directory: a base backup taken with
+# pg_basebackup -R (it then streams from the primary; wal_level replica and the replication
+# lines of initdb's pg_hba.conf allow it) that keeps the primary's settings, preloading
+# included. Stop it with cluster_stop NAME.
+standby_start() {
+    local name=$1 port=$2 primary_port=$3
+    local dir=$PG_ONCE_WORK/$name
+    cluster_stop "$name"
+    rm -rf "$dir"
+    runuser -u postgres -- mkdir -p "$dir"
+    runuser -u postgres -- "$PG_BIN/pg_basebackup" -h 127.0.0.1 -p "$primary_port" -U postgres \
+        -D "$dir/data" -R -X stream --no-sync
+    {
+        echo "port = $port"
+        echo "unix_socket_directories = '$dir'"
+    } >>"$dir/data/postgresql.conf"
+    runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null
+}
+
 cluster_stop() {
     local dir=$PG_ONCE_WORK/$1
     if [ -f "$dir/data/postmaster.pid" ]; then

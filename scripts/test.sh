@@ -7,9 +7,11 @@
 #                                   #[test]s of code with no PostgreSQL in it)
 #   3. SQL regression tests         pg_regress, pg_test/regress
 #      isolation specs              pg_isolation_regress, pg_test/isolation
-#   4. multi-connection tests       cargo test -p pg_once_multi, pg_test/multi, and crash
-#                                   and restart tests that kill -9 and stop -m immediate,
-#                                   and terminate pg_once's launcher and workers
+#   4. multi-connection tests       cargo test -p pg_once_multi, pg_test/multi; on a hot
+#                                   standby of the preloaded server; crash and restart
+#                                   tests that kill -9 and stop -m immediate; fencing
+#                                   tokens across DROP/CREATE EXTENSION and pg_restore;
+#                                   pg_once's launcher and workers terminated
 #   5. invariant soak               tools' soak: random operations, killed connections,
 #                                   guarantees checked throughout (about a minute in all)
 #   6. client libraries             clients/python (psycopg 3), clients/node (pg),
@@ -24,7 +26,9 @@
 # shared_preload_libraries = 'pg_once' (wake-ups, worker, relay) on the next port. Each
 # has a PgBouncer in transaction mode (pool 6) in front of it, 10 ports higher, for the
 # tests of pooled clients (PG_ONCE_BOUNCER_DSN). The ports are below Linux's ephemeral
-# range (32768-60999), so that no client socket of an earlier test can hold them.
+# range (32768-60999), so that no client socket of an earlier test can hold them. For step
+# 4 the preloaded server also gets a hot standby (pg_basebackup -R) on the port after it
+# (PG_ONCE_STANDBY_DSN).
 source "$(dirname "$0")/lib.sh"
 PORT=${PG_ONCE_TEST_PORT:-25432}
 # Servers run with Rust backtraces on, as a developer's might: no error a client sees may
@@ -103,9 +107,18 @@ run_server_tests() {
         say "4/6 multi-connection tests, $name server"
         cargo test -p pg_once_multi --quiet --test protocol --test wakeups --test queue --test pooling \
             --test namespaces
-        # These kill and restart the server: alone, one at a time.
+        if [ "$name" = preloaded ]; then
+            say "4/6 hot standby of the $name server"
+            standby_start "$name-standby" $((port + 1)) "$port"
+            # One at a time, with nothing else writing: a waiting claim_key on a standby
+            # holds back replay of the primary's cleanups, and so the change it waits for.
+            PG_ONCE_STANDBY_DSN="host=127.0.0.1 port=$((port + 1)) user=postgres dbname=postgres" \
+                cargo test -p pg_once_multi --quiet --test standby -- --test-threads=1
+            cluster_stop "$name-standby"
+        fi
+        # These kill and restart the server, or drop the extension: alone, one at a time.
         PG_ONCE_DATA_DIR=$PG_ONCE_WORK/$name/data \
-            cargo test -p pg_once_multi --quiet --test crash -- --test-threads=1
+            cargo test -p pg_once_multi --quiet --test crash --test tokens -- --test-threads=1
         # These terminate pg_once's launcher and workers, create the databases it serves
         # and read the server's log: alone, one at a time, too.
         PG_ONCE_DATA_DIR=$PG_ONCE_WORK/$name/data PG_ONCE_SERVER_LOG=$PG_ONCE_WORK/$name/server.log \
@@ -135,7 +148,7 @@ run_server_tests() {
     cluster_stop "$name"
 }
 
-trap 'pgbouncer_stop plain-bouncer; pgbouncer_stop preloaded-bouncer; cluster_stop plain; cluster_stop preloaded' EXIT
+trap 'pgbouncer_stop plain-bouncer; pgbouncer_stop preloaded-bouncer; cluster_stop preloaded-standby; cluster_stop plain; cluster_stop preloaded' EXIT
 py_venv=$PG_ONCE_WORK/py-venv
 if step 6; then
     say "installing the client libraries' dependencies"

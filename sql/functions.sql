@@ -183,8 +183,9 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'drop_queue_wrapper';
 
 COMMENT ON FUNCTION once.drop_queue(text) IS
-$$Drop an empty queue. Refused (55006) while keys still name it: remove them with
-once.invalidate_keys(queue => name) first.$$;
+$$Drop an empty queue. Refused (55006) while keys still name it (remove them with
+once.invalidate_keys(queue => name) first), and always for the queue 'default', which
+every call that names no queue uses.$$;
 
 CREATE FUNCTION once.enqueue_key(
     key          text,

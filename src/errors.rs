@@ -64,6 +64,16 @@ pub fn object_in_use(message: String, hint: &str) -> ! {
     raise(PgSqlErrorCode::ERRCODE_OBJECT_IN_USE, message, hint)
 }
 
+/// 25006: the call would write, and this server is a hot standby, where nothing can be
+/// written (as PostgreSQL refuses any write there).
+pub fn read_only(message: String, hint: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
+        message,
+        hint,
+    )
+}
+
 /// Raise again an error caught on its way through Rust code, as PostgreSQL raised it (its
 /// SQLSTATE, message, detail and hint) and nothing more. pgrx would otherwise attach the
 /// Rust backtrace of where the error crossed into Rust to the DETAIL line whenever the

@@ -38,11 +38,13 @@ pub extern "C-unwind" fn _PG_init() {
     // SAFETY: reads a flag the postmaster sets while loading preload libraries.
     let preloading = unsafe { pgrx::pg_sys::process_shared_preload_libraries_in_progress };
     runtime::guc::register(preloading);
-    // Shared memory, commit callbacks and workers exist only when preloaded; otherwise
-    // waiting polls, the trigger NOTIFYs directly and reap_stale is called by a scheduler.
+    // Every backend that loads pg_once: the transaction callbacks refuse to PREPARE a
+    // transaction that announces keys (and, with shared memory, wake and relay at commit).
+    runtime::notify::register_callbacks();
+    // Shared memory and workers exist only when preloaded; otherwise waiting polls, the
+    // trigger NOTIFYs directly and reap_stale is called by a scheduler.
     if preloading {
         runtime::shmem::request();
-        runtime::notify::register_callbacks();
         runtime::launcher::register();
     }
 }

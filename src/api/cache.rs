@@ -1,12 +1,12 @@
 //! The cache functions: claim_key and what an owner does with its claim.
 
 use super::args;
-use super::{refuse_wait_under_snapshot_isolation, usable_key};
+use super::{claim_owner, refuse_wait_under_snapshot_isolation, usable_key};
 use crate::errors;
 use crate::key::Key;
 use crate::protocol::claim::{self, Claim};
 use crate::protocol::waiting;
-use crate::runtime::liveness::{self, Owner, OwnerWatch};
+use crate::runtime::liveness::{self, OwnerWatch};
 use crate::storage::jsonb::Jsonb;
 use crate::storage::subxact::LockBudget;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
@@ -27,7 +27,7 @@ fn claim_key(
         let key = usable_key(key, "claim_key");
         let lease = args::lease(lease);
         let wait_micros = args::wait(wait);
-        let owner = Owner::from_arg(owner_pid);
+        let owner = claim_owner(owner_pid);
         let claim = if wait_micros > 0 {
             refuse_wait_under_snapshot_isolation("claim_key");
             waiting::claim_key(&key, lease, owner, wait_micros)

@@ -17,6 +17,8 @@ mod queue;
 use crate::errors;
 use crate::key::Key;
 use crate::protocol::namespace as namespaces;
+use crate::protocol::standby;
+use crate::runtime::liveness::Owner;
 use pgrx::pg_sys;
 
 /// The key a call names: checked (args::key), and one the caller may use (42501 for a key
@@ -26,6 +28,17 @@ fn usable_key<'a>(key: Option<&'a str>, function: &str) -> Key<'a> {
     let text = args::key(key);
     namespaces::require_key(text, function);
     Key::new(text)
+}
+
+/// Who a claim_key or claim_next call claims for (`owner_pid`). On a standby nothing is
+/// claimed, and a pid there names a backend of the primary, which this server cannot
+/// check: the argument is not judged, so that hits are served whatever it says.
+fn claim_owner(owner_pid: Option<i32>) -> Owner {
+    if standby::active() {
+        Owner::LeaseOnly
+    } else {
+        Owner::from_arg(owner_pid)
+    }
 }
 
 /// A waiting call needs to see other sessions' commits, which a REPEATABLE READ or

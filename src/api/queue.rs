@@ -1,11 +1,10 @@
 //! The queue functions: queues, enqueue_key, claim_next and the batch operations.
 
 use super::args;
-use super::{refuse_wait_under_snapshot_isolation, usable_key};
+use super::{claim_owner, refuse_wait_under_snapshot_isolation, usable_key};
 use crate::errors;
 use crate::key::Key;
 use crate::protocol::{queue, waiting};
-use crate::runtime::liveness::Owner;
 use crate::storage::jsonb::{Jsonb, JsonbArray};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::prelude::*;
@@ -35,17 +34,7 @@ fn create_queue(
 fn drop_queue(name: Option<&str>) {
     errors::plain(|| {
         let name = queue::require(args::queue(name), "drop_queue").name;
-        let keys = queue::keys_in_queue(name);
-        if keys > 0 {
-            errors::object_in_use(
-                format!("queue \"{name}\" still has {keys} keys"),
-                &format!(
-                    "Remove them first: SELECT once.invalidate_keys(queue => '{}');",
-                    name.replace('\'', "''")
-                ),
-            );
-        }
-        queue::drop_queue(name);
+        queue::drop_queue(name)
     })
 }
 
@@ -113,7 +102,7 @@ fn claim_next(
         let worker = args::worker(worker);
         let n = args::batch_size(n);
         let wait_micros = args::wait(wait);
-        let owner = Owner::from_arg(owner_pid);
+        let owner = claim_owner(owner_pid);
         let claimed = if wait_micros > 0 {
             refuse_wait_under_snapshot_isolation("claim_next");
             waiting::claim_next(queue_name, lease, worker, owner, n, wait_micros)

@@ -15,10 +15,14 @@
 //! `wait`, and the write itself gives up when what is left of the caller's `wait` runs
 //! out (see storage::subxact). Only two claims racing within the same instant block on
 //! each other, for as long as the first one's statement takes.
+//!
+//! On a hot standby every write here is refused before it starts, and a running key is
+//! answered `wait` without judging its owner (see protocol::standby).
 
 use crate::key::Key;
 use crate::protocol::namespace;
 use crate::protocol::rules::*;
+use crate::protocol::standby;
 use crate::runtime::liveness::{self, Me, Owner, OwnerWatch};
 use crate::runtime::notify;
 use crate::runtime::shmem::{self, Counter};
@@ -266,6 +270,16 @@ pub fn attempt(
                     attempts: entry.attempts,
                 };
             }
+            // Its owner is a backend of the primary: only the primary can judge it.
+            "running" if standby::active() => {
+                return Claim::Wait {
+                    token: Some(entry.token),
+                    owner: entry.owner,
+                    lease_expires_at: entry.lease_expires_at,
+                    attempts: Some(entry.attempts),
+                    uncommitted: false,
+                };
+            }
             "running" => match running_owner_status(&entry, watch) {
                 OwnerStatus::Alive => {
                     return Claim::Wait {
@@ -350,6 +364,7 @@ fn insert_claim(
     owner: Owner,
     budget: LockBudget,
 ) -> Result<Option<Claim>, Blocked> {
+    standby::refuse_writes("claim_key");
     let me = &Me::new(None, owner);
     owner.before_claiming(Some(key.tag));
     let args = params![key_hash = key.hash_param(), key = key.text_param()]
@@ -372,6 +387,7 @@ fn take_claim(
     gone_reason: Option<&str>,
     budget: LockBudget,
 ) -> Result<Option<Claim>, Blocked> {
+    standby::refuse_writes("claim_key");
     let me = &Me::new(None, owner);
     owner.before_claiming(Some(key.tag));
     let args = params![
@@ -404,6 +420,7 @@ fn resolved_by_owner(key: &Key, done: bool, counter: Counter) -> bool {
 
 /// Store the result of a claim; false when the claim is no longer current.
 pub fn complete(key: &Key, token: i64, result: Jsonb, ttl: Option<Interval>) -> bool {
+    standby::refuse_writes("complete_key");
     let args = params![
         key_hash = key.hash_param(),
         token = token,
@@ -416,6 +433,7 @@ pub fn complete(key: &Key, token: i64, result: Jsonb, ttl: Option<Interval>) -> 
 
 /// Record a failure of a claim; false when the claim is no longer current.
 pub fn fail(key: &Key, token: i64, error: String, retry_after: Interval) -> bool {
+    standby::refuse_writes("fail_key");
     let args = params![
         key_hash = key.hash_param(),
         token = token,
@@ -428,6 +446,7 @@ pub fn fail(key: &Key, token: i64, error: String, retry_after: Interval) -> bool
 
 /// Extend a claim's lease; None when the claim is no longer current.
 pub fn heartbeat(key: &Key, token: i64, lease: Interval) -> Option<TimestampWithTimeZone> {
+    standby::refuse_writes("heartbeat_key");
     let args = params![key_hash = key.hash_param(), token = token, lease = lease];
     statements::run(&HEARTBEAT, args, |table| {
         if table.is_empty() {
@@ -440,6 +459,7 @@ pub fn heartbeat(key: &Key, token: i64, lease: Interval) -> Option<TimestampWith
 
 /// Give a claim back unfailed; false when the claim is no longer current.
 pub fn release(key: &Key, token: i64) -> bool {
+    standby::refuse_writes("release_key");
     let args = params![key_hash = key.hash_param(), token = token];
     let done = statements::run(&RELEASE, args, |table| Ok(table.len() == 1));
     resolved_by_owner(key, done, Counter::Released)
@@ -447,6 +467,7 @@ pub fn release(key: &Key, token: i64) -> bool {
 
 /// Forget a key whatever its state; false when there was nothing to forget.
 pub fn invalidate(key: &Key) -> bool {
+    standby::refuse_writes("invalidate_key");
     let done = statements::run(&INVALIDATE, params![key_hash = key.hash_param()], |table| {
         Ok(table.len() == 1)
     });
@@ -469,6 +490,7 @@ pub struct Reaped {
 
 /// Take back claims whose owner is gone, purge expired results and old attempt history.
 pub fn reap() -> Reaped {
+    standby::refuse_writes("reap_stale");
     liveness::refresh();
     let reclaimed = statements::run(&REAP_GONE_OWNERS, params![], |table| Ok(table.len() as i64));
     let expired = statements::run(&PURGE_EXPIRED, params![batch = PURGE_BATCH], |table| {

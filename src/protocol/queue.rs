@@ -24,6 +24,7 @@ use crate::key::Key;
 use crate::protocol::claim::claimant_params;
 use crate::protocol::namespace;
 use crate::protocol::rules::*;
+use crate::protocol::standby;
 use crate::runtime::liveness::{self, Me, Owner};
 use crate::runtime::notify;
 use crate::runtime::shmem::{self, Counter};
@@ -32,6 +33,10 @@ use crate::storage::statements::{self, params, Statement};
 use crate::storage::subxact::{self, Blocked, LockBudget};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::prelude::*;
+
+/// The queue enqueue_key and claim_next use when none is named (their SQL default). It is
+/// created with the extension and cannot be dropped.
+pub const DEFAULT_QUEUE: &str = "default";
 
 static QUEUE_NAMESPACE: Statement =
     Statement::new("SELECT namespace FROM once.queues WHERE name = $name");
@@ -217,6 +222,7 @@ pub fn upsert_queue(
     if let Some(prefix) = namespace {
         namespace::require_named(prefix, "create_queue");
     }
+    standby::refuse_writes("create_queue");
     let args = params![
         name = name,
         max_attempts = max_attempts,
@@ -227,16 +233,29 @@ pub fn upsert_queue(
     statements::run(&UPSERT_QUEUE, args, |_| Ok(()));
 }
 
-pub fn keys_in_queue(name: &str) -> i64 {
-    statements::run(&COUNT_QUEUE_KEYS, params![name = name], |table| {
+/// Drop the queue `name`, which exists. Refused (55006) for the default queue, which every
+/// call that names no queue needs, and for a queue that keys still name.
+pub fn drop_queue(name: &str) {
+    if name == DEFAULT_QUEUE {
+        errors::object_in_use(
+            format!("queue \"{DEFAULT_QUEUE}\" cannot be dropped"),
+            "It is the queue enqueue_key and claim_next use when none is named, and it stays. To empty it: SELECT once.invalidate_keys(queue => 'default'); to change its retry policy: SELECT once.create_queue('default', max_attempts => ...);",
+        );
+    }
+    let keys: i64 = statements::run(&COUNT_QUEUE_KEYS, params![name = name], |table| {
         Ok(table.first().get(1)?.unwrap_or(0))
-    })
-}
-
-pub fn drop_queue(name: &str) -> bool {
-    statements::run(&DROP_QUEUE, params![name = name], |table| {
-        Ok(table.len() == 1)
-    })
+    });
+    if keys > 0 {
+        errors::object_in_use(
+            format!("queue \"{name}\" still has {keys} keys"),
+            &format!(
+                "Remove them first: SELECT once.invalidate_keys(queue => '{}');",
+                name.replace('\'', "''")
+            ),
+        );
+    }
+    standby::refuse_writes("drop_queue");
+    statements::run(&DROP_QUEUE, params![name = name], |_| Ok(()));
 }
 
 /// What enqueue_key did.
@@ -275,6 +294,7 @@ impl Job<'_> {
 }
 
 pub fn enqueue(job: &Job, refresh: bool) -> Enqueued {
+    standby::refuse_writes("enqueue_key");
     // A key of a namespace goes only into a queue of the same namespace: a shared queue's
     // workers could be any role, and would get its payload.
     if let Some(prefix) = namespace::prefix_of(job.key.text) {
@@ -333,6 +353,7 @@ pub fn claim_next(
     owner: Owner,
     n: i32,
 ) -> Vec<Claimed> {
+    standby::refuse_writes("claim_next");
     let me = Me::new(worker, owner);
     // The owner's identity must be registered before its claims are visible to others.
     owner.before_claiming(None);
@@ -405,6 +426,7 @@ pub fn next_due(queue: &str, budget: LockBudget) -> Result<Option<TimestampWithT
 }
 
 pub fn invalidate_many(queue: Option<&str>, prefix: Option<&str>) -> i64 {
+    standby::refuse_writes("invalidate_keys");
     let args = params![queue = queue, prefix = prefix];
     let n = statements::run(&INVALIDATE_MANY, args, |table| Ok(table.len() as i64));
     shmem::count_n(Counter::Invalidated, n as u64);
@@ -418,6 +440,7 @@ pub fn complete_many(
     results: JsonbArray,
     ttl: Option<Interval>,
 ) -> Vec<String> {
+    standby::refuse_writes("complete_keys");
     let key_hashes: Vec<Vec<u8>> = keys.iter().map(Key::digest).collect();
     let args = params![
         key_hashes = key_hashes,

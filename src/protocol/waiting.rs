@@ -5,10 +5,14 @@
 //! and a look that would write (claim) waits for another transaction's lock at most until
 //! the deadline: an uncommitted or prepared claim, or DDL on once.entries, make the call
 //! answer at its deadline instead of blocking past it.
+//!
+//! On a hot standby nothing wakes a waiter (the wake-ups come from commits on the primary):
+//! a waiting claim_key polls every once.poll_interval there, as without shared memory.
 
 use crate::key::Key;
 use crate::protocol::claim::{self, Claim};
 use crate::protocol::queue::{self, Claimed};
+use crate::protocol::standby;
 use crate::runtime::liveness::{Owner, OwnerWatch};
 use crate::runtime::wait::{Waiter, SAFETY_SLEEP_MICROS, SHORT_POLL_MICROS};
 use crate::storage::subxact::LockBudget;
@@ -45,7 +49,7 @@ pub fn claim_key(key: &Key, lease: Interval, owner: Owner, wait_micros: i128) ->
         let sleep = if *uncommitted {
             // Nobody wakes us when another transaction commits or aborts its claim.
             SHORT_POLL_MICROS
-        } else if waiter.is_woken_by_changes() {
+        } else if waiter.is_woken_by_changes() && !standby::active() {
             let now = crate::runtime::wait::now() as i128;
             let lease_end = lease_expires_at.map_or(i128::MAX, |t| t.into_inner() as i128);
             let lease_left = lease_end.saturating_sub(now) + 1000;

@@ -14,6 +14,7 @@
 //! The payload is passed to the server's pg_notify as a value, never spliced into SQL
 //! text, so any key (quotes, newlines, `'; DROP TABLE`) is delivered verbatim.
 
+use crate::errors;
 use crate::runtime::guc::{self, NotifyMode};
 use crate::runtime::shmem::{self, Counter};
 use pgrx::pg_sys;
@@ -30,8 +31,11 @@ struct Pending {
     wake: Vec<u64>,
     /// Keys for the relay worker.
     relay: Vec<String>,
-    /// Lengths of both lists when each open subtransaction started.
-    savepoints: Vec<(usize, usize)>,
+    /// Keys announced on channel `once` at commit, directly or by relay: a transaction
+    /// with any cannot be prepared (`refuse_prepare`). Kept with or without shared memory.
+    announced: usize,
+    /// Lengths of both lists, and `announced`, when each open subtransaction started.
+    savepoints: Vec<(usize, usize, usize)>,
     /// Relay queue space promised at pre-commit: (queue, bytes).
     reserved: Option<(usize, u64)>,
 }
@@ -64,14 +68,17 @@ pub fn key_resolved(payload: &str, tag: u64) {
         notify_now(payload);
         shmem::count(Counter::NotifiedDirect);
     }
-    if shared.is_some() {
-        PENDING.with_borrow_mut(|p| {
+    PENDING.with_borrow_mut(|p| {
+        if mode != NotifyMode::Off {
+            p.announced += 1;
+        }
+        if shared.is_some() {
             p.wake.push(tag);
             if relay {
                 p.relay.push(payload.to_owned());
             }
-        });
-    }
+        }
+    });
 }
 
 /// Wake the waiters announced on `tag` once this transaction commits (a queue's workers
@@ -82,7 +89,8 @@ pub fn wake_after_commit(tag: u64) {
     }
 }
 
-/// Hook the commit/abort callbacks; called from _PG_init when shared memory exists.
+/// Hook the commit/abort callbacks; called from _PG_init in every process that loads pg_once
+/// (with or without shared memory: PREPARE is refused either way).
 pub fn register_callbacks() {
     // SAFETY: plain callback registration, for the lifetime of the backend.
     unsafe {
@@ -94,7 +102,19 @@ pub fn register_callbacks() {
 #[pg_guard]
 unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     use pg_sys::XactEvent::*;
+    if event == XACT_EVENT_PRE_PREPARE {
+        refuse_prepare();
+        // A prepared transaction commits later, from whichever session runs COMMIT
+        // PREPARED: this backend cannot wake its waiters then. They find the change at
+        // their next look (wait::SAFETY_SLEEP_MICROS).
+        PENDING.take();
+        return;
+    }
     let Some(shared) = shmem::shared() else {
+        // Only `announced` is kept here.
+        if event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT {
+            PENDING.take();
+        }
         return;
     };
     match event {
@@ -133,15 +153,23 @@ unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut s
                 shared.unreserve(queue, bytes);
             }
         }
-        // A prepared transaction commits elsewhere, after this backend has moved on: the
-        // hand-over could not happen. NOTIFY itself refuses PREPARE for the same reason.
-        XACT_EVENT_PRE_PREPARE => {
-            if PENDING.with_borrow(|p| !p.relay.is_empty()) {
-                error!("pg_once: cannot PREPARE a transaction that completed, failed, released or invalidated a key");
-            }
-            PENDING.take();
-        }
         _ => {}
+    }
+}
+
+/// PREPARE TRANSACTION of a transaction that resolved keys (completed, failed, released,
+/// reaped or invalidated them), which are announced on channel `once` when it commits:
+/// refused with 0A000, as PostgreSQL refuses a transaction that ran NOTIFY. A prepared
+/// transaction commits later, in whichever session runs COMMIT PREPARED, and neither a
+/// NOTIFY nor the hand-over to the relay worker can wait for that. XACT_EVENT_PRE_PREPARE
+/// comes before PostgreSQL's own check (AtPrepare_Notify), so this error is the one the
+/// client sees, preloaded or not.
+fn refuse_prepare() {
+    if PENDING.with_borrow(|p| p.announced > 0) {
+        errors::not_supported(
+            "cannot PREPARE a transaction that completed, failed, released, reaped or invalidated a key".into(),
+            "pg_once announces such keys on channel \"once\" when the transaction commits, which a prepared transaction cannot do (as with NOTIFY). Make these calls in a transaction of their own, outside two-phase commit.",
+        );
     }
 }
 
@@ -154,15 +182,20 @@ unsafe extern "C-unwind" fn on_subxact(
 ) {
     use pg_sys::SubXactEvent::*;
     PENDING.with_borrow_mut(|p| match event {
-        SUBXACT_EVENT_START_SUB => p.savepoints.push((p.wake.len(), p.relay.len())),
+        SUBXACT_EVENT_START_SUB => p
+            .savepoints
+            .push((p.wake.len(), p.relay.len(), p.announced)),
         SUBXACT_EVENT_COMMIT_SUB => {
             p.savepoints.pop();
         }
         SUBXACT_EVENT_ABORT_SUB => {
-            if let Some((wake, relay)) = p.savepoints.pop() {
-                p.wake.truncate(wake);
-                p.relay.truncate(relay);
-            }
+            // A subtransaction whose start we did not see began before pg_once was loaded
+            // into this backend (not preloaded, the first call made inside a savepoint):
+            // all we recorded happened inside it.
+            let (wake, relay, announced) = p.savepoints.pop().unwrap_or_default();
+            p.wake.truncate(wake);
+            p.relay.truncate(relay);
+            p.announced = announced;
         }
         _ => {}
     });

@@ -210,7 +210,8 @@ mod tests {
 
     #[pg_test]
     fn bad_queue_input_is_refused() {
-        Spi::run("SELECT once.enqueue_key('busy', queue => 'default')").unwrap();
+        Spi::run("SELECT once.create_queue('busy')").unwrap();
+        Spi::run("SELECT once.enqueue_key('busy', queue => 'busy')").unwrap();
         let cases: &[(&str, &str, &str)] = &[
             (
                 "SELECT once.enqueue_key('k', queue => 'nope')",
@@ -329,9 +330,9 @@ mod tests {
                 "prefix must not be empty",
             ),
             (
-                "SELECT once.drop_queue('default')",
+                "SELECT once.drop_queue('busy')",
                 "55006",
-                "still has 1 keys",
+                "queue \"busy\" still has 1 keys",
             ),
             (
                 "SELECT once.complete_keys(ARRAY['a'], ARRAY[1, 2], ARRAY['1']::jsonb[])",
@@ -428,5 +429,42 @@ mod tests {
             text("SELECT string_agg(prefix, ',' ORDER BY prefix) FROM once.namespace_owners"),
             namespaces
         );
+    }
+
+    /// Every call that names no queue uses the default queue: dropping it would break them
+    /// all (42704), so it is refused like a queue that still has keys, empty or not.
+    #[pg_test]
+    fn the_default_queue_cannot_be_dropped() {
+        let queues = text("SELECT string_agg(name, ',' ORDER BY name) FROM once.queues");
+        assert_error(
+            "SELECT once.drop_queue('default')",
+            "55006",
+            "queue \"default\" cannot be dropped",
+        );
+        Spi::run("SELECT once.enqueue_key('k')").unwrap();
+        assert_error(
+            "SELECT once.drop_queue('default')",
+            "55006",
+            "queue \"default\" cannot be dropped",
+        );
+        assert_eq!(
+            text("SELECT string_agg(name, ',' ORDER BY name) FROM once.queues"),
+            queues
+        );
+        // Re-raise the hint as the message, so error_of can show it.
+        let hint = error_of(
+            "DO $$ DECLARE h text;
+             BEGIN PERFORM once.drop_queue('default');
+             EXCEPTION WHEN object_in_use THEN
+               GET STACKED DIAGNOSTICS h = PG_EXCEPTION_HINT;
+               RAISE EXCEPTION USING MESSAGE = h;
+             END $$",
+        )
+        .unwrap();
+        assert!(
+            hint.contains("invalidate_keys(queue => 'default')"),
+            "{hint}"
+        );
+        assert_eq!(text("SELECT key FROM once.claim_next()"), "k");
     }
 }

@@ -345,3 +345,80 @@ async fn many_waiters_of_a_terminated_owner_end_with_one_new_owner_and_its_resul
     );
     Ok(())
 }
+
+/// A transaction that resolves a key announces it on channel `once` when it commits, which
+/// a prepared transaction cannot do: PREPARE TRANSACTION is refused with 0A000 and pg_once's
+/// own message and hint, whether pg_once is preloaded (the keys go to the relay worker) or
+/// not (the trigger NOTIFYs), and the transaction is rolled back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_transaction_that_resolves_a_key_cannot_be_prepared() -> Result<()> {
+    let admin = admin().await?;
+    let owner = session().await?;
+    let key = fresh_key("prepared-resolution");
+    let claim = once::claim_key(&owner, &key, LEASE, NO_WAIT).await?;
+    let token = claim.token.expect("claimed");
+    let quoted = format!("'{}'", key.replace('\'', "''"));
+    let gid = format!("pg_once_prepare_{}", key.replace(['/', '\''], "_"));
+    let state = || async {
+        let row = admin
+            .query_one(
+                "SELECT state::text, token FROM once.entries WHERE key_hash = once.key_hash($1)",
+                &[&key],
+            )
+            .await?;
+        anyhow::Ok((row.get::<_, String>(0), row.get::<_, i64>(1)))
+    };
+    for call in [
+        format!("SELECT once.complete_key({quoted}, {token}, '\"r\"')"),
+        format!("SELECT once.invalidate_key({quoted})"),
+    ] {
+        let tx = session().await?;
+        tx.batch_execute(&format!("BEGIN; {call}")).await?;
+        let error = tx
+            .batch_execute(&format!("PREPARE TRANSACTION '{gid}'"))
+            .await
+            .expect_err("PREPARE TRANSACTION after a resolution must fail");
+        let db = error.as_db_error().expect("a server error");
+        assert_eq!(
+            db.code(),
+            &tokio_postgres::error::SqlState::FEATURE_NOT_SUPPORTED,
+            "{call}: {}",
+            db.message()
+        );
+        assert!(
+            db.message()
+                .starts_with("cannot PREPARE a transaction that completed, failed"),
+            "{call}: {}",
+            db.message()
+        );
+        let hint = db.hint().unwrap_or_default();
+        assert!(
+            hint.contains("outside two-phase commit"),
+            "{call}: {hint:?}"
+        );
+        // Nothing was prepared and nothing committed: the claim stands as it was.
+        let prepared: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_prepared_xacts WHERE gid = $1",
+                &[&gid],
+            )
+            .await?
+            .get(0);
+        assert_eq!(prepared, 0, "{call}");
+        assert_eq!(state().await?, ("running".to_string(), token), "{call}");
+        // The session is usable again, out of the failed transaction.
+        tx.batch_execute("SELECT 1").await?;
+    }
+    // A resolution rolled back to a savepoint announces nothing: that transaction prepares.
+    let tx = session().await?;
+    tx.batch_execute(&format!(
+        "BEGIN; SAVEPOINT s; SELECT once.invalidate_key({quoted}); ROLLBACK TO SAVEPOINT s; \
+         PREPARE TRANSACTION '{gid}'"
+    ))
+    .await?;
+    admin
+        .batch_execute(&format!("ROLLBACK PREPARED '{gid}'"))
+        .await?;
+    assert!(once::complete_key(&owner, &key, token, &json!("r"), None).await?);
+    Ok(())
+}

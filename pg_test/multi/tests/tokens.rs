@@ -1,0 +1,180 @@
+//! Fencing tokens are never reused for the life of the cluster: not after DROP EXTENSION
+//! and CREATE EXTENSION, nor when a dump is restored (the floor of once.token_seq, see
+//! sql/schema.sql). DROP EXTENSION disturbs every other test on the server, so
+//! scripts/test.sh runs this binary alone, one test at a time, after the others.
+
+use anyhow::{Context, Result};
+use pg_once_multi::{admin, fresh_key, once};
+use serde_json::json;
+use std::process::{Command, Output};
+use std::time::Duration;
+use tokio_postgres::Client;
+
+const LEASE: Duration = Duration::from_secs(600);
+const NO_WAIT: Duration = Duration::ZERO;
+
+/// The bin directory of the PostgreSQL that runs the cluster (scripts/lib.sh exports it).
+fn pg_bin() -> String {
+    std::env::var("PG_ONCE_PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into())
+}
+
+/// The test server's connection string, for database `db`.
+fn dsn_for(db: &str) -> Result<String> {
+    Ok(format!("{} dbname={db}", once::dsn_from_env()?))
+}
+
+async fn claimed_token(client: &Client, key: &str) -> Result<i64> {
+    let claim = once::claim_key(client, key, LEASE, NO_WAIT).await?;
+    anyhow::ensure!(claim.is("claimed"), "{key}: {claim:?}");
+    claim.token.context("a claim has a token")
+}
+
+/// Every token the database has handed out so far is at most this: the sequence's value.
+async fn highest_token(client: &Client) -> Result<i64> {
+    Ok(client
+        .query_one("SELECT last_value FROM once.token_seq", &[])
+        .await?
+        .get(0))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tokens_keep_growing_across_drop_and_create_extension() -> Result<()> {
+    let client = admin().await?;
+    let key = fresh_key("recreated");
+    let before = claimed_token(&client, &key).await?;
+    let highest = highest_token(&client).await?;
+    assert!(highest >= before);
+    client
+        .batch_execute("DROP EXTENSION pg_once CASCADE; CREATE EXTENSION pg_once")
+        .await?;
+
+    // A new session: the extension's objects are new ones.
+    let client = once::connect(&once::dsn_from_env()?).await?;
+    let again = claimed_token(&client, &key).await?;
+    assert!(
+        again > highest,
+        "after DROP/CREATE EXTENSION the same key was claimed with token {again}, \
+         not above {highest}, the highest token handed out before"
+    );
+    let other = claimed_token(&client, &fresh_key("recreated-other")).await?;
+    assert!(
+        other > again,
+        "tokens still increase: {other} after {again}"
+    );
+    Ok(())
+}
+
+fn run(tool: &str, args: &[&str]) -> Result<Output> {
+    Command::new(format!("{}/{tool}", pg_bin()))
+        .args(args)
+        .output()
+        .with_context(|| format!("running {tool}"))
+}
+
+/// pg_dump of database `db` into `file` (custom format).
+fn dump(db: &str, file: &str) -> Result<()> {
+    let out = run("pg_dump", &["-Fc", "-f", file, "-d", &dsn_for(db)?])?;
+    anyhow::ensure!(
+        out.status.success(),
+        "pg_dump failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// A new, empty database `db` (one statement at a time: neither may run in a transaction
+/// block, which several statements in one query string make).
+async fn create_database(admin: &Client, db: &str) -> Result<()> {
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+        .await?;
+    admin
+        .batch_execute(&format!("CREATE DATABASE {db}"))
+        .await?;
+    Ok(())
+}
+
+/// A new database `db` with `file` restored into it: pg_restore's exit status and stderr.
+async fn restore(admin: &Client, db: &str, file: &str) -> Result<(bool, String)> {
+    create_database(admin, db).await?;
+    let out = run("pg_restore", &["-d", &dsn_for(db)?, file])?;
+    Ok((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restored_dump_hands_out_tokens_above_every_dumped_token() -> Result<()> {
+    let admin = admin().await?;
+    let (source, same, ahead) = (
+        "pg_once_dump_source",
+        "pg_once_restored",
+        "pg_once_restored_ahead",
+    );
+    let dir = std::env::temp_dir();
+    let file = |name: &str| dir.join(format!("{name}-{}.dump", std::process::id()));
+    let (first, second) = (file("first"), file("second"));
+    let (first, second) = (first.to_str().unwrap(), second.to_str().unwrap());
+    create_database(&admin, source).await?;
+    let src = once::connect(&dsn_for(source)?).await?;
+    src.batch_execute("CREATE EXTENSION pg_once").await?;
+    // A completed key, a running one, and one whose token may be kept elsewhere although
+    // its row is gone.
+    let done = fresh_key("dumped-done");
+    let token = claimed_token(&src, &done).await?;
+    assert!(once::complete_key(&src, &done, token, &json!("dumped"), None).await?);
+    claimed_token(&src, &fresh_key("dumped-running")).await?;
+    let gone = fresh_key("dumped-gone");
+    claimed_token(&src, &gone).await?;
+    assert!(once::invalidate_key(&src, &gone).await?);
+    let dumped = highest_token(&src).await?;
+    dump(source, first)?;
+
+    // Restored in the same cluster: the new sequence's floor is above every token this
+    // cluster has issued, so the dump's setval would take it back and is refused, loudly.
+    let (ok, stderr) = restore(&admin, same, first).await?;
+    assert!(!ok, "pg_restore was expected to report the refused setval");
+    assert!(
+        stderr.contains("out of bounds for sequence \"token_seq\"")
+            && stderr.contains("errors ignored on restore: 1"),
+        "pg_restore: {stderr}"
+    );
+    let restored = once::connect(&dsn_for(same)?).await?;
+    let hit = once::claim_key(&restored, &done, LEASE, NO_WAIT).await?;
+    assert_eq!(hit.result, Some(json!("dumped")), "{hit:?}");
+    for key in [gone.clone(), fresh_key("restored-new")] {
+        let token = claimed_token(&restored, &key).await?;
+        assert!(
+            token > dumped,
+            "{key}: token {token}, dumped up to {dumped}"
+        );
+    }
+    drop(restored);
+
+    // Restored where the floor is below the dumped tokens (another, younger cluster:
+    // simulated by a source whose tokens are far ahead): the dumped value is carried over.
+    src.batch_execute(
+        "SELECT setval('once.token_seq', \
+         (pg_current_wal_insert_lsn() - '0/0')::bigint + 1000000000000)",
+    )
+    .await?;
+    let far = claimed_token(&src, &fresh_key("dumped-far")).await?;
+    dump(source, second)?;
+    let (ok, stderr) = restore(&admin, ahead, second).await?;
+    assert!(ok, "pg_restore: {stderr}");
+    let restored = once::connect(&dsn_for(ahead)?).await?;
+    let token = claimed_token(&restored, &fresh_key("restored-after-far")).await?;
+    assert!(token > far, "token {token}, dumped up to {far}");
+    drop((restored, src));
+
+    for db in [source, same, ahead] {
+        admin
+            .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
+            .await?;
+    }
+    for f in [first, second] {
+        std::fs::remove_file(f)?;
+    }
+    Ok(())
+}
