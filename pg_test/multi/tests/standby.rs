@@ -122,7 +122,10 @@ async fn hits_and_the_views_are_served_on_a_standby() -> Result<()> {
     assert!(hit.is("hit"), "{hit:?}");
     // A pooled client passes the pid of its owner session, a backend of the primary this
     // server cannot see: the hit is served all the same.
-    let owner_pid = once::owner_session(&primary).await?;
+    let owner_pid: i32 = primary
+        .query_one("SELECT once.owner_session()", &[])
+        .await?
+        .get(0);
     let outcome: String = standby
         .query_one(
             "SELECT outcome FROM once.claim_key($1, owner_pid => $2)",
