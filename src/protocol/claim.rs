@@ -270,26 +270,11 @@ pub fn attempt(
                     attempts: entry.attempts,
                 };
             }
-            // Its owner is a backend of the primary: only the primary can judge it.
-            "running" if standby::active() => {
-                return Claim::Wait {
-                    token: Some(entry.token),
-                    owner: entry.owner,
-                    lease_expires_at: entry.lease_expires_at,
-                    attempts: Some(entry.attempts),
-                    uncommitted: false,
-                };
-            }
+            // On a standby its owner is a backend of the primary: only the primary can
+            // judge it.
+            "running" if standby::active() => return held_by_owner(entry),
             "running" => match running_owner_status(&entry, watch) {
-                OwnerStatus::Alive => {
-                    return Claim::Wait {
-                        token: Some(entry.token),
-                        owner: entry.owner,
-                        lease_expires_at: entry.lease_expires_at,
-                        attempts: Some(entry.attempts),
-                        uncommitted: false,
-                    };
-                }
+                OwnerStatus::Alive => return held_by_owner(entry),
                 OwnerStatus::Gone(why) => Some(why),
             },
             _ => None, // expired result, failure due for retry, or queued
@@ -303,6 +288,17 @@ pub fn attempt(
             Ok(None) => {} // the key changed between our read and our write: look again
             Err(Blocked) => return busy(None),
         }
+    }
+}
+
+/// The answer for a key its (live) owner is computing.
+fn held_by_owner(entry: Entry) -> Claim {
+    Claim::Wait {
+        token: Some(entry.token),
+        owner: entry.owner,
+        lease_expires_at: entry.lease_expires_at,
+        attempts: Some(entry.attempts),
+        uncommitted: false,
     }
 }
 

@@ -1,7 +1,7 @@
 //! Helpers for tests that need several real connections to a running server with
 //! pg_once installed (scripts/test.sh starts one and sets PG_ONCE_DSN).
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::task::JoinHandle;
@@ -46,4 +46,33 @@ pub fn spawn_claim(
         let claim = once::claim_key(&client, &key, lease, wait).await;
         (claim, Instant::now())
     })
+}
+
+/// The bin directory of the PostgreSQL that runs the test cluster (scripts/lib.sh exports
+/// it as PG_ONCE_PG_BIN).
+pub fn pg_bin() -> String {
+    std::env::var("PG_ONCE_PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into())
+}
+
+/// Run the test cluster's pg_ctl on its data directory (PG_ONCE_DATA_DIR), as postgres.
+pub fn pg_ctl(args: &[&str]) -> Result<()> {
+    let data = std::env::var("PG_ONCE_DATA_DIR")
+        .context("PG_ONCE_DATA_DIR is not set: run through scripts/test.sh")?;
+    let status = std::process::Command::new("runuser")
+        .args([
+            "-u",
+            "postgres",
+            "--",
+            &format!("{}/pg_ctl", pg_bin()),
+            "-D",
+            &data,
+            "-w",
+            "-t",
+            "60",
+        ])
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .status()?;
+    anyhow::ensure!(status.success(), "pg_ctl {args:?} failed");
+    Ok(())
 }

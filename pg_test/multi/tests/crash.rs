@@ -2,7 +2,7 @@
 //! at a time, against a cluster it may kill (PG_ONCE_DATA_DIR names its data directory).
 
 use anyhow::{Context, Result};
-use pg_once_multi::{fresh_key, once, spawn_claim};
+use pg_once_multi::{fresh_key, once, pg_ctl, spawn_claim};
 use serde_json::json;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -11,33 +11,6 @@ use tokio_postgres::Client;
 
 const LEASE: Duration = Duration::from_secs(600);
 const NO_WAIT: Duration = Duration::ZERO;
-
-/// The bin directory of the PostgreSQL that runs the cluster (scripts/lib.sh exports it).
-fn pg_bin() -> String {
-    std::env::var("PG_ONCE_PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into())
-}
-
-fn pg_ctl(args: &[&str]) -> Result<()> {
-    let data = std::env::var("PG_ONCE_DATA_DIR")
-        .context("PG_ONCE_DATA_DIR is not set: run through scripts/test.sh")?;
-    let status = Command::new("runuser")
-        .args([
-            "-u",
-            "postgres",
-            "--",
-            &format!("{}/pg_ctl", pg_bin()),
-            "-D",
-            &data,
-            "-w",
-            "-t",
-            "60",
-        ])
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .status()?;
-    anyhow::ensure!(status.success(), "pg_ctl {args:?} failed");
-    Ok(())
-}
 
 /// Connect, retrying while the server restarts.
 async fn connect_when_up() -> Result<Client> {

@@ -4,7 +4,7 @@
 //! scripts/test.sh runs this binary alone, one test at a time, after the others.
 
 use anyhow::{Context, Result};
-use pg_once_multi::{admin, fresh_key, once};
+use pg_once_multi::{admin, fresh_key, once, pg_bin};
 use serde_json::json;
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -12,11 +12,6 @@ use tokio_postgres::Client;
 
 const LEASE: Duration = Duration::from_secs(600);
 const NO_WAIT: Duration = Duration::ZERO;
-
-/// The bin directory of the PostgreSQL that runs the cluster (scripts/lib.sh exports it).
-fn pg_bin() -> String {
-    std::env::var("PG_ONCE_PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into())
-}
 
 /// The test server's connection string, for database `db`.
 fn dsn_for(db: &str) -> Result<String> {

@@ -9,9 +9,8 @@
 //! once.databases.
 
 use anyhow::{bail, Context, Result};
-use pg_once_multi::{admin, fresh_key, once};
+use pg_once_multi::{admin, fresh_key, once, pg_ctl};
 use std::future::Future;
-use std::process::Command;
 use std::time::{Duration, Instant};
 use tokio_postgres::Client;
 
@@ -358,31 +357,6 @@ async fn a_worker_failing_at_start_is_retried_with_a_growing_backoff() -> Result
         back.is_some(),
         "no worker once the database accepted connections again"
     );
-    Ok(())
-}
-
-/// Run the cluster's pg_ctl (scripts/lib.sh exports PG_ONCE_PG_BIN, its bin directory).
-fn pg_ctl(args: &[&str]) -> Result<()> {
-    let bin =
-        std::env::var("PG_ONCE_PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into());
-    let data = std::env::var("PG_ONCE_DATA_DIR")
-        .context("PG_ONCE_DATA_DIR is not set: run through scripts/test.sh")?;
-    let status = Command::new("runuser")
-        .args([
-            "-u",
-            "postgres",
-            "--",
-            &format!("{bin}/pg_ctl"),
-            "-D",
-            &data,
-            "-w",
-            "-t",
-            "60",
-        ])
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .status()?;
-    anyhow::ensure!(status.success(), "pg_ctl {args:?} failed");
     Ok(())
 }
 
