@@ -5,7 +5,15 @@ order, of matching types. pgrx unboxes a function's arguments in the order of it
 signature, while the SQL declaration is hand-written: this check is what makes the two
 agree, so that a reordered or retyped argument fails here instead of reading the wrong
 datum at run time.
+
+It also checks that a C symbol keeps the SQL signature it had in every release (each git
+tag v*): a package upgrade replaces the library before ALTER EXTENSION UPDATE replaces
+the declarations, so an old declaration may call the new library by symbol name. A
+function whose arguments or result change gets a new Rust name, <sql name>_<major>_<minor>
+for the release of its signature, and with it a new symbol (CONTRIBUTING.md, "Upgrades").
 """
+
+import subprocess
 
 import re
 import sys
@@ -52,32 +60,69 @@ def split_top_level(text):
     return [p.strip() for p in parts if p.strip()]
 
 
-def sql_functions():
-    """name -> [(argument name or None, type)] for each LANGUAGE c function."""
-    text = (root / "sql/functions.sql").read_text()
+SQL_FILES = ("sql/schema.sql", "sql/functions.sql")
+DECLARATION = re.compile(
+    r"CREATE (?:OR REPLACE )?FUNCTION once\.(\w+)\((.*?)\)\s*RETURNS(.*?);", flags=re.S)
+
+
+def declarations(text):
+    """symbol -> (SQL name, [(argument name or None, type)], result) for each LANGUAGE c
+    function declared in `text`."""
     found = {}
-    for m in re.finditer(r"^CREATE FUNCTION once\.(\w+)\((.*?)\)\s*\nRETURNS(.*?);", text,
-                         flags=re.M | re.S):
+    for m in DECLARATION.finditer(text):
         name, args, rest = m.groups()
         if "LANGUAGE c" not in rest:
             continue
-        wrapper = re.search(r"'MODULE_PATHNAME', '(\w+)_wrapper'", rest)
-        if not wrapper or wrapper.group(1) != name:
-            print(f"sql/functions.sql: once.{name} must be AS 'MODULE_PATHNAME', '{name}_wrapper'")
-            sys.exit(1)
+        symbol = re.search(r"'MODULE_PATHNAME', '(\w+)'", rest).group(1)
         parsed = []
         for arg in split_top_level(args):
             arg = re.sub(r"\s+DEFAULT\s+.*$", "", arg, flags=re.S)
             words = arg.split()
             parsed.append((None, words[0]) if len(words) == 1 else (words[0], words[1]))
-        found[name] = parsed
+        result = " ".join(rest.split("LANGUAGE")[0].split())
+        found[symbol] = (name, parsed, result)
     return found
+
+
+def sql_functions():
+    """Rust function name -> [(argument name or None, type)] for each LANGUAGE c function."""
+    found = {}
+    for file in SQL_FILES:
+        for symbol, (name, args, result) in declarations((root / file).read_text()).items():
+            if result == "trigger":
+                continue  # #[pg_trigger] functions in src/protocol/, no SQL arguments
+            rust = re.fullmatch(r"(\w+)_wrapper", symbol)
+            if not rust or not re.fullmatch(rf"{name}(_\d+_\d+)?", rust.group(1)):
+                print(f"{file}: once.{name} must be AS 'MODULE_PATHNAME', '{name}_wrapper' "
+                      f"(or '{name}_<major>_<minor>_wrapper' for a changed signature)")
+                sys.exit(1)
+            found[rust.group(1)] = args
+    return found
+
+
+def released_symbols():
+    """(release tag, symbol, signature) for each C function of each tagged release."""
+    try:
+        tags = subprocess.run(["git", "-C", str(root), "tag", "--list", "v*"], check=True,
+                              capture_output=True, text=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError) as e:
+        print(f"check-boundary: cannot list the releases (git tag): {e}")
+        sys.exit(1)
+    for tag in tags:
+        for file in SQL_FILES:
+            shown = subprocess.run(["git", "-C", str(root), "show", f"{tag}:{file}"],
+                                   capture_output=True, text=True)
+            if shown.returncode == 0:
+                for symbol, (_, args, result) in declarations(shown.stdout).items():
+                    yield tag, symbol, ([t for _, t in args], result)
 
 
 def rust_functions():
     """name -> [(argument name, SQL type)] for each #[pg_extern(sql = false)] in src/api."""
     found = {}
     for path in sorted((root / "src/api").glob("*.rs")):
+        if path.name == "retired.rs":
+            continue  # checked against the releases below
         text = path.read_text()
         for m in re.finditer(r"#\[pg_extern\(sql = false\)\]\s*(?:#\[[^\]]*\]\s*)*fn (\w+)\((.*?)\)\s*(?:->|\{)",
                              text, flags=re.S):
@@ -106,10 +151,10 @@ sql, rust = sql_functions(), rust_functions()
 problems = []
 for name in sorted(set(sql) | set(rust)):
     if name not in rust:
-        problems.append(f"once.{name} is declared in sql/functions.sql but has no "
+        problems.append(f"{name}_wrapper is declared in {' or '.join(SQL_FILES)} but has no "
                         "#[pg_extern(sql = false)] fn in src/api/")
     elif name not in sql:
-        problems.append(f"src/api/: {name} has no CREATE FUNCTION in sql/functions.sql")
+        problems.append(f"src/api/: {name} has no CREATE FUNCTION in {' or '.join(SQL_FILES)}")
     else:
         declared = [(n, t) for n, t in sql[name]]
         expected = rust[name]
@@ -117,10 +162,32 @@ for name in sorted(set(sql) | set(rust)):
             (dn is None or dn == rn) and dt == rt
             for (dn, dt), (rn, rt) in zip(declared, expected))
         if not same:
-            problems.append(f"once.{name}: sql/functions.sql declares {declared}, "
+            problems.append(f"{name}_wrapper: sql/ declares {declared}, "
                             f"the Rust function takes {expected}")
+now = {}
+for file in SQL_FILES:
+    for symbol, (_, args, result) in declarations((root / file).read_text()).items():
+        now[symbol] = ([t for _, t in args], result)
+for tag, symbol, signature in released_symbols():
+    if symbol in now and now[symbol] != signature:
+        problems.append(f"{symbol}: {tag} declared it {signature}, now {now[symbol]}: a changed "
+                        "signature needs a new Rust name, <sql name>_<major>_<minor>")
+# Each symbol a release declared and the current SQL no longer does stays in the library
+# as a stub in src/api/retired.rs, refusing with the version check's message.
+retired_text = (root / "src/api/retired.rs").read_text()
+retired = set(re.findall(r"#\[pg_extern\(sql = false\)\]\s*fn (\w+)\(", retired_text))
+released = {symbol for _, symbol, _ in released_symbols()}
+for symbol in sorted(released - set(now)):
+    if symbol.removesuffix("_wrapper") not in retired:
+        problems.append(f"{symbol}: declared by a release, gone now: add a stub for it to "
+                        "src/api/retired.rs")
+for name in sorted(retired):
+    if f"{name}_wrapper" not in released or f"{name}_wrapper" in now:
+        problems.append(f"src/api/retired.rs: {name} must be a symbol of a release that the "
+                        "current SQL no longer declares")
 for p in problems:
     print(p)
 if problems:
     sys.exit(1)
-print(f"sql/functions.sql: all {len(sql)} C functions match their Rust functions in src/api/")
+print(f"sql/: all {len(sql)} C functions match their Rust functions in src/api/, and every "
+      "released symbol keeps its signature")

@@ -167,7 +167,7 @@ CREATE FUNCTION once.create_queue(
 RETURNS void
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'create_queue_wrapper';
+AS 'MODULE_PATHNAME', 'create_queue_0_2_wrapper';
 
 COMMENT ON FUNCTION once.create_queue(text, integer, interval, interval, text) IS
 $$Create a queue, or change the retry policy of an existing one: a failed attempt waits
@@ -314,7 +314,7 @@ CREATE FUNCTION once.runtime()
 RETURNS TABLE (shared_memory boolean, notify text, workers integer, counters jsonb)
 LANGUAGE c VOLATILE SECURITY DEFINER PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'runtime_wrapper';
+AS 'MODULE_PATHNAME', 'runtime_0_2_wrapper';
 
 COMMENT ON FUNCTION once.runtime() IS
 $$How pg_once runs here: shared_memory (preloaded: wake-ups, exact liveness, counters),

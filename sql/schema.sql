@@ -4,6 +4,36 @@
 -- Nothing here is granted to PUBLIC: applications call the SECURITY DEFINER functions in
 -- functions.sql, which are the only writers of once.entries (see README, "Granting access").
 
+-- First, the library this session runs must be at least the version being installed: with
+-- an older one (a server that preloaded it before the package was upgraded, or a session
+-- that loaded it earlier), the declarations below would call code written for other
+-- ones. Every upgrade script begins with this same block (CONTRIBUTING.md, "Upgrades").
+-- Declaring the function also makes every backend check its library against the
+-- installed version again (storage/installed.rs).
+DO $guard$
+DECLARE
+    target text := (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'pg_once');
+    loaded text;
+BEGIN
+    CREATE OR REPLACE FUNCTION once.library_version() RETURNS text
+        LANGUAGE c VOLATILE PARALLEL SAFE
+        AS 'MODULE_PATHNAME', 'library_version_wrapper';
+    loaded := once.library_version();
+    IF pg_catalog.string_to_array(loaded, '.')::int[] < pg_catalog.string_to_array(target, '.')::int[] THEN
+        RAISE EXCEPTION 'pg_once % cannot be installed with the pg_once % library this session runs', target, loaded
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Start a new session; where pg_once is in shared_preload_libraries, restart the server first.';
+    END IF;
+EXCEPTION WHEN undefined_function THEN
+    RAISE EXCEPTION 'pg_once % cannot be installed with the older pg_once library this session runs', target
+        USING ERRCODE = 'object_not_in_prerequisite_state',
+              DETAIL = SQLERRM,
+              HINT = 'Start a new session; where pg_once is in shared_preload_libraries, restart the server first.';
+END
+$guard$;
+COMMENT ON FUNCTION once.library_version() IS
+    'The version of the pg_once library loaded in this session. It differs from the installed extension''s (pg_extension.extversion) after a package upgrade until ALTER EXTENSION pg_once UPDATE and, where pg_once is preloaded, a restart.';
+
 -- The four states of a key. A key with no row is "absent".
 CREATE TYPE once.key_state AS ENUM ('queued', 'running', 'done', 'failed');
 
@@ -119,10 +149,6 @@ CREATE TABLE once.entries (
     errors           integer NOT NULL DEFAULT 0,
     attempts         integer NOT NULL DEFAULT 0,
     retry_at         timestamptz,
-    -- how the key's last attempt ended: completed | failed | released | abandoned (its
-    -- owner was gone and a reaper took the claim back) | taken_over (its owner was gone
-    -- and a caller took the claim); NULL until an attempt has ended
-    last_outcome     text,
     created_at       timestamptz NOT NULL DEFAULT clock_timestamp(),
     claimed_at       timestamptz,
     completed_at     timestamptz,
@@ -134,6 +160,13 @@ CREATE TABLE once.entries (
     run_at           timestamptz,                  -- due from (queued keys)
     max_attempts     integer,                      -- NULL: the queue's
     enqueued_at      timestamptz,
+    -- Columns added after 0.1.0 come last, in the order of their releases: an upgrade can
+    -- only append a column, and a fresh install must have the same table (CONTRIBUTING.md,
+    -- "Upgrades").
+    -- 0.2.0: how the key's last attempt ended: completed | failed | released | abandoned
+    -- (its owner was gone and a reaper took the claim back) | taken_over (its owner was
+    -- gone and a caller took the claim); NULL until an attempt has ended
+    last_outcome     text,
     CONSTRAINT entries_pkey PRIMARY KEY (key_hash)
 )
 -- No CHECK constraints and no generated column, on purpose: PostgreSQL re-reads and

@@ -59,6 +59,16 @@ pub fn insufficient_privilege(message: String, hint: &str) -> ! {
     )
 }
 
+/// 55000: the call cannot run in the state the database is in (pg_once's SQL objects and
+/// its library are of different versions).
+pub fn object_not_in_prerequisite_state(message: String, hint: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        message,
+        hint,
+    )
+}
+
 /// 55006: the object is still in use (a queue that still has keys).
 pub fn object_in_use(message: String, hint: &str) -> ! {
     raise(PgSqlErrorCode::ERRCODE_OBJECT_IN_USE, message, hint)

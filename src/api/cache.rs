@@ -1,8 +1,7 @@
 //! The cache functions: claim_key and what an owner does with its claim.
 
 use super::args;
-use super::{claim_owner, refuse_wait_under_snapshot_isolation, usable_key};
-use crate::errors;
+use super::{body, claim_owner, refuse_wait_under_snapshot_isolation, usable_key};
 use crate::key::Key;
 use crate::protocol::claim::{self, Claim};
 use crate::protocol::waiting;
@@ -23,7 +22,7 @@ fn claim_key(
     owner_pid: Option<i32>,
     fcinfo: pg_sys::FunctionCallInfo,
 ) -> pgrx::composite_type!('static, "claim") {
-    errors::plain(|| {
+    body(|| {
         let key = usable_key(key, "claim_key");
         let lease = args::lease(lease);
         let wait_micros = args::wait(wait);
@@ -48,7 +47,7 @@ fn claim_key(
 /// once.owner_session(): see liveness::become_owner_session.
 #[pg_extern(sql = false)]
 fn owner_session() -> i32 {
-    errors::plain(liveness::become_owner_session)
+    body(liveness::become_owner_session)
 }
 
 #[pg_extern(sql = false)]
@@ -58,7 +57,7 @@ fn complete_key(
     result: Option<Jsonb>,
     ttl: Option<Interval>,
 ) -> bool {
-    errors::plain(|| {
+    body(|| {
         let (key, token) = claim_of(key, token, "complete_key");
         let result = args::required(
             result,
@@ -77,7 +76,7 @@ fn fail_key(
     error: Option<String>,
     retry_after: Option<Interval>,
 ) -> bool {
-    errors::plain(|| {
+    body(|| {
         let (key, token) = claim_of(key, token, "fail_key");
         let error = args::required(
             error,
@@ -95,7 +94,7 @@ fn heartbeat_key(
     token: Option<i64>,
     lease: Option<Interval>,
 ) -> Option<TimestampWithTimeZone> {
-    errors::plain(|| {
+    body(|| {
         let (key, token) = claim_of(key, token, "heartbeat_key");
         let lease = args::lease(lease);
         claim::heartbeat(&key, token, lease)
@@ -104,7 +103,7 @@ fn heartbeat_key(
 
 #[pg_extern(sql = false)]
 fn release_key(key: Option<&str>, token: Option<i64>) -> bool {
-    errors::plain(|| {
+    body(|| {
         let (key, token) = claim_of(key, token, "release_key");
         claim::release(&key, token)
     })
@@ -112,7 +111,7 @@ fn release_key(key: Option<&str>, token: Option<i64>) -> bool {
 
 #[pg_extern(sql = false)]
 fn invalidate_key(key: Option<&str>) -> bool {
-    errors::plain(|| claim::invalidate(&usable_key(key, "invalidate_key")))
+    body(|| claim::invalidate(&usable_key(key, "invalidate_key")))
 }
 
 #[pg_extern(sql = false)]
@@ -124,7 +123,7 @@ fn reap_stale() -> TableIterator<
         name!(history, i64),
     ),
 > {
-    errors::plain(|| {
+    body(|| {
         let reaped = claim::reap();
         TableIterator::once((reaped.reclaimed, reaped.expired, reaped.history))
     })

@@ -4,7 +4,7 @@
 use crate::protocol::namespace;
 use crate::runtime::guc::{self, NotifyMode};
 use crate::runtime::{liveness, shmem};
-use crate::storage::entry;
+use crate::storage::{entry, installed};
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -37,7 +37,24 @@ fn key_namespace(key: Option<&str>) -> Option<String> {
 
 /// How pg_once runs in this server, and its counters since start as a jsonb object keyed
 /// by once.stats column (NULL without shared memory). Feeds the once.stats view.
+///
+/// Named for the release of its signature: 0.1.0's runtime() returned the counters as
+/// bigint[] (symbol runtime_wrapper). A declaration of one release must never reach code
+/// of another that returns a different type (CONTRIBUTING.md, "Upgrades").
 #[pg_extern(sql = false)]
+#[allow(clippy::type_complexity)]
+fn runtime_0_2() -> TableIterator<
+    'static,
+    (
+        name!(shared_memory, bool),
+        name!(notify, String),
+        name!(workers, Option<i32>),
+        name!(counters, Option<pgrx::JsonB>),
+    ),
+> {
+    super::body(runtime)
+}
+
 #[allow(clippy::type_complexity)]
 fn runtime() -> TableIterator<
     'static,
@@ -71,4 +88,14 @@ fn runtime() -> TableIterator<
         shared.map(|s| s.workers_serving(database)),
         counters,
     ))
+}
+
+/// The version of the library loaded in this session. Every install and upgrade script
+/// declares this function first and calls it, so that a script never runs against an
+/// older library (one without this symbol) and every backend's version check is reset
+/// (storage::installed). Not checked against the installed version: it is how that
+/// difference is told.
+#[pg_extern(sql = false)]
+fn library_version() -> &'static str {
+    installed::LIBRARY_VERSION
 }

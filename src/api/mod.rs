@@ -6,20 +6,33 @@
 //! SECURITY DEFINER, pinned search_path, comment) is hand-written next to the others in
 //! sql/functions.sql, with its arguments in the order of the Rust signature. Arguments
 //! arrive as Options so that NULL gets the documented 22004 error instead of a silent
-//! NULL result, and every body runs inside errors::plain.
+//! NULL result, and every body runs inside `body`: the check that this database's pg_once is
+//! this library's version, then errors::plain.
 
 pub mod args;
 mod cache;
 mod internal;
 mod namespace;
 mod queue;
+mod retired;
 
 use crate::errors;
 use crate::key::Key;
 use crate::protocol::namespace as namespaces;
 use crate::protocol::standby;
 use crate::runtime::liveness::Owner;
+use crate::storage::installed;
 use pgrx::pg_sys;
+
+/// The body of every SQL function: refused (55000) while this database's pg_once objects
+/// are of another version than this library (storage::installed), and raising errors
+/// without a Rust backtrace (errors::plain).
+fn body<R>(f: impl FnOnce() -> R) -> R {
+    errors::plain(|| {
+        installed::require_matching_version();
+        f()
+    })
+}
 
 /// The key a call names: checked (args::key), and one the caller may use (42501 for a key
 /// of a namespace whose owner the caller is not a member of). `function` names the call

@@ -1,6 +1,7 @@
 //! The namespace functions: who may use which keys (protocol::namespace).
 
 use super::args;
+use super::body;
 use crate::errors;
 use crate::protocol::namespace;
 use pgrx::pg_sys;
@@ -8,7 +9,7 @@ use pgrx::prelude::*;
 
 #[pg_extern(sql = false)]
 fn create_namespace(prefix: Option<&str>, owner: Option<pg_sys::Oid>, notify: Option<&str>) {
-    errors::plain(|| {
+    body(|| {
         let prefix = args::namespace_prefix(prefix);
         let owner = args::required(
             owner,
@@ -22,7 +23,7 @@ fn create_namespace(prefix: Option<&str>, owner: Option<pg_sys::Oid>, notify: Op
 
 #[pg_extern(sql = false)]
 fn drop_namespace(prefix: Option<&str>) {
-    errors::plain(|| {
+    body(|| {
         let prefix = args::namespace_prefix(prefix);
         if !namespace::remove(prefix) {
             errors::undefined_object(

@@ -1,7 +1,7 @@
 //! The queue functions: queues, enqueue_key, claim_next and the batch operations.
 
 use super::args;
-use super::{claim_owner, refuse_wait_under_snapshot_isolation, usable_key};
+use super::{body, claim_owner, refuse_wait_under_snapshot_isolation, usable_key};
 use crate::errors;
 use crate::key::Key;
 use crate::protocol::{queue, waiting};
@@ -9,15 +9,18 @@ use crate::storage::jsonb::{Jsonb, JsonbArray};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::prelude::*;
 
+/// Named for the release of its signature: 0.2.0 added `namespace` to 0.1.0's
+/// create_queue (symbol create_queue_wrapper), which must never reach this code with one
+/// argument fewer than it unboxes (CONTRIBUTING.md, "Upgrades").
 #[pg_extern(sql = false)]
-fn create_queue(
+fn create_queue_0_2(
     name: Option<&str>,
     max_attempts: Option<i32>,
     backoff: Option<Interval>,
     max_backoff: Option<Interval>,
     namespace: Option<&str>,
 ) {
-    errors::plain(|| {
+    body(|| {
         let name = args::new_queue_name(name);
         let max_attempts = args::required(
             args::max_attempts(max_attempts),
@@ -32,7 +35,7 @@ fn create_queue(
 
 #[pg_extern(sql = false)]
 fn drop_queue(name: Option<&str>) {
-    errors::plain(|| {
+    body(|| {
         let name = queue::require(args::queue(name), "drop_queue").name;
         queue::drop_queue(name)
     })
@@ -49,7 +52,7 @@ fn enqueue_key(
     refresh: Option<bool>,
     max_attempts: Option<i32>,
 ) -> &'static str {
-    errors::plain(|| {
+    body(|| {
         let key = usable_key(key, "enqueue_key");
         let queue = queue::require(args::queue(queue), "enqueue_key");
         let job = queue::Job {
@@ -96,7 +99,7 @@ fn claim_next(
         name!(attempt, i32),
     ),
 > {
-    errors::plain(|| {
+    body(|| {
         let queue_name = queue::require(args::queue(queue), "claim_next").name;
         let lease = args::lease(lease);
         let worker = args::worker(worker);
@@ -119,7 +122,7 @@ fn claim_next(
 
 #[pg_extern(sql = false)]
 fn invalidate_keys(queue: Option<&str>, prefix: Option<&str>) -> i64 {
-    errors::plain(|| {
+    body(|| {
         if queue.is_none() && prefix.is_none() {
             errors::invalid_argument(
                 "invalidate_keys needs a queue or a key prefix".into(),
@@ -144,7 +147,7 @@ fn complete_keys(
     results: Option<JsonbArray>,
     ttl: Option<Interval>,
 ) -> TableIterator<'static, (name!(key, String),)> {
-    errors::plain(|| {
+    body(|| {
         let hint = "Pass three arrays of the same length: keys, their tokens, their results.";
         let keys = args::required(keys, "keys", hint);
         let tokens = args::required(tokens, "tokens", hint);

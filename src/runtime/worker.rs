@@ -11,6 +11,7 @@
 use crate::protocol::claim;
 use crate::runtime::shmem::{self, AttachError};
 use crate::runtime::{guc, notify};
+use crate::storage::installed;
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -191,22 +192,38 @@ fn relay(shared: &shmem::Shared, queue: usize) -> usize {
     }
 }
 
-/// reap_stale, where the extension is installed.
+/// reap_stale, where this library's version of the extension is installed. Between a
+/// package upgrade and ALTER EXTENSION pg_once UPDATE the tables are not the ones this
+/// code knows: the worker says so once and waits (relaying still works: it touches no
+/// table).
 fn reap() {
     BackgroundWorker::transaction(|| {
-        // SAFETY: catalog lookup inside a transaction.
-        let installed =
-            unsafe { pg_sys::get_extension_oid(c"pg_once".as_ptr(), true) } != pg_sys::InvalidOid;
-        if installed {
-            let r = claim::reap();
-            if r.reclaimed > 0 || r.expired > 0 || r.history > 0 {
-                debug1!(
-                    "pg_once: reclaimed {} claims, purged {} expired results and {} history rows",
-                    r.reclaimed,
-                    r.expired,
-                    r.history
+        let Some(version) = installed::installed_version() else {
+            return;
+        };
+        if version != installed::LIBRARY_VERSION {
+            if !MISMATCH_LOGGED.replace(true) {
+                warning!(
+                    "pg_once worker: this database has pg_once {version} installed, but the server runs the pg_once {} library; the worker reaps nothing until ALTER EXTENSION pg_once UPDATE is run in it",
+                    installed::LIBRARY_VERSION
                 );
             }
+            return;
+        }
+        MISMATCH_LOGGED.set(false);
+        let r = claim::reap();
+        if r.reclaimed > 0 || r.expired > 0 || r.history > 0 {
+            debug1!(
+                "pg_once: reclaimed {} claims, purged {} expired results and {} history rows",
+                r.reclaimed,
+                r.expired,
+                r.history
+            );
         }
     });
+}
+
+thread_local! {
+    /// The version mismatch was logged (once, until it is resolved).
+    static MISMATCH_LOGGED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }

@@ -4,6 +4,7 @@
 //! Knows tables and rows, not what a claim means.
 
 pub mod entry;
+pub mod installed;
 pub mod jsonb;
 pub mod statements;
 pub mod subxact;
