@@ -17,6 +17,11 @@
 #   6. client libraries             clients/python (psycopg 3), clients/node (pg),
 #                                   clients/rust (tokio-postgres), direct and through
 #                                   PgBouncer in transaction mode
+#   7. upgrade from the last release  0.1.0 built from its tag, filled, upgraded in place
+#                                   with ALTER EXTENSION UPDATE: refusals while library
+#                                   and SQL differ, schema equal to a fresh install, rows
+#                                   and tokens kept, step 4's tests on the upgraded
+#                                   database (scripts/upgrade-test.sh)
 #
 # STEPS="2 4" (for example) runs only those steps, and SERVERS="preloaded" only that
 # server's run of steps 3 to 6; by default everything runs.
@@ -35,7 +40,7 @@ PORT=${PG_ONCE_TEST_PORT:-25432}
 # carry one (see errors::plain).
 export RUST_BACKTRACE=1
 started=$SECONDS
-STEPS=${STEPS:-1 2 3 4 5 6}
+STEPS=${STEPS:-1 2 3 4 5 6 7}
 SERVERS=${SERVERS:-plain preloaded}
 step() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -43,20 +48,20 @@ ensure_toolchain
 cd "$REPO_ROOT"
 
 if step 1; then
-    say "1/6 formatting and lints"
+    say "1/7 formatting and lints"
     cargo fmt --all --check
     cargo clippy --workspace --all-targets --quiet -- -D warnings
     python3 scripts/check-boundary.py
 fi
 
 if step 2; then
-    say "2/6 unit tests: cargo pgrx test"
+    say "2/7 unit tests: cargo pgrx test"
     # One at a time: the tests use the same keys in transactions that roll back, and a
     # claim never waits for another transaction's uncommitted claim (it is told `wait`).
     RUST_TEST_THREADS=1 cargo pgrx test pg15 --runas postgres --pgdata "$PG_ONCE_WORK/pgrx-test"
 fi
 
-if ! step 3 && ! step 4 && ! step 5 && ! step 6; then
+if ! step 3 && ! step 4 && ! step 5 && ! step 6 && ! step 7; then
     say "steps $STEPS passed in $((SECONDS - started)) s"
     exit 0
 fi
@@ -89,14 +94,14 @@ run_server_tests() {
     export PG_ONCE_BOUNCER_DSN="host=127.0.0.1 port=$((port + 10)) user=postgres dbname=postgres"
 
     if step 3; then
-        say "3/6 SQL regression tests, $name server: pg_regress"
+        say "3/7 SQL regression tests, $name server: pg_regress"
         run_pgxs_suite regress "$port" regress-$name pg_once_regress \
             $(cd pg_test/regress/sql && ls *.sql | sed 's/\.sql$//')
         python3 scripts/check-docs.py
         # Isolation specs expire leases by hand; a worker reaping them in between would
         # make their output depend on timing, so they run on the server without one.
         if [ "$name" = plain ]; then
-            say "3/6 isolation specs, $name server: pg_isolation_regress"
+            say "3/7 isolation specs, $name server: pg_isolation_regress"
             run_pgxs_suite isolation "$port" isolation pg_once_isolation \
                 $(cd pg_test/isolation/specs && ls *.spec | sed 's/\.spec$//')
         fi
@@ -104,11 +109,11 @@ run_server_tests() {
 
     cluster_psql "$name" "$port" -q -c "CREATE EXTENSION pg_once"
     if step 4; then
-        say "4/6 multi-connection tests, $name server"
+        say "4/7 multi-connection tests, $name server"
         cargo test -p pg_once_multi --quiet --test protocol --test wakeups --test queue --test pooling \
             --test namespaces
         if [ "$name" = preloaded ]; then
-            say "4/6 hot standby of the $name server"
+            say "4/7 hot standby of the $name server"
             standby_start "$name-standby" $((port + 1)) "$port"
             # One at a time, with nothing else writing: a waiting claim_key on a standby
             # holds back replay of the primary's cleanups, and so the change it waits for.
@@ -126,12 +131,12 @@ run_server_tests() {
     fi
 
     if step 5; then
-        say "5/6 invariant soak, $name server, $soak_seconds s"
+        say "5/7 invariant soak, $name server, $soak_seconds s"
         cargo run --quiet -p pg_once_tools --bin soak -- --seconds "$soak_seconds" | tail -25
     fi
 
     if step 6; then
-        say "6/6 client libraries, $name server, direct and through PgBouncer"
+        say "6/7 client libraries, $name server, direct and through PgBouncer"
         "$py_venv/bin/python" -m pytest -q -p no:cacheprovider clients/python/tests
         local node_log=$PG_ONCE_WORK/node-tests-$name.log
         if ! (cd clients/node &&
@@ -170,6 +175,12 @@ if [[ " $SERVERS " == *" preloaded "* ]]; then
     # logged once, and that it gets a worker once created.
     run_server_tests preloaded $((PORT + 1)) "shared_preload_libraries = 'pg_once'" \
         "once.databases = 'postgres, pg_once_missing'"
+fi
+
+if step 7; then
+    source "$REPO_ROOT/scripts/upgrade-test.sh"
+    # Its own server (and PgBouncer, 10 ports higher) on a copy of the installation.
+    upgrade_test $((PORT + 4))
 fi
 
 say "steps $STEPS passed in $((SECONDS - started)) s (servers: $SERVERS)"

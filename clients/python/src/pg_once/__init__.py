@@ -17,4 +17,4 @@ from .worker import Worker
 
 __all__ = ["Client", "AsyncClient", "Worker", "AsyncWorker", "Job", "OnceError", "OnceFailed",
            "OnceTimeout", "ClaimLost", "NotSerializable", "ConfigurationError"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -1,0 +1,211 @@
+# Step 7 of scripts/test.sh: an in-place upgrade from the last release. Sourced by
+# test.sh after lib.sh, with the current tree already built (install_extension debug).
+#
+# On a copy of the PostgreSQL installation of $PG_BIN (so that nothing installed for the
+# other steps changes), a preloaded server runs the release exactly as it was tagged
+# (v$UPGRADE_FROM, built from git), and a database is filled through that release's own
+# functions (pg_test/upgrade/fill.sql). Then the current build is installed the way a
+# package manager does it (new files, new inodes, the server still running), and:
+#   (d) ALTER EXTENSION pg_once UPDATE, with the old library still loaded, is refused
+#       with 55000 and a hint, and changes nothing;
+#   (d) after a restart, the new library with the old SQL refuses every call with 55000
+#       and a hint, and the worker says so once in the log;
+#   ALTER EXTENSION pg_once UPDATE then runs the hand-written script sql/pg_once--*--*.sql;
+#   (a) the schema equals a fresh install's (pg_dump --schema-only --binary-upgrade, which
+#       unlike a plain dump writes out each of the extension's objects);
+#   (b) every row and the token sequence are as before (pg_test/upgrade/snapshot.sql);
+#   (c) the multi-connection suite passes on the upgraded database.
+
+UPGRADE_FROM=0.1.0
+
+# upgrade_copy_installation DIR: copy the PostgreSQL installation of $PG_CONFIG (its
+# bin/lib tree and its share tree) into DIR at the same relative places, without
+# pg_once. A copied installation finds its lib/ and share/ relative to its bin/.
+upgrade_copy_installation() {
+    local root=$1 dir
+    rm -rf "$root"
+    for dir in "$("$PG_CONFIG" --bindir)/.." "$("$PG_CONFIG" --sharedir)"; do
+        dir=$(realpath "$dir")
+        mkdir -p "$root$(dirname "$dir")"
+        cp -a "$dir" "$root$(dirname "$dir")/"
+    done
+    rm -f "$root$(realpath "$("$PG_CONFIG" --pkglibdir)")"/pg_once.so \
+        "$root$(realpath "$("$PG_CONFIG" --sharedir)")"/extension/pg_once*
+}
+
+# upgrade_package SRC OUT: pg_once built from the tree SRC (debug, against $PG_CONFIG) as
+# the files a package installs, under OUT.
+upgrade_package() {
+    local src=$1 out=$2 log=$2.log
+    rm -rf "$out"
+    if ! (cd "$src" && cargo pgrx package --debug --pg-config "$PG_CONFIG" --out-dir "$out") \
+            >"$log" 2>&1; then
+        tail -40 "$log" >&2
+        echo "building pg_once from $src failed; full log in $log" >&2
+        exit 1
+    fi
+}
+
+# upgrade_install OUT ROOT: put the packaged files of OUT into the copied installation
+# ROOT as dpkg does: each file written beside its destination, then renamed over it, so
+# that a running server keeps the old library it mapped (an in-place overwrite would
+# crash it).
+upgrade_install() {
+    local out=$1 root=$2 file dest
+    (cd "$out" && find . -type f) | while read -r file; do
+        dest=$root${file#.}
+        mkdir -p "$(dirname "$dest")"
+        cp "$out/$file" "$dest.new"
+        mv -f "$dest.new" "$dest"
+    done
+}
+
+# upgrade_build_release: the release's files, built once per commit, toolchain and
+# PostgreSQL version, and kept in $PG_ONCE_WORK/releases/ (a stale key means a rebuild).
+upgrade_build_release() {
+    local commit
+    if ! commit=$(git -C "$REPO_ROOT" rev-parse -q --verify "v$UPGRADE_FROM^{commit}"); then
+        echo "step 7 needs the tag v$UPGRADE_FROM and its history: git fetch --tags (a clone with --depth cannot run it)" >&2
+        exit 1
+    fi
+    local key
+    key=$(printf '%s\n' "$commit" "$(rustc --version)" "$("$PG_CONFIG" --version)" "$PGRX_VERSION" |
+        sha256sum | cut -c1-16)
+    release_files=$PG_ONCE_WORK/releases/pg_once-$UPGRADE_FROM-$key
+    if [ ! -f "$release_files.done" ]; then
+        say "7/7 building pg_once $UPGRADE_FROM from v$UPGRADE_FROM (${commit:0:9})"
+        local src=$PG_ONCE_WORK/releases/src-$UPGRADE_FROM
+        rm -rf "$src" && mkdir -p "$src"
+        git -C "$REPO_ROOT" archive "$commit" | tar -x -C "$src"
+        # Its own target directory: it shares no artifact with the current tree's build.
+        CARGO_TARGET_DIR=$PG_ONCE_WORK/releases/target upgrade_package "$src" "$release_files"
+        touch "$release_files.done"
+    fi
+}
+
+# expect_refusal WHAT OUTPUT: the psql OUTPUT (stderr included) shows pg_once's 55000
+# refusal with a hint.
+expect_refusal() {
+    local what=$1 output=$2
+    if ! grep -q "ERROR:  55000" <<<"$output" || ! grep -q "HINT:" <<<"$output"; then
+        echo "$what: expected a 55000 error with a hint, got:" >&2
+        echo "$output" >&2
+        exit 1
+    fi
+    echo "$what: refused as expected:" >&2
+    grep -E "ERROR|HINT" <<<"$output" | sed 's/^/    /' >&2
+}
+
+# upgrade_test PORT
+upgrade_test() {
+    local port=$1
+    local root=$PG_ONCE_WORK/upgrade-pg work=$PG_ONCE_WORK/upgrade-files
+    rm -rf "$work" && mkdir -p "$work" && chown postgres "$work"
+    upgrade_build_release
+    say "7/7 packaging the current tree"
+    upgrade_package "$REPO_ROOT" "$work/current"
+    upgrade_copy_installation "$root"
+    upgrade_install "$release_files" "$root"
+
+    (
+        PG_BIN=$root$(realpath "$("$PG_CONFIG" --bindir)")
+        export PG_ONCE_PG_BIN=$PG_BIN
+        local name=upgrade
+        psql_() { cluster_psql "$name" "$port" -At "$@"; }
+        psql_out() { cluster_psql "$name" "$port" -At -v VERBOSITY=verbose "$@" 2>&1 || true; }
+        trap 'pgbouncer_stop upgrade-bouncer; cluster_stop upgrade' EXIT
+
+        say "7/7 pg_once $UPGRADE_FROM on a preloaded server, filled through its own functions"
+        cluster_start "$name" "$port" "max_prepared_transactions = 10" \
+            "shared_preload_libraries = 'pg_once'" "once.databases = 'postgres, pg_once_missing'"
+        installed() { psql_ -c "SELECT extversion FROM pg_extension WHERE extname = 'pg_once'"; }
+        expect_installed() {
+            [ "$(installed)" = "$1" ] || { echo "expected pg_once $1 installed, found $(installed)" >&2; exit 1; }
+        }
+        psql_ -q -c "CREATE EXTENSION pg_once"
+        expect_installed "$UPGRADE_FROM"
+        psql_ -q -f pg_test/upgrade/fill.sql >/dev/null
+        local columns
+        columns=$(psql_ -c "
+            SELECT array_agg(c.relname || '.' || a.attname)
+              FROM pg_depend d JOIN pg_class c ON c.oid = d.objid
+              JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+             WHERE d.classid = 'pg_class'::regclass AND d.deptype = 'e' AND c.relkind = 'r'
+               AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'pg_once')")
+        snapshot() { psql_ -c "SET snapshot.columns = '$columns'" -f pg_test/upgrade/snapshot.sql; }
+        snapshot >"$work/before.txt"
+        echo "$(wc -l <"$work/before.txt") rows and sequence values kept before the upgrade" >&2
+
+        say "7/7 the new files installed while the server runs the old library"
+        upgrade_install "$work/current" "$root"
+        expect_refusal "ALTER EXTENSION UPDATE with the $UPGRADE_FROM library loaded" \
+            "$(psql_out -c "ALTER EXTENSION pg_once UPDATE")"
+        expect_installed "$UPGRADE_FROM"
+        snapshot | diff "$work/before.txt" - >&2
+
+        say "7/7 restarted: the new library with the $UPGRADE_FROM SQL"
+        runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_ONCE_WORK/$name/data" -w -m fast restart \
+            -l "$PG_ONCE_WORK/$name/server.log" >/dev/null
+        expect_refusal "claim_key before ALTER EXTENSION UPDATE" \
+            "$(psql_out -c "SELECT * FROM once.claim_key('up:new')")"
+        expect_refusal "once.stats before ALTER EXTENSION UPDATE" \
+            "$(psql_out -c "SELECT * FROM once.stats")"
+        local i
+        for i in $(seq 50); do
+            grep -q "the worker reaps nothing until ALTER EXTENSION pg_once UPDATE" \
+                "$PG_ONCE_WORK/$name/server.log" && break
+            sleep 0.1
+        done
+        local warned
+        warned=$(grep -c "the worker reaps nothing until ALTER EXTENSION pg_once UPDATE" \
+            "$PG_ONCE_WORK/$name/server.log" || true)
+        if [ "$warned" != 1 ]; then
+            echo "the worker should have logged the version mismatch once, logged it $warned times" >&2
+            exit 1
+        fi
+
+        say "7/7 ALTER EXTENSION pg_once UPDATE"
+        psql_ -c "ALTER EXTENSION pg_once UPDATE"
+        expect_installed "$(psql_ -c "SELECT once.library_version()")"
+        echo "pg_once $UPGRADE_FROM -> $(installed)" >&2
+
+        say "7/7 (b) every row and the token sequence kept"
+        snapshot | diff "$work/before.txt" - >&2
+        say "7/7 (a) the schema equals a fresh install's"
+        psql_ -q -c "CREATE DATABASE pg_once_fresh" -c "\\c pg_once_fresh" -c "CREATE EXTENSION pg_once"
+        schema() {
+            # OIDs and the sequence's bounds (taken from the WAL position at creation) differ
+            # between any two installs; everything else must not.
+            "$PG_BIN/pg_dump" -h 127.0.0.1 -p "$port" -U postgres --schema-only --binary-upgrade "$1"
+        }
+        normalize() {
+            grep -v -e '^--' -e 'binary_upgrade_set_next_' -e '^SET ' -e '^SELECT pg_catalog.set_config' |
+                sed -E -e "s/'\{[0-9,]*\}'/'{oids}'/g" \
+                    -e 's/(START WITH|MINVALUE) [0-9]+/\1 N/' -e 's/setval\([^)]*\)/setval(N)/' |
+                cat -s
+        }
+        schema pg_once_fresh | normalize >"$work/fresh.sql"
+        schema postgres | normalize >"$work/upgraded.sql"
+        if ! diff -u "$work/fresh.sql" "$work/upgraded.sql" >"$work/schema.diff"; then
+            echo "the upgraded schema differs from a fresh install's ($work/schema.diff):" >&2
+            cat "$work/schema.diff" >&2
+            exit 1
+        fi
+        echo "$(grep -c . "$work/fresh.sql") lines of schema, equal" >&2
+        psql_ -q -c "DROP DATABASE pg_once_fresh"
+
+        say "7/7 (c) the multi-connection suite on the upgraded database"
+        pgbouncer_start upgrade-bouncer $((port + 10)) "$port" 6
+        export PG_ONCE_DSN="host=127.0.0.1 port=$port user=postgres dbname=postgres"
+        export PG_ONCE_BOUNCER_DSN="host=127.0.0.1 port=$((port + 10)) user=postgres dbname=postgres"
+        cargo test -p pg_once_multi --quiet --test protocol --test wakeups --test queue \
+            --test pooling --test namespaces
+        PG_ONCE_DATA_DIR=$PG_ONCE_WORK/$name/data \
+            cargo test -p pg_once_multi --quiet --test crash -- --test-threads=1
+        PG_ONCE_DATA_DIR=$PG_ONCE_WORK/$name/data PG_ONCE_SERVER_LOG=$PG_ONCE_WORK/$name/server.log \
+            cargo test -p pg_once_multi --quiet --test worker -- --test-threads=1
+        # Last: it drops and creates the extension again.
+        PG_ONCE_DATA_DIR=$PG_ONCE_WORK/$name/data \
+            cargo test -p pg_once_multi --quiet --test tokens -- --test-threads=1
+    )
+}
