@@ -56,14 +56,14 @@ def sql_functions():
     """name -> [(argument name or None, type)] for each LANGUAGE c function."""
     text = (root / "sql/functions.sql").read_text()
     found = {}
-    for m in re.finditer(r"^CREATE FUNCTION once\.(\w+)\((.*?)\)\s*\nRETURNS(.*?);", text,
+    for m in re.finditer(r"^CREATE FUNCTION once(?:_internal)?\.(\w+)\((.*?)\)\s*\nRETURNS(.*?);", text,
                          flags=re.M | re.S):
         name, args, rest = m.groups()
         if "LANGUAGE c" not in rest:
             continue
         wrapper = re.search(r"'MODULE_PATHNAME', '(\w+)_wrapper'", rest)
         if not wrapper or wrapper.group(1) != name:
-            print(f"sql/functions.sql: once.{name} must be AS 'MODULE_PATHNAME', '{name}_wrapper'")
+            print(f"sql/functions.sql: {name} must be AS 'MODULE_PATHNAME', '{name}_wrapper'")
             sys.exit(1)
         parsed = []
         for arg in split_top_level(args):

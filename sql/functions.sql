@@ -261,13 +261,13 @@ $$complete_key for many claims in one statement (e.g. what one claim_next(n => 1
 handed out). Locks keys in key_hash order, so it cannot deadlock with another batch.
 Returns the keys that were completed; the others' claims were lost.$$;
 
-CREATE FUNCTION once.backend_alive(pid integer, started timestamptz)
+CREATE FUNCTION once_internal.backend_alive(pid integer, started timestamptz)
 RETURNS boolean
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'backend_alive_wrapper';
 
-COMMENT ON FUNCTION once.backend_alive(integer, timestamptz) IS
+COMMENT ON FUNCTION once_internal.backend_alive(integer, timestamptz) IS
 $$Whether the backend with this pid that started at this time is still running (the
 pid alone could have been reused). NULL if either argument is NULL.$$;
 
@@ -276,12 +276,12 @@ pid alone could have been reused). NULL if either argument is NULL.$$;
 -- DEFINER function with a pinned search_path costs more than the answer. It checks that
 -- the caller may SELECT from once.entries (claim_next calls it as the owner) and uses no
 -- search_path.
-CREATE FUNCTION once.row_taken(tid)
+CREATE FUNCTION once_internal.row_taken(tid)
 RETURNS boolean
 LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL SAFE
 AS 'MODULE_PATHNAME', 'row_taken_wrapper';
 
-COMMENT ON FUNCTION once.row_taken(tid) IS
+COMMENT ON FUNCTION once_internal.row_taken(tid) IS
 $$Used by claim_next: whether the once.entries row version at this ctid was already
 updated or deleted by a committed transaction, or is held (locked, updated or deleted) by
 another transaction in progress. Either way claim_next passes over it without trying to
@@ -291,32 +291,32 @@ lock it. NULL if the argument is NULL.$$;
 -- answers for that role. It reads only pg_once's own memory of the namespaces (loading it
 -- as the table's owner). PARALLEL RESTRICTED: the leader alone answers, for the role it
 -- runs as.
-CREATE FUNCTION once.may_use_key(key text)
+CREATE FUNCTION once_internal.may_use_key(key text)
 RETURNS boolean
 LANGUAGE c STABLE CALLED ON NULL INPUT PARALLEL RESTRICTED
 AS 'MODULE_PATHNAME', 'may_use_key_wrapper';
 
-COMMENT ON FUNCTION once.may_use_key(text) IS
+COMMENT ON FUNCTION once_internal.may_use_key(text) IS
 $$Whether the calling role may use this key: true outside every namespace, else whether
 it is a member of the owner of the key's namespace. NULL if the argument is NULL.$$;
 
-CREATE FUNCTION once.key_namespace(key text)
+CREATE FUNCTION once_internal.key_namespace(key text)
 RETURNS text
 LANGUAGE c STABLE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL RESTRICTED
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'key_namespace_wrapper';
 
-COMMENT ON FUNCTION once.key_namespace(text) IS
+COMMENT ON FUNCTION once_internal.key_namespace(text) IS
 $$The prefix of the namespace this key belongs to (the longest registered prefix it
 starts with), or NULL.$$;
 
-CREATE FUNCTION once.runtime()
+CREATE FUNCTION once_internal.runtime()
 RETURNS TABLE (shared_memory boolean, notify text, workers integer, counters jsonb)
 LANGUAGE c VOLATILE SECURITY DEFINER PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'runtime_wrapper';
 
-COMMENT ON FUNCTION once.runtime() IS
+COMMENT ON FUNCTION once_internal.runtime() IS
 $$How pg_once runs here: shared_memory (preloaded: wake-ups, exact liveness, counters),
 notify (relay, direct or off, as in effect for this session), workers (pg_once workers
 serving this database: 0 or 1), and the counters since server start, by once.stats
@@ -350,10 +350,10 @@ SELECT k.queued, k.running, k.done, k.failed, k.running_past_lease, k.expired_un
                min(claimed_at) FILTER (WHERE state = 'running') AS oldest_claimed_at,
                coalesce(sum(errors), 0) AS errors,
                coalesce(sum(attempts), 0) AS attempts,
-               (SELECT last_value FROM once.token_seq) AS last_token
+               (SELECT last_value FROM once_internal.token_seq) AS last_token
           FROM once.entries
-         WHERE once.may_use_key(key)) AS k,
-       once.runtime() AS r;
+         WHERE once_internal.may_use_key(key)) AS k,
+       once_internal.runtime() AS r;
 
 COMMENT ON VIEW once.stats IS
     'Keys per state, claims past their lease, expired results not yet purged, the oldest running claim and error/attempt totals (a scan of once.entries, counting only keys the reader may use); how pg_once runs (shared memory, notify mode, workers); and counters of calls since server start (NULL unless preloaded).';
@@ -377,8 +377,8 @@ SELECT q.name AS queue,
          WHERE a.queue = q.name AND a.outcome = 'completed'
            AND a.finished_at > clock_timestamp() - interval '1 hour') AS completed_last_hour
   FROM once.queues q
-  LEFT JOIN once.entries e ON e.queue = q.name AND once.may_use_key(e.key)
- WHERE q.namespace IS NULL OR once.may_use_key(q.namespace)
+  LEFT JOIN once.entries e ON e.queue = q.name AND once_internal.may_use_key(e.key)
+ WHERE q.namespace IS NULL OR once_internal.may_use_key(q.namespace)
  GROUP BY q.name;
 
 COMMENT ON VIEW once.queue_stats IS
@@ -387,14 +387,14 @@ COMMENT ON VIEW once.queue_stats IS
 CREATE VIEW once.dead_letters AS
 SELECT key, queue, payload, attempts, errors, error, updated_at AS failed_at
   FROM once.entries
- WHERE state = 'failed' AND queue IS NOT NULL AND once.may_use_key(key);
+ WHERE state = 'failed' AND queue IS NOT NULL AND once_internal.may_use_key(key);
 
 COMMENT ON VIEW once.dead_letters IS
     'Queued keys that failed their last attempt (those the reader may use). Re-enqueue one with once.enqueue_key(key, payload, queue) for a new set of attempts.';
 
 CREATE VIEW once.namespaces AS
-SELECT prefix, owner, notify, created_at, once.may_use_key(prefix) AS member
-  FROM once.namespace_owners;
+SELECT prefix, owner, notify, created_at, once_internal.may_use_key(prefix) AS member
+  FROM once_internal.namespace_owners;
 
 COMMENT ON VIEW once.namespaces IS
     'Namespaces: key prefixes that belong to a role (owner), what their keys are announced as on channel once (notify), and whether the role reading this may use them (member).';
@@ -402,7 +402,14 @@ COMMENT ON VIEW once.namespaces IS
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA once FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA once FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA once FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA once_internal FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA once_internal FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA once_internal FROM PUBLIC;
 -- The digest function is harmless and handy for looking keys up by hand.
 GRANT EXECUTE ON FUNCTION once.key_hash(text) TO PUBLIC;
--- The views call it as the role reading them; it only tells a role about itself.
-GRANT EXECUTE ON FUNCTION once.may_use_key(text) TO PUBLIC;
+-- The views call these two as the role reading them (a view's functions are checked for
+-- EXECUTE as its reader, never for USAGE on their schema): may_use_key only tells a role
+-- about itself, and runtime says how pg_once runs, which once.stats shows to whoever may
+-- read it. Nobody has USAGE on once_internal, so the views are the only way to them.
+GRANT EXECUTE ON FUNCTION once_internal.may_use_key(text) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION once_internal.runtime() TO PUBLIC;

@@ -1,8 +1,21 @@
 -- pg_once: the durable state. Hand-written; loaded first by CREATE EXTENSION.
 --
--- Everything lives in schema "once" (created by CREATE EXTENSION from the control file).
+-- The API lives in schema "once" (created by CREATE EXTENSION from the control file); what
+-- only pg_once itself calls or reads (trigger functions, the token sequence, the namespace
+-- table, helpers of the views and statements) lives in schema "once_internal", created
+-- here and so dropped with the extension, so that \df once.* and \d once.* show what a
+-- person may use. once_internal grants no USAGE to anyone: the SECURITY DEFINER functions
+-- and the views reach into it as their owner (a function a view calls is checked for
+-- EXECUTE only, never for USAGE on its schema).
 -- Nothing here is granted to PUBLIC: applications call the SECURITY DEFINER functions in
 -- functions.sql, which are the only writers of once.entries (see README, "Granting access").
+
+COMMENT ON SCHEMA once IS
+    'pg_once: claim_key and the other functions, the once.stats, once.queue_stats, once.dead_letters and once.namespaces views, and the tables they read. Grant USAGE on it (and EXECUTE on its functions) to the roles that use pg_once.';
+
+CREATE SCHEMA once_internal;
+COMMENT ON SCHEMA once_internal IS
+    'pg_once''s own machinery (trigger functions, the fencing-token sequence, namespace table, helpers of the views): not an API, may change in any release. Grant nothing on it.';
 
 -- The four states of a key. A key with no row is "absent".
 CREATE TYPE once.key_state AS ENUM ('queued', 'running', 'done', 'failed');
@@ -49,7 +62,7 @@ DECLARE
                      '0/0'::pg_catalog.pg_lsn)::bigint + 1;
 BEGIN
     EXECUTE pg_catalog.format(
-        'CREATE SEQUENCE once.token_seq AS bigint MINVALUE %s START WITH %s CACHE 1',
+        'CREATE SEQUENCE once_internal.token_seq AS bigint MINVALUE %s START WITH %s CACHE 1',
         floor, floor);
 END
 $$;
@@ -83,25 +96,25 @@ COMMENT ON TABLE once.queues IS
 -- every queue whose namespace is prefix, belongs to owner: only its members and superusers
 -- may use them (src/protocol/namespace.rs). Written only by once.create_namespace and
 -- once.drop_namespace; read through the once.namespaces view.
-CREATE TABLE once.namespace_owners (
+CREATE TABLE once_internal.namespace_owners (
     prefix     text PRIMARY KEY,
     owner      regrole NOT NULL,
     notify     text NOT NULL DEFAULT 'digest',   -- NOTIFY payload: key | digest
     created_at timestamptz NOT NULL DEFAULT now()
 );
-COMMENT ON TABLE once.namespace_owners IS
+COMMENT ON TABLE once_internal.namespace_owners IS
     'Namespaces: key prefixes that belong to a role, and what their keys are announced as on channel once. See the once.namespaces view.';
 
 -- Every backend keeps the namespaces in memory (every call checks them); a change sends a
 -- relcache invalidation of this table, which makes every backend read them again.
-CREATE FUNCTION once.namespaces_changed() RETURNS trigger
+CREATE FUNCTION once_internal.namespaces_changed() RETURNS trigger
     LANGUAGE c
     AS 'MODULE_PATHNAME', 'namespaces_changed_wrapper';
-COMMENT ON FUNCTION once.namespaces_changed() IS
-    'Trigger function: make every backend read once.namespace_owners again.';
+COMMENT ON FUNCTION once_internal.namespaces_changed() IS
+    'Trigger function: make every backend read once_internal.namespace_owners again.';
 CREATE TRIGGER namespace_owners_changed
-    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON once.namespace_owners
-    FOR EACH STATEMENT EXECUTE FUNCTION once.namespaces_changed();
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON once_internal.namespace_owners
+    FOR EACH STATEMENT EXECUTE FUNCTION once_internal.namespaces_changed();
 
 CREATE TABLE once.entries (
     key_hash         bytea NOT NULL,   -- once.key_hash(key), computed by the functions
@@ -198,50 +211,50 @@ CREATE INDEX attempts_finished_idx ON once.attempts USING brin (finished_at);
 
 -- Cached results and queue work survive pg_dump / pg_restore.
 SELECT pg_catalog.pg_extension_config_dump('once.entries', '');
-SELECT pg_catalog.pg_extension_config_dump('once.token_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('once_internal.token_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('once.queues', 'WHERE name <> ''default''');
 SELECT pg_catalog.pg_extension_config_dump('once.attempts', '');
-SELECT pg_catalog.pg_extension_config_dump('once.namespace_owners', '');
+SELECT pg_catalog.pg_extension_config_dump('once_internal.namespace_owners', '');
 
 -- Tell listeners on channel "once" that a key left the running state (completed, failed,
 -- released, reaped or invalidated). The payload is the key itself, passed to
 -- Async_Notify as a value; no SQL text is ever built from a key.
-CREATE FUNCTION once.notify_key_resolved() RETURNS trigger
+CREATE FUNCTION once_internal.notify_key_resolved() RETURNS trigger
     LANGUAGE c
     AS 'MODULE_PATHNAME', 'notify_key_resolved_wrapper';
-COMMENT ON FUNCTION once.notify_key_resolved() IS
+COMMENT ON FUNCTION once_internal.notify_key_resolved() IS
     'Trigger function: pg_notify(''once'', key) when a key leaves the running state.';
 
 CREATE TRIGGER entries_notify_resolved
     AFTER UPDATE ON once.entries
     FOR EACH ROW
     WHEN (OLD.state = 'running' AND NEW.state <> 'running')
-    EXECUTE FUNCTION once.notify_key_resolved();
+    EXECUTE FUNCTION once_internal.notify_key_resolved();
 
 CREATE TRIGGER entries_notify_deleted
     AFTER DELETE ON once.entries
     FOR EACH ROW
     WHEN (OLD.state = 'running')
-    EXECUTE FUNCTION once.notify_key_resolved();
+    EXECUTE FUNCTION once_internal.notify_key_resolved();
 
 -- Wake the workers waiting in claim_next(wait => ...) for a queue when a running key goes
 -- back to it (a failure with retries left, a release, a reaped claim); enqueue_key wakes
 -- them itself. They are woken after commit, and only when pg_once is preloaded.
-CREATE FUNCTION once.wake_queue() RETURNS trigger
+CREATE FUNCTION once_internal.wake_queue() RETURNS trigger
     LANGUAGE c
     AS 'MODULE_PATHNAME', 'wake_queue_wrapper';
-COMMENT ON FUNCTION once.wake_queue() IS
+COMMENT ON FUNCTION once_internal.wake_queue() IS
     'Trigger function: wake the workers waiting for work in the queue a key went back to.';
 
 CREATE TRIGGER entries_wake_queue
     AFTER UPDATE ON once.entries
     FOR EACH ROW
     WHEN (OLD.state = 'running' AND NEW.state = 'queued')
-    EXECUTE FUNCTION once.wake_queue();
+    EXECUTE FUNCTION once_internal.wake_queue();
 
 -- Record how each attempt at a queued key ended: as the statement that ended it says in
 -- last_outcome, or cancelled when the key was deleted (invalidated).
-CREATE FUNCTION once.record_attempt() RETURNS trigger
+CREATE FUNCTION once_internal.record_attempt() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp
     AS $$
@@ -253,7 +266,7 @@ BEGIN
     RETURN NULL;
 END
 $$;
-COMMENT ON FUNCTION once.record_attempt() IS
+COMMENT ON FUNCTION once_internal.record_attempt() IS
     'Trigger function: append to once.attempts when an attempt at a queued key ends.';
 
 CREATE TRIGGER entries_record_attempt
@@ -261,10 +274,10 @@ CREATE TRIGGER entries_record_attempt
     FOR EACH ROW
     WHEN (OLD.state = 'running' AND OLD.queue IS NOT NULL
           AND (NEW.state <> 'running' OR NEW.token <> OLD.token))
-    EXECUTE FUNCTION once.record_attempt();
+    EXECUTE FUNCTION once_internal.record_attempt();
 
 CREATE TRIGGER entries_record_cancelled_attempt
     AFTER DELETE ON once.entries
     FOR EACH ROW
     WHEN (OLD.state = 'running' AND OLD.queue IS NOT NULL)
-    EXECUTE FUNCTION once.record_attempt();
+    EXECUTE FUNCTION once_internal.record_attempt();

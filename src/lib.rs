@@ -14,9 +14,14 @@
 //!   `liveness` (who owns a claim, is it alive), `notify` (NOTIFY and wake-ups at
 //!   commit), `launcher` (starts and restarts the workers), `worker` (reaper and relay),
 //!   `guc` (settings).
-//! - Used by all: `key` (a key, its digest and tag) and `errors` (how pg_once fails).
+//! - Used by all: `key` (a key, its digest and tag), `errors` (how pg_once fails) and
+//!   `schema` (where the SQL objects live: `once`, and `once_internal` for pg_once's own).
 
 use pgrx::prelude::*;
+
+// First: its macros name the internal schema in the statements of every layer.
+#[macro_use]
+mod schema;
 
 mod api;
 mod errors;
