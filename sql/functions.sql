@@ -357,6 +357,58 @@ SELECT k.queued, k.running, k.done, k.failed, k.running_past_lease, k.expired_un
 
 COMMENT ON VIEW once.stats IS
     'Keys per state, claims past their lease, expired results not yet purged, the oldest running claim and error/attempt totals (a scan of once.entries, counting only keys the reader may use); how pg_once runs (shared memory, notify mode, workers); and counters of calls since server start (NULL unless preloaded).';
+COMMENT ON COLUMN once.stats.queued IS
+    'Keys waiting in a queue for a worker (state queued).';
+COMMENT ON COLUMN once.stats.running IS
+    'Keys being computed now (state running).';
+COMMENT ON COLUMN once.stats.done IS
+    'Keys with a result (state done), expired ones not yet purged included.';
+COMMENT ON COLUMN once.stats.failed IS
+    'Keys whose last attempt failed (state failed): served until retry_at, or dead letters of a queue.';
+COMMENT ON COLUMN once.stats.running_past_lease IS
+    'Running keys whose lease has run out: taken over at the next call, or reaped by reap_stale. Growing: nothing runs reap_stale (preload pg_once, or schedule it).';
+COMMENT ON COLUMN once.stats.expired_unpurged IS
+    'Results past their expires_at, no longer served, waiting for reap_stale to delete them.';
+COMMENT ON COLUMN once.stats.oldest_claimed_at IS
+    'When the oldest running claim was made: a long-running computation, or an owner that stopped heartbeating.';
+COMMENT ON COLUMN once.stats.errors IS
+    'Failed attempts summed over the keys (takeovers of dead owners count).';
+COMMENT ON COLUMN once.stats.attempts IS
+    'Claims since each key''s last result, summed over the keys.';
+COMMENT ON COLUMN once.stats.last_token IS
+    'The fencing token most recently handed out (the token sequence''s value).';
+COMMENT ON COLUMN once.stats.shared_memory IS
+    'true when pg_once is in shared_preload_libraries: waiters are woken at once, liveness is exact, and the counters below count.';
+COMMENT ON COLUMN once.stats.notify IS
+    'How keys leaving the running state are announced on channel once in this session: relay (through the worker), direct or off (once.notify).';
+COMMENT ON COLUMN once.stats.workers IS
+    'pg_once workers serving this database: 1, or 0 (not preloaded, or the database is not in once.databases): then nothing reaps stale claims unless you schedule once.reap_stale().';
+COMMENT ON COLUMN once.stats.claims IS
+    'Since server start: claims made (claim_key and claim_next). NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.hits IS
+    'Since server start: claim_key calls answered with a cached result. NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.waits IS
+    'Since server start: calls with wait (claim_key, claim_next) that went to sleep at least once. NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.wakeups IS
+    'Since server start: sleeps of waiting calls ended by a wake-up (a key resolved or became due, an owner exited) rather than by their timer. NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.takeovers IS
+    'Since server start: claims taken from an owner that was gone. NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.completions IS
+    'Since server start: results stored (complete_key, complete_keys). NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.failures IS
+    'Since server start: failures recorded (fail_key). NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.releases IS
+    'Since server start: claims given back (release_key). NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.invalidations IS
+    'Since server start: keys forgotten (invalidate_key, invalidate_keys). NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.reaped IS
+    'Since server start: claims of gone owners taken back by reap_stale. NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.purged IS
+    'Since server start: expired results deleted by reap_stale. NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.notified_direct IS
+    'Since server start: keys announced by the committing transaction''s own NOTIFY (no worker, or its relay queue full). NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.notified_relayed IS
+    'Since server start: keys announced through the pg_once worker''s relay. NULL unless preloaded.';
 
 CREATE VIEW once.queue_stats AS
 SELECT q.name AS queue,
@@ -383,6 +435,24 @@ SELECT q.name AS queue,
 
 COMMENT ON VIEW once.queue_stats IS
     'Per queue the reader may use: depth (queued), due (queued and due now), running, dead (failed for good), the oldest due key''s wait, and attempts that completed or did not in the last minute / hour.';
+COMMENT ON COLUMN once.queue_stats.queue IS
+    'The queue''s name.';
+COMMENT ON COLUMN once.queue_stats.depth IS
+    'Keys waiting in the queue (queued), due or not.';
+COMMENT ON COLUMN once.queue_stats.due IS
+    'Queued keys due now: growing, workers cannot keep up.';
+COMMENT ON COLUMN once.queue_stats.running IS
+    'Keys of the queue being computed now.';
+COMMENT ON COLUMN once.queue_stats.dead IS
+    'Keys that failed their last attempt (see once.dead_letters); re-enqueue them with once.enqueue_key.';
+COMMENT ON COLUMN once.queue_stats.oldest_due_age IS
+    'How long the oldest due key has been due: the queue''s lag.';
+COMMENT ON COLUMN once.queue_stats.completed_last_minute IS
+    'Attempts completed in the last minute.';
+COMMENT ON COLUMN once.queue_stats.failed_last_minute IS
+    'Attempts that ended in the last minute without completing (failed, released, abandoned, taken over, cancelled).';
+COMMENT ON COLUMN once.queue_stats.completed_last_hour IS
+    'Attempts completed in the last hour.';
 
 CREATE VIEW once.dead_letters AS
 SELECT key, queue, payload, attempts, errors, error, updated_at AS failed_at
@@ -391,6 +461,20 @@ SELECT key, queue, payload, attempts, errors, error, updated_at AS failed_at
 
 COMMENT ON VIEW once.dead_letters IS
     'Queued keys that failed their last attempt (those the reader may use). Re-enqueue one with once.enqueue_key(key, payload, queue) for a new set of attempts.';
+COMMENT ON COLUMN once.dead_letters.key IS
+    'The key.';
+COMMENT ON COLUMN once.dead_letters.queue IS
+    'The queue it failed in.';
+COMMENT ON COLUMN once.dead_letters.payload IS
+    'Its payload, to pass again to once.enqueue_key(key, payload, queue).';
+COMMENT ON COLUMN once.dead_letters.attempts IS
+    'Claims made since its last result (its queue''s or its own max_attempts, reached).';
+COMMENT ON COLUMN once.dead_letters.errors IS
+    'Failed attempts in the key''s life.';
+COMMENT ON COLUMN once.dead_letters.error IS
+    'The last attempt''s error.';
+COMMENT ON COLUMN once.dead_letters.failed_at IS
+    'When the last attempt failed.';
 
 CREATE VIEW once.namespaces AS
 SELECT prefix, owner, notify, created_at, once_internal.may_use_key(prefix) AS member
@@ -398,6 +482,16 @@ SELECT prefix, owner, notify, created_at, once_internal.may_use_key(prefix) AS m
 
 COMMENT ON VIEW once.namespaces IS
     'Namespaces: key prefixes that belong to a role (owner), what their keys are announced as on channel once (notify), and whether the role reading this may use them (member).';
+COMMENT ON COLUMN once.namespaces.prefix IS
+    'Keys that start with this prefix (the longest registered prefix wins) belong to the namespace.';
+COMMENT ON COLUMN once.namespaces.owner IS
+    'Only members of this role (and superusers) may use the namespace''s keys and queues.';
+COMMENT ON COLUMN once.namespaces.notify IS
+    'What LISTENers on channel once receive when a key of the namespace resolves: digest (its hex SHA-256) or key.';
+COMMENT ON COLUMN once.namespaces.created_at IS
+    'When the namespace was created.';
+COMMENT ON COLUMN once.namespaces.member IS
+    'Whether the role reading this may use the namespace.';
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA once FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA once FROM PUBLIC;

@@ -32,6 +32,26 @@ CREATE TYPE once.claim AS (
     retry_at         timestamptz,  -- failed: when the key may be claimed again
     expires_at       timestamptz   -- hit: when the result stops being served (NULL: never)
 );
+COMMENT ON TYPE once.claim IS
+    'What one once.claim_key call decided (outcome) and what goes with it.';
+COMMENT ON COLUMN once.claim.outcome IS
+    'What the call decided: hit (result is set), claimed (you own the key: compute, then complete_key with token), failed (error is set, until retry_at) or wait (someone else computes it).';
+COMMENT ON COLUMN once.claim.token IS
+    'claimed: your fencing token, to pass to complete_key, fail_key, heartbeat_key or release_key. wait: the owner''s token. NULL otherwise.';
+COMMENT ON COLUMN once.claim.result IS
+    'hit: the cached result. NULL otherwise.';
+COMMENT ON COLUMN once.claim.error IS
+    'failed: the error the last attempt recorded with fail_key (or why its owner was judged gone). NULL otherwise.';
+COMMENT ON COLUMN once.claim.owner IS
+    'claimed or wait: who holds the claim (application name, user and pid of the claiming session). NULL while another transaction''s claim is not committed yet.';
+COMMENT ON COLUMN once.claim.lease_expires_at IS
+    'claimed or wait: when the owner''s lease runs out unless it heartbeats; a LISTEN client waits at most until then before asking again.';
+COMMENT ON COLUMN once.claim.attempts IS
+    'Claims of this key since its last result (a takeover counts).';
+COMMENT ON COLUMN once.claim.retry_at IS
+    'failed: when the key may be claimed again. NULL otherwise.';
+COMMENT ON COLUMN once.claim.expires_at IS
+    'hit: when the result stops being served (NULL: until invalidated).';
 
 -- Fencing tokens come from one sequence, not from a per-key counter, so that a key whose row
 -- is deleted (invalidated, released, purged after expiry) can never hand out a token that a
@@ -89,6 +109,18 @@ CREATE TABLE once.queues (
     namespace    text                                   -- NULL: shared by every role
 );
 INSERT INTO once.queues (name) VALUES ('default');
+COMMENT ON COLUMN once.queues.name IS
+    'The queue''s name, as given to create_queue, enqueue_key and claim_next.';
+COMMENT ON COLUMN once.queues.max_attempts IS
+    'Claims of a key (takeovers of dead workers count) before it stays failed, unless enqueue_key gave the key its own.';
+COMMENT ON COLUMN once.queues.backoff IS
+    'Delay after the first failed attempt; it doubles with each further failure (jittered to between half and all of it).';
+COMMENT ON COLUMN once.queues.max_backoff IS
+    'The doubling of backoff stops here.';
+COMMENT ON COLUMN once.queues.created_at IS
+    'When the queue was created.';
+COMMENT ON COLUMN once.queues.namespace IS
+    'The namespace (a key prefix) whose owner''s members alone may use the queue; NULL: shared by every role granted pg_once.';
 COMMENT ON TABLE once.queues IS
     'Queues of queue mode and their retry policy: a failed attempt waits backoff * 2^(attempts-1) (capped at max_backoff, with jitter) until max_attempts claims, then the key stays failed.';
 
@@ -104,6 +136,14 @@ CREATE TABLE once_internal.namespace_owners (
 );
 COMMENT ON TABLE once_internal.namespace_owners IS
     'Namespaces: key prefixes that belong to a role, and what their keys are announced as on channel once. See the once.namespaces view.';
+COMMENT ON COLUMN once_internal.namespace_owners.prefix IS
+    'Keys that start with this prefix (the longest registered prefix wins) belong to the namespace.';
+COMMENT ON COLUMN once_internal.namespace_owners.owner IS
+    'Only members of this role (and superusers) may use the namespace''s keys and queues.';
+COMMENT ON COLUMN once_internal.namespace_owners.notify IS
+    'What LISTENers on channel once receive when a key of the namespace resolves: digest (its hex SHA-256) or key.';
+COMMENT ON COLUMN once_internal.namespace_owners.created_at IS
+    'When the namespace was created.';
 
 -- Every backend keeps the namespaces in memory (every call checks them); a change sends a
 -- relcache invalidation of this table, which makes every backend read them again.
@@ -174,6 +214,58 @@ WITH (fillfactor = 80,
 
 COMMENT ON TABLE once.entries IS
     'One row per key: its state (queued, running, done, failed), fencing token, owner, lease, result and error. Written only through the once.* functions.';
+COMMENT ON COLUMN once.entries.key_hash IS
+    'SHA-256 of key (once.key_hash(key)): the primary key. Look a key up with WHERE key_hash = once.key_hash(''...'').';
+COMMENT ON COLUMN once.entries.key IS
+    'The key, verbatim (1 to 7,500 bytes).';
+COMMENT ON COLUMN once.entries.state IS
+    'queued (waiting for a queue worker), running (claimed: being computed), done (result is served) or failed (error is served until retry_at, or for good for a queued key out of attempts).';
+COMMENT ON COLUMN once.entries.token IS
+    'The fencing token of the key''s latest claim; writes with any other token change nothing.';
+COMMENT ON COLUMN once.entries.owner IS
+    'Who holds or last held the claim: application name, user and pid of the claiming session (claim_next: its worker argument).';
+COMMENT ON COLUMN once.entries.owner_pid IS
+    'The backend whose exit ends the claim (this session, or an owner_session()); NULL with owner_pid => 0.';
+COMMENT ON COLUMN once.entries.owner_started IS
+    'When the owner_pid backend started: a reused pid is not mistaken for the owner.';
+COMMENT ON COLUMN once.entries.lease_only IS
+    'true: only the lease ends the claim (owner_pid => 0, or once.backend_liveness off), not the owner backend''s exit.';
+COMMENT ON COLUMN once.entries.lease_expires_at IS
+    'running: when the claim ends unless heartbeat_key extends it.';
+COMMENT ON COLUMN once.entries.result IS
+    'done: the result complete_key stored (kept while a refresh recomputes it).';
+COMMENT ON COLUMN once.entries.expires_at IS
+    'When the result stops being served and may be purged (NULL: until invalidated).';
+COMMENT ON COLUMN once.entries.error IS
+    'The last failed attempt''s error.';
+COMMENT ON COLUMN once.entries.errors IS
+    'Failed attempts since the key was created (takeovers of dead owners count): claim_next serves keys with fewer first.';
+COMMENT ON COLUMN once.entries.attempts IS
+    'Claims since the key''s last result; a queued key stays failed when it reaches max_attempts.';
+COMMENT ON COLUMN once.entries.retry_at IS
+    'failed: when the key may be claimed (or, queued, is due) again.';
+COMMENT ON COLUMN once.entries.last_outcome IS
+    'How the last attempt ended: completed, failed, released, abandoned (its owner was gone and a reaper took the claim back) or taken_over (its owner was gone and a caller took the claim); NULL until an attempt ended.';
+COMMENT ON COLUMN once.entries.created_at IS
+    'When the key''s row was created.';
+COMMENT ON COLUMN once.entries.claimed_at IS
+    'When the current or last claim was made.';
+COMMENT ON COLUMN once.entries.completed_at IS
+    'When the last result was stored.';
+COMMENT ON COLUMN once.entries.updated_at IS
+    'When the row was last written.';
+COMMENT ON COLUMN once.entries.queue IS
+    'Queue mode: the queue the key was enqueued in (NULL: never enqueued).';
+COMMENT ON COLUMN once.entries.payload IS
+    'Queue mode: the payload given to enqueue_key, handed to the worker by claim_next.';
+COMMENT ON COLUMN once.entries.priority IS
+    'Queue mode: smaller runs first (after fewer errors).';
+COMMENT ON COLUMN once.entries.run_at IS
+    'Queue mode: when the queued key is due.';
+COMMENT ON COLUMN once.entries.max_attempts IS
+    'Queue mode: this key''s limit of claims (NULL: its queue''s).';
+COMMENT ON COLUMN once.entries.enqueued_at IS
+    'Queue mode: when the key was last enqueued.';
 
 -- The claims being computed right now, for reap_stale(). Small by construction: it holds
 -- only running keys. Keyed by key_hash so that a lookup of one running key may use it as
@@ -204,6 +296,24 @@ CREATE TABLE once.attempts (
 );
 COMMENT ON TABLE once.attempts IS
     'One row per ended attempt at a queued key: who (worker), when (started_at, finished_at), how it ended (outcome) and why (error). Look a key up with WHERE key_hash = once.key_hash(''...'').';
+COMMENT ON COLUMN once.attempts.key_hash IS
+    'SHA-256 of key: look a key''s history up with WHERE key_hash = once.key_hash(''...'').';
+COMMENT ON COLUMN once.attempts.key IS
+    'The key.';
+COMMENT ON COLUMN once.attempts.queue IS
+    'The queue the key was in.';
+COMMENT ON COLUMN once.attempts.token IS
+    'The attempt''s fencing token.';
+COMMENT ON COLUMN once.attempts.worker IS
+    'Who made the attempt (claim_next''s worker argument, else the claiming session).';
+COMMENT ON COLUMN once.attempts.started_at IS
+    'When the attempt''s claim was made.';
+COMMENT ON COLUMN once.attempts.finished_at IS
+    'When the attempt ended; rows older than once.history_retention are deleted by reap_stale.';
+COMMENT ON COLUMN once.attempts.outcome IS
+    'How the attempt ended: completed, failed, released, abandoned (reaped: owner gone), taken_over (a caller took the claim of a gone owner) or cancelled (the key was invalidated).';
+COMMENT ON COLUMN once.attempts.error IS
+    'failed (or abandoned, taken_over): the error recorded.';
 CREATE INDEX attempts_key_idx ON once.attempts (key_hash, finished_at);
 -- Rows arrive in finished_at order: a BRIN index finds old ones for trimming at almost no
 -- cost per insert.
