@@ -21,10 +21,11 @@ macro_rules! internal {
 }
 
 /// The internal schema's name, for catalog lookups by name.
-pub const INTERNAL: &CStr = match CStr::from_bytes_with_nul(concat!(internal_schema!(), "\0").as_bytes()) {
-    Ok(name) => name,
-    Err(_) => panic!("the schema name has no NUL inside"),
-};
+pub const INTERNAL: &CStr =
+    match CStr::from_bytes_with_nul(concat!(internal_schema!(), "\0").as_bytes()) {
+        Ok(name) => name,
+        Err(_) => panic!("the schema name has no NUL inside"),
+    };
 
 /// The API's schema (the control file's `schema`), for catalog lookups by name.
 pub const API: &CStr = c"once";

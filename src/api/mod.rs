@@ -10,6 +10,7 @@
 
 pub mod args;
 mod cache;
+pub mod hints;
 mod internal;
 mod namespace;
 mod queue;

@@ -419,8 +419,9 @@ mod tests {
             ),
         ];
         let before = snapshot();
-        let namespaces =
-            text("SELECT string_agg(prefix, ',' ORDER BY prefix) FROM once_internal.namespace_owners");
+        let namespaces = text(
+            "SELECT string_agg(prefix, ',' ORDER BY prefix) FROM once_internal.namespace_owners",
+        );
         for (sql, state, msg) in cases {
             assert_error(sql, state, msg);
         }

@@ -195,7 +195,9 @@ async fn row_taken_is_true_only_for_versions_held_or_replaced_elsewhere() -> Res
 
     // Bad input: no such row version, or NULL.
     assert_eq!(taken(&admin, "(4294967294,1)").await?, Some(false));
-    let row = admin.query_one("SELECT once_internal.row_taken(NULL)", &[]).await?;
+    let row = admin
+        .query_one("SELECT once_internal.row_taken(NULL)", &[])
+        .await?;
     assert_eq!(row.get::<_, Option<bool>>(0), None);
     Ok(())
 }

@@ -89,6 +89,22 @@ SELECT once.fail_key('flaky', :t, 'e', retry_after => '-1 minute');
 SELECT once.heartbeat_key('flaky', :t, '2 days');
 SELECT count(*) AS keys, count(*) FILTER (WHERE state = 'failed') AS failed FROM once.entries;
 
+-- Slips PostgreSQL refuses before pg_once runs ("function ... does not exist") get a hint
+-- saying which argument is wrong (src/api/hints.rs): this session has loaded pg_once.
+SELECT once.claim_key('k', wait => 10);
+SELECT once.claim_key('k', '30 seconds', 5);
+SELECT once.complete_key('flaky', :t, '{}', ttl => 3600);
+SELECT once.create_queue('q', backoff => 10);
+SELECT once.claim_next(n => 10, wait => 5.5);
+SELECT once.complete_key('flaky', :t, 'done'::text);
+SELECT once.claim_key('k', wiat => '1 second');
+SELECT once.complete_key('flaky');
+SELECT once.claim('k');
+SET search_path = once, pg_catalog;
+SELECT claim_key('k', lease => 30);
+RESET search_path;
+SELECT count(*) AS keys, count(*) FILTER (WHERE state = 'failed') AS failed FROM once.entries;
+
 -- The once. prefix is reserved: a misspelt setting is refused, not kept as a placeholder.
 SET once.poll_interval = '5ms';
 SET once.poll_intervall = '5ms';
