@@ -93,10 +93,10 @@ SELECT count(*) AS keys, count(*) FILTER (WHERE state = 'failed') AS failed FROM
 -- saying which argument is wrong (src/api/hints.rs): this session has loaded pg_once.
 SELECT once.claim_key('k', wait => 10);
 SELECT once.claim_key('k', '30 seconds', 5);
-SELECT once.complete_key('flaky', :t, '{}', ttl => 3600);
+SELECT once.complete_key('flaky', 1, '{}', ttl => 3600);
 SELECT once.create_queue('q', backoff => 10);
 SELECT once.claim_next(n => 10, wait => 5.5);
-SELECT once.complete_key('flaky', :t, 'done'::text);
+SELECT once.complete_key('flaky', 1, 'done'::text);
 SELECT once.claim_key('k', wiat => '1 second');
 SELECT once.complete_key('flaky');
 SELECT once.claim('k');
