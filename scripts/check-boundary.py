@@ -62,7 +62,7 @@ def split_top_level(text):
 
 SQL_FILES = ("sql/schema.sql", "sql/functions.sql")
 DECLARATION = re.compile(
-    r"CREATE (?:OR REPLACE )?FUNCTION once\.(\w+)\((.*?)\)\s*RETURNS(.*?);", flags=re.S)
+    r"CREATE (?:OR REPLACE )?FUNCTION once(?:_internal)?\.(\w+)\((.*?)\)\s*RETURNS(.*?);", flags=re.S)
 
 
 def declarations(text):

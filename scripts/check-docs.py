@@ -3,8 +3,9 @@
 - every ```psql block of docs/sql-reference.md appears verbatim in the expected output of
   the docs regression test (pg_test/regress/expected/docs.out), which pg_regress in turn
   checks against the server: change either, and scripts/test.sh fails until both agree;
-- every function sql/functions.sql creates has its signature on that page, and, unless
-  the page lists it under "Internal functions", a row in the README's SQL reference table.
+- every function sql/functions.sql creates has its signature on that page: one of schema
+  once also a row in the README's SQL reference table, one of schema once_internal a
+  line under "Internal functions".
 """
 
 import re
@@ -24,20 +25,22 @@ if not blocks:
     print("docs/sql-reference.md has no psql blocks")
     sys.exit(1)
 
-functions = re.findall(r"^CREATE FUNCTION once\.(\w+)\(",
-                       (root / "sql/functions.sql").read_text(), flags=re.M)
+declared = re.findall(r"^CREATE FUNCTION (once|once_internal)\.(\w+)\(",
+                      (root / "sql/functions.sql").read_text(), flags=re.M)
+functions = [f"{schema}.{name}" for schema, name in declared]
 internal_section = page.split("\n## Internal functions", 1)[1] if "\n## Internal functions" in page else ""
 readme = (root / "README.md").read_text()
 readme_table = readme.split("\n## SQL reference", 1)[1].split("\n## ", 1)[0]
-undocumented = [f for f in functions if not re.search(rf"^\s*once\.{f}\(", page, flags=re.M)]
+undocumented = [f for f in functions if not re.search(rf"^\s*{re.escape(f)}\(", page, flags=re.M)]
 unlisted = [f for f in functions
-            if f"once.{f}(" not in internal_section
-            and not re.search(rf"`{f}[`(]", readme_table)]
+            if (f.startswith("once_internal.") and f"{f}(" not in internal_section)
+            or (f.startswith("once.") and not re.search(rf"`{f[5:]}[`(]", readme_table))]
 for f in undocumented:
-    print(f"docs/sql-reference.md: once.{f} has no signature line (once.{f}(...) in a code block)")
+    print(f"docs/sql-reference.md: {f} has no signature line ({f}(...) in a code block)")
 for f in unlisted:
-    print(f"README.md: once.{f} has no row in the SQL reference table "
-          "(or list it under \"Internal functions\" in docs/sql-reference.md)")
+    where = ("under \"Internal functions\" in docs/sql-reference.md" if f.startswith("once_internal.")
+             else "in the README's SQL reference table")
+    print(f"{f} is not listed {where}")
 if missing or undocumented or unlisted:
     sys.exit(1)
 print(f"docs/sql-reference.md: all {len(blocks)} psql transcripts match the server; "

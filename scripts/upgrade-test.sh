@@ -166,7 +166,7 @@ upgrade_test() {
 
         say "7/7 ALTER EXTENSION pg_once UPDATE"
         psql_ -c "ALTER EXTENSION pg_once UPDATE"
-        expect_installed "$(psql_ -c "SELECT once.library_version()")"
+        expect_installed "$(psql_ -c "SELECT once_internal.library_version()")"
         echo "pg_once $UPGRADE_FROM -> $(installed)" >&2
 
         say "7/7 (b) every row and the token sequence kept"

@@ -261,13 +261,13 @@ $$complete_key for many claims in one statement (e.g. what one claim_next(n => 1
 handed out). Locks keys in key_hash order, so it cannot deadlock with another batch.
 Returns the keys that were completed; the others' claims were lost.$$;
 
-CREATE FUNCTION once.backend_alive(pid integer, started timestamptz)
+CREATE FUNCTION once_internal.backend_alive(pid integer, started timestamptz)
 RETURNS boolean
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'backend_alive_wrapper';
 
-COMMENT ON FUNCTION once.backend_alive(integer, timestamptz) IS
+COMMENT ON FUNCTION once_internal.backend_alive(integer, timestamptz) IS
 $$Whether the backend with this pid that started at this time is still running (the
 pid alone could have been reused). NULL if either argument is NULL.$$;
 
@@ -276,12 +276,12 @@ pid alone could have been reused). NULL if either argument is NULL.$$;
 -- DEFINER function with a pinned search_path costs more than the answer. It checks that
 -- the caller may SELECT from once.entries (claim_next calls it as the owner) and uses no
 -- search_path.
-CREATE FUNCTION once.row_taken(tid)
+CREATE FUNCTION once_internal.row_taken(tid)
 RETURNS boolean
 LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL SAFE
 AS 'MODULE_PATHNAME', 'row_taken_wrapper';
 
-COMMENT ON FUNCTION once.row_taken(tid) IS
+COMMENT ON FUNCTION once_internal.row_taken(tid) IS
 $$Used by claim_next: whether the once.entries row version at this ctid was already
 updated or deleted by a committed transaction, or is held (locked, updated or deleted) by
 another transaction in progress. Either way claim_next passes over it without trying to
@@ -291,32 +291,32 @@ lock it. NULL if the argument is NULL.$$;
 -- answers for that role. It reads only pg_once's own memory of the namespaces (loading it
 -- as the table's owner). PARALLEL RESTRICTED: the leader alone answers, for the role it
 -- runs as.
-CREATE FUNCTION once.may_use_key(key text)
+CREATE FUNCTION once_internal.may_use_key(key text)
 RETURNS boolean
 LANGUAGE c STABLE CALLED ON NULL INPUT PARALLEL RESTRICTED
 AS 'MODULE_PATHNAME', 'may_use_key_wrapper';
 
-COMMENT ON FUNCTION once.may_use_key(text) IS
+COMMENT ON FUNCTION once_internal.may_use_key(text) IS
 $$Whether the calling role may use this key: true outside every namespace, else whether
 it is a member of the owner of the key's namespace. NULL if the argument is NULL.$$;
 
-CREATE FUNCTION once.key_namespace(key text)
+CREATE FUNCTION once_internal.key_namespace(key text)
 RETURNS text
 LANGUAGE c STABLE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL RESTRICTED
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'key_namespace_wrapper';
 
-COMMENT ON FUNCTION once.key_namespace(text) IS
+COMMENT ON FUNCTION once_internal.key_namespace(text) IS
 $$The prefix of the namespace this key belongs to (the longest registered prefix it
 starts with), or NULL.$$;
 
-CREATE FUNCTION once.runtime()
+CREATE FUNCTION once_internal.runtime()
 RETURNS TABLE (shared_memory boolean, notify text, workers integer, counters jsonb)
 LANGUAGE c VOLATILE SECURITY DEFINER PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'runtime_0_2_wrapper';
 
-COMMENT ON FUNCTION once.runtime() IS
+COMMENT ON FUNCTION once_internal.runtime() IS
 $$How pg_once runs here: shared_memory (preloaded: wake-ups, exact liveness, counters),
 notify (relay, direct or off, as in effect for this session), workers (pg_once workers
 serving this database: 0 or 1), and the counters since server start, by once.stats
@@ -350,13 +350,65 @@ SELECT k.queued, k.running, k.done, k.failed, k.running_past_lease, k.expired_un
                min(claimed_at) FILTER (WHERE state = 'running') AS oldest_claimed_at,
                coalesce(sum(errors), 0) AS errors,
                coalesce(sum(attempts), 0) AS attempts,
-               (SELECT last_value FROM once.token_seq) AS last_token
+               (SELECT last_value FROM once_internal.token_seq) AS last_token
           FROM once.entries
-         WHERE once.may_use_key(key)) AS k,
-       once.runtime() AS r;
+         WHERE once_internal.may_use_key(key)) AS k,
+       once_internal.runtime() AS r;
 
 COMMENT ON VIEW once.stats IS
     'Keys per state, claims past their lease, expired results not yet purged, the oldest running claim and error/attempt totals (a scan of once.entries, counting only keys the reader may use); how pg_once runs (shared memory, notify mode, workers); and counters of calls since server start (NULL unless preloaded).';
+COMMENT ON COLUMN once.stats.queued IS
+    'Keys waiting in a queue for a worker (state queued).';
+COMMENT ON COLUMN once.stats.running IS
+    'Keys being computed now (state running).';
+COMMENT ON COLUMN once.stats.done IS
+    'Keys with a result (state done), expired ones not yet purged included.';
+COMMENT ON COLUMN once.stats.failed IS
+    'Keys whose last attempt failed (state failed): served until retry_at, or dead letters of a queue.';
+COMMENT ON COLUMN once.stats.running_past_lease IS
+    'Running keys whose lease has run out: taken over at the next call, or reaped by reap_stale. Growing: nothing runs reap_stale (preload pg_once, or schedule it).';
+COMMENT ON COLUMN once.stats.expired_unpurged IS
+    'Results past their expires_at, no longer served, waiting for reap_stale to delete them.';
+COMMENT ON COLUMN once.stats.oldest_claimed_at IS
+    'When the oldest running claim was made: a long-running computation, or an owner that stopped heartbeating.';
+COMMENT ON COLUMN once.stats.errors IS
+    'Failed attempts summed over the keys (takeovers of dead owners count).';
+COMMENT ON COLUMN once.stats.attempts IS
+    'Claims since each key''s last result, summed over the keys.';
+COMMENT ON COLUMN once.stats.last_token IS
+    'The fencing token most recently handed out (the token sequence''s value).';
+COMMENT ON COLUMN once.stats.shared_memory IS
+    'true when pg_once is in shared_preload_libraries: waiters are woken at once, liveness is exact, and the counters below count.';
+COMMENT ON COLUMN once.stats.notify IS
+    'How keys leaving the running state are announced on channel once in this session: relay (through the worker), direct or off (once.notify).';
+COMMENT ON COLUMN once.stats.workers IS
+    'pg_once workers serving this database: 1, or 0 (not preloaded, or the database is not in once.databases): then nothing reaps stale claims unless you schedule once.reap_stale().';
+COMMENT ON COLUMN once.stats.claims IS
+    'Since server start: claims made (claim_key and claim_next). NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.hits IS
+    'Since server start: claim_key calls answered with a cached result. NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.waits IS
+    'Since server start: calls with wait (claim_key, claim_next) that went to sleep at least once. NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.wakeups IS
+    'Since server start: sleeps of waiting calls ended by a wake-up (a key resolved or became due, an owner exited) rather than by their timer. NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.takeovers IS
+    'Since server start: claims taken from an owner that was gone. NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.completions IS
+    'Since server start: results stored (complete_key, complete_keys). NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.failures IS
+    'Since server start: failures recorded (fail_key). NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.releases IS
+    'Since server start: claims given back (release_key). NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.invalidations IS
+    'Since server start: keys forgotten (invalidate_key, invalidate_keys). NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.reaped IS
+    'Since server start: claims of gone owners taken back by reap_stale. NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.purged IS
+    'Since server start: expired results deleted by reap_stale. NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.notified_direct IS
+    'Since server start: keys announced by the committing transaction''s own NOTIFY (no worker, or its relay queue full). NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.notified_relayed IS
+    'Since server start: keys announced through the pg_once worker''s relay. NULL unless preloaded.';
 
 CREATE VIEW once.queue_stats AS
 SELECT q.name AS queue,
@@ -377,32 +429,81 @@ SELECT q.name AS queue,
          WHERE a.queue = q.name AND a.outcome = 'completed'
            AND a.finished_at > clock_timestamp() - interval '1 hour') AS completed_last_hour
   FROM once.queues q
-  LEFT JOIN once.entries e ON e.queue = q.name AND once.may_use_key(e.key)
- WHERE q.namespace IS NULL OR once.may_use_key(q.namespace)
+  LEFT JOIN once.entries e ON e.queue = q.name AND once_internal.may_use_key(e.key)
+ WHERE q.namespace IS NULL OR once_internal.may_use_key(q.namespace)
  GROUP BY q.name;
 
 COMMENT ON VIEW once.queue_stats IS
     'Per queue the reader may use: depth (queued), due (queued and due now), running, dead (failed for good), the oldest due key''s wait, and attempts that completed or did not in the last minute / hour.';
+COMMENT ON COLUMN once.queue_stats.queue IS
+    'The queue''s name.';
+COMMENT ON COLUMN once.queue_stats.depth IS
+    'Keys waiting in the queue (queued), due or not.';
+COMMENT ON COLUMN once.queue_stats.due IS
+    'Queued keys due now: growing, workers cannot keep up.';
+COMMENT ON COLUMN once.queue_stats.running IS
+    'Keys of the queue being computed now.';
+COMMENT ON COLUMN once.queue_stats.dead IS
+    'Keys that failed their last attempt (see once.dead_letters); re-enqueue them with once.enqueue_key.';
+COMMENT ON COLUMN once.queue_stats.oldest_due_age IS
+    'How long the oldest due key has been due: the queue''s lag.';
+COMMENT ON COLUMN once.queue_stats.completed_last_minute IS
+    'Attempts completed in the last minute.';
+COMMENT ON COLUMN once.queue_stats.failed_last_minute IS
+    'Attempts that ended in the last minute without completing (failed, released, abandoned, taken over, cancelled).';
+COMMENT ON COLUMN once.queue_stats.completed_last_hour IS
+    'Attempts completed in the last hour.';
 
 CREATE VIEW once.dead_letters AS
 SELECT key, queue, payload, attempts, errors, error, updated_at AS failed_at
   FROM once.entries
- WHERE state = 'failed' AND queue IS NOT NULL AND once.may_use_key(key);
+ WHERE state = 'failed' AND queue IS NOT NULL AND once_internal.may_use_key(key);
 
 COMMENT ON VIEW once.dead_letters IS
     'Queued keys that failed their last attempt (those the reader may use). Re-enqueue one with once.enqueue_key(key, payload, queue) for a new set of attempts.';
+COMMENT ON COLUMN once.dead_letters.key IS
+    'The key.';
+COMMENT ON COLUMN once.dead_letters.queue IS
+    'The queue it failed in.';
+COMMENT ON COLUMN once.dead_letters.payload IS
+    'Its payload, to pass again to once.enqueue_key(key, payload, queue).';
+COMMENT ON COLUMN once.dead_letters.attempts IS
+    'Claims made since its last result (its queue''s or its own max_attempts, reached).';
+COMMENT ON COLUMN once.dead_letters.errors IS
+    'Failed attempts in the key''s life.';
+COMMENT ON COLUMN once.dead_letters.error IS
+    'The last attempt''s error.';
+COMMENT ON COLUMN once.dead_letters.failed_at IS
+    'When the last attempt failed.';
 
 CREATE VIEW once.namespaces AS
-SELECT prefix, owner, notify, created_at, once.may_use_key(prefix) AS member
-  FROM once.namespace_owners;
+SELECT prefix, owner, notify, created_at, once_internal.may_use_key(prefix) AS member
+  FROM once_internal.namespace_owners;
 
 COMMENT ON VIEW once.namespaces IS
     'Namespaces: key prefixes that belong to a role (owner), what their keys are announced as on channel once (notify), and whether the role reading this may use them (member).';
+COMMENT ON COLUMN once.namespaces.prefix IS
+    'Keys that start with this prefix (the longest registered prefix wins) belong to the namespace.';
+COMMENT ON COLUMN once.namespaces.owner IS
+    'Only members of this role (and superusers) may use the namespace''s keys and queues.';
+COMMENT ON COLUMN once.namespaces.notify IS
+    'What LISTENers on channel once receive when a key of the namespace resolves: digest (its hex SHA-256) or key.';
+COMMENT ON COLUMN once.namespaces.created_at IS
+    'When the namespace was created.';
+COMMENT ON COLUMN once.namespaces.member IS
+    'Whether the role reading this may use the namespace.';
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA once FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA once FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA once FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA once_internal FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA once_internal FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA once_internal FROM PUBLIC;
 -- The digest function is harmless and handy for looking keys up by hand.
 GRANT EXECUTE ON FUNCTION once.key_hash(text) TO PUBLIC;
--- The views call it as the role reading them; it only tells a role about itself.
-GRANT EXECUTE ON FUNCTION once.may_use_key(text) TO PUBLIC;
+-- The views call these two as the role reading them (a view's functions are checked for
+-- EXECUTE as its reader, never for USAGE on their schema): may_use_key only tells a role
+-- about itself, and runtime says how pg_once runs, which once.stats shows to whoever may
+-- read it. Nobody has USAGE on once_internal, so the views are the only way to them.
+GRANT EXECUTE ON FUNCTION once_internal.may_use_key(text) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION once_internal.runtime() TO PUBLIC;

@@ -1,9 +1,14 @@
--- pg_once 0.1.0 -> 0.2.0, run by ALTER EXTENSION pg_once UPDATE. Hand-written: it must
--- leave a 0.1.0 database exactly as a fresh 0.2.0 install (scripts/upgrade-test.sh
--- compares the two), keep every row and the token sequence, and call no pg_once C
--- function but library_version() (the library may already be a later one).
--- Conventions: CONTRIBUTING.md, "Upgrades".
+-- pg_once 0.1.0 -> 0.2.0, run by ALTER EXTENSION pg_once UPDATE. Hand-written. It must
+-- leave a 0.1.0 database exactly as a fresh 0.2.0 install leaves a new one (step 7 of
+-- scripts/test.sh compares the two), keep every row and the token sequence, and call no
+-- pg_once C function but library_version(): in a chain of updates the library may be a
+-- later one. Conventions: CONTRIBUTING.md, "Upgrades".
 \echo Use "ALTER EXTENSION pg_once UPDATE" to load this file. \quit
+
+-- What only pg_once itself uses moves out of the way, into once_internal (schema.sql).
+COMMENT ON SCHEMA once IS
+    'pg_once: claim_key and the other functions, the once.stats, once.queue_stats, once.dead_letters and once.namespaces views, and the tables they read. Grant USAGE on it (and EXECUTE on its functions) to the roles that use pg_once.';
+CREATE SCHEMA once_internal;
 
 -- The library running this script must be 0.2.0 or later (schema.sql explains the block).
 DO $guard$
@@ -11,10 +16,10 @@ DECLARE
     target text := (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'pg_once');
     loaded text;
 BEGIN
-    CREATE OR REPLACE FUNCTION once.library_version() RETURNS text
+    CREATE OR REPLACE FUNCTION once_internal.library_version() RETURNS text
         LANGUAGE c VOLATILE PARALLEL SAFE
         AS 'MODULE_PATHNAME', 'library_version_wrapper';
-    loaded := once.library_version();
+    loaded := once_internal.library_version();
     IF pg_catalog.string_to_array(loaded, '.')::int[] < pg_catalog.string_to_array(target, '.')::int[] THEN
         RAISE EXCEPTION 'pg_once % cannot be installed with the pg_once % library this session runs', target, loaded
             USING ERRCODE = 'object_not_in_prerequisite_state',
@@ -27,48 +32,45 @@ EXCEPTION WHEN undefined_function THEN
               HINT = 'Start a new session; where pg_once is in shared_preload_libraries, restart the server first.';
 END
 $guard$;
-COMMENT ON FUNCTION once.library_version() IS
-    'The version of the pg_once library loaded in this session. It differs from the installed extension''s (pg_extension.extversion) after a package upgrade until ALTER EXTENSION pg_once UPDATE and, where pg_once is preloaded, a restart.';
+
+ALTER SEQUENCE once.token_seq SET SCHEMA once_internal;
+ALTER FUNCTION once.notify_key_resolved() SET SCHEMA once_internal;
+ALTER FUNCTION once.wake_queue() SET SCHEMA once_internal;
+ALTER FUNCTION once.record_attempt() SET SCHEMA once_internal;
+ALTER FUNCTION once.backend_alive(integer, timestamptz) SET SCHEMA once_internal;
+ALTER FUNCTION once.row_taken(tid) SET SCHEMA once_internal;
 
 -- Tokens: a fresh install's sequence may never be set below a floor (schema.sql). Here
--- the floor is the sequence's current value, which every token issued so far is below or
--- equal to; the next token is the one 0.1.0 would have handed out.
+-- the floor is the sequence's current value, at or above every token issued so far; the
+-- next token is the one 0.1.0 would have handed out.
 DO $$
 DECLARE
-    last bigint := (SELECT last_value FROM once.token_seq);
+    last bigint := (SELECT last_value FROM once_internal.token_seq);
 BEGIN
-    EXECUTE pg_catalog.format('ALTER SEQUENCE once.token_seq MINVALUE %s START WITH %s', last, last);
+    EXECUTE pg_catalog.format('ALTER SEQUENCE once_internal.token_seq MINVALUE %s START WITH %s',
+                              last, last);
 END
 $$;
 
--- Namespaces (issue 14).
+-- Namespaces.
 ALTER TABLE once.queues ADD COLUMN namespace text;
-CREATE TABLE once.namespace_owners (
+CREATE TABLE once_internal.namespace_owners (
     prefix     text PRIMARY KEY,
     owner      regrole NOT NULL,
     notify     text NOT NULL DEFAULT 'digest',   -- NOTIFY payload: key | digest
     created_at timestamptz NOT NULL DEFAULT now()
 );
-COMMENT ON TABLE once.namespace_owners IS
-    'Namespaces: key prefixes that belong to a role, and what their keys are announced as on channel once. See the once.namespaces view.';
-
--- Every backend keeps the namespaces in memory (every call checks them); a change sends a
--- relcache invalidation of this table, which makes every backend read them again.
-CREATE FUNCTION once.namespaces_changed() RETURNS trigger
+CREATE FUNCTION once_internal.namespaces_changed() RETURNS trigger
     LANGUAGE c
     AS 'MODULE_PATHNAME', 'namespaces_changed_wrapper';
-COMMENT ON FUNCTION once.namespaces_changed() IS
-    'Trigger function: make every backend read once.namespace_owners again.';
 CREATE TRIGGER namespace_owners_changed
-    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON once.namespace_owners
-    FOR EACH STATEMENT EXECUTE FUNCTION once.namespaces_changed();
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON once_internal.namespace_owners
+    FOR EACH STATEMENT EXECUTE FUNCTION once_internal.namespaces_changed();
+SELECT pg_catalog.pg_extension_config_dump('once_internal.namespace_owners', '');
 
-SELECT pg_catalog.pg_extension_config_dump('once.namespace_owners', '');
-REVOKE ALL ON once.namespace_owners FROM PUBLIC;
-
--- How each attempt ended is now said by the statement that ends it.
+-- How an attempt ended is now said by the statement that ends it (last_outcome).
 ALTER TABLE once.entries ADD COLUMN last_outcome text;
-CREATE OR REPLACE FUNCTION once.record_attempt() RETURNS trigger
+CREATE OR REPLACE FUNCTION once_internal.record_attempt() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp
     AS $$
@@ -80,11 +82,8 @@ BEGIN
     RETURN NULL;
 END
 $$;
-COMMENT ON FUNCTION once.record_attempt() IS
-    'Trigger function: append to once.attempts when an attempt at a queued key ends.';
 
 -- New functions.
-
 CREATE FUNCTION once.create_namespace(
     prefix text,
     owner  regrole,
@@ -94,50 +93,24 @@ LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'create_namespace_wrapper';
 
-COMMENT ON FUNCTION once.create_namespace(text, regrole, text) IS
-$$Make every key that starts with prefix (the longest registered prefix wins) belong to
-owner: only its members and superusers may claim, read, complete, fail, heartbeat,
-release, invalidate or enqueue such keys (42501 for anyone else). notify: what LISTENers
-on channel once receive when such a key resolves: 'digest' (its hex SHA-256, computable
-from the key by whoever knows it) or 'key'. Changes an existing namespace's owner and
-notify. Only for superusers and members of the extension's owner.$$;
-
 CREATE FUNCTION once.drop_namespace(prefix text)
 RETURNS void
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'drop_namespace_wrapper';
 
-COMMENT ON FUNCTION once.drop_namespace(text) IS
-$$Forget a namespace. Refused (55006) while it still has keys or queues, which would
-otherwise become shared by every role. Only for superusers and members of the
-extension's owner.$$;
-
-CREATE FUNCTION once.may_use_key(key text)
+CREATE FUNCTION once_internal.may_use_key(key text)
 RETURNS boolean
 LANGUAGE c STABLE CALLED ON NULL INPUT PARALLEL RESTRICTED
 AS 'MODULE_PATHNAME', 'may_use_key_wrapper';
 
-COMMENT ON FUNCTION once.may_use_key(text) IS
-$$Whether the calling role may use this key: true outside every namespace, else whether
-it is a member of the owner of the key's namespace. NULL if the argument is NULL.$$;
-
-CREATE FUNCTION once.key_namespace(key text)
+CREATE FUNCTION once_internal.key_namespace(key text)
 RETURNS text
 LANGUAGE c STABLE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL RESTRICTED
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'key_namespace_wrapper';
 
-COMMENT ON FUNCTION once.key_namespace(text) IS
-$$The prefix of the namespace this key belongs to (the longest registered prefix it
-starts with), or NULL.$$;
-
-REVOKE ALL ON FUNCTION once.create_namespace(text, regrole, text), once.drop_namespace(text),
-    once.key_namespace(text), once.library_version() FROM PUBLIC;
--- The views call it as the role reading them; it only tells a role about itself.
-GRANT EXECUTE ON FUNCTION once.may_use_key(text) TO PUBLIC;
-
--- create_queue gains namespace: a new signature, so a new function (and a new symbol).
+-- create_queue gains namespace: a new signature, so a new function with a new symbol.
 DROP FUNCTION once.create_queue(text, integer, interval, interval);
 CREATE FUNCTION once.create_queue(
     name         text,
@@ -150,38 +123,15 @@ LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'create_queue_0_2_wrapper';
 
-COMMENT ON FUNCTION once.create_queue(text, integer, interval, interval, text) IS
-$$Create a queue, or change the retry policy of an existing one: a failed attempt waits
-backoff * 2^(attempts - 1), capped at max_backoff and jittered to between half and all of
-that, until the key has been claimed max_attempts times; then it stays failed.
-namespace: the queue belongs to that namespace (only its members may enqueue into it,
-claim_next from it or drop it, and its keys may only go into its queues); NULL: shared.$$;
-
-REVOKE ALL ON FUNCTION once.create_queue(text, integer, interval, interval, text) FROM PUBLIC;
-
-COMMENT ON FUNCTION once.drop_queue(text) IS
-$$Drop an empty queue. Refused (55006) while keys still name it (remove them with
-once.invalidate_keys(queue => name) first), and always for the queue 'default', which
-every call that names no queue uses.$$;
-
--- runtime() returns the counters by name (jsonb): once.stats, which reads them, goes
--- with it.
+-- runtime() returns the counters by name (jsonb), with a new symbol; once.stats, which
+-- reads them, goes with it.
 DROP VIEW once.stats;
 DROP FUNCTION once.runtime();
-CREATE FUNCTION once.runtime()
+CREATE FUNCTION once_internal.runtime()
 RETURNS TABLE (shared_memory boolean, notify text, workers integer, counters jsonb)
 LANGUAGE c VOLATILE SECURITY DEFINER PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'runtime_0_2_wrapper';
-
-COMMENT ON FUNCTION once.runtime() IS
-$$How pg_once runs here: shared_memory (preloaded: wake-ups, exact liveness, counters),
-notify (relay, direct or off, as in effect for this session), workers (pg_once workers
-serving this database: 0 or 1), and the counters since server start, by once.stats
-column (NULL without shared memory). See once.stats.$$;
-
-REVOKE ALL ON FUNCTION once.runtime() FROM PUBLIC;
-
 CREATE VIEW once.stats AS
 SELECT k.queued, k.running, k.done, k.failed, k.running_past_lease, k.expired_unpurged,
        k.oldest_claimed_at, k.errors, k.attempts, k.last_token,
@@ -210,16 +160,12 @@ SELECT k.queued, k.running, k.done, k.failed, k.running_past_lease, k.expired_un
                min(claimed_at) FILTER (WHERE state = 'running') AS oldest_claimed_at,
                coalesce(sum(errors), 0) AS errors,
                coalesce(sum(attempts), 0) AS attempts,
-               (SELECT last_value FROM once.token_seq) AS last_token
+               (SELECT last_value FROM once_internal.token_seq) AS last_token
           FROM once.entries
-         WHERE once.may_use_key(key)) AS k,
-       once.runtime() AS r;
+         WHERE once_internal.may_use_key(key)) AS k,
+       once_internal.runtime() AS r;
 
-COMMENT ON VIEW once.stats IS
-    'Keys per state, claims past their lease, expired results not yet purged, the oldest running claim and error/attempt totals (a scan of once.entries, counting only keys the reader may use); how pg_once runs (shared memory, notify mode, workers); and counters of calls since server start (NULL unless preloaded).';
-REVOKE ALL ON once.stats FROM PUBLIC;
-
--- The other views show each role only the keys and queues it may use.
+-- The views show each role only the keys, queues and namespaces it may use.
 CREATE OR REPLACE VIEW once.queue_stats AS
 SELECT q.name AS queue,
        count(e.key) FILTER (WHERE e.state = 'queued') AS depth,
@@ -239,25 +185,368 @@ SELECT q.name AS queue,
          WHERE a.queue = q.name AND a.outcome = 'completed'
            AND a.finished_at > clock_timestamp() - interval '1 hour') AS completed_last_hour
   FROM once.queues q
-  LEFT JOIN once.entries e ON e.queue = q.name AND once.may_use_key(e.key)
- WHERE q.namespace IS NULL OR once.may_use_key(q.namespace)
+  LEFT JOIN once.entries e ON e.queue = q.name AND once_internal.may_use_key(e.key)
+ WHERE q.namespace IS NULL OR once_internal.may_use_key(q.namespace)
  GROUP BY q.name;
-
-COMMENT ON VIEW once.queue_stats IS
-    'Per queue the reader may use: depth (queued), due (queued and due now), running, dead (failed for good), the oldest due key''s wait, and attempts that completed or did not in the last minute / hour.';
-
 CREATE OR REPLACE VIEW once.dead_letters AS
 SELECT key, queue, payload, attempts, errors, error, updated_at AS failed_at
   FROM once.entries
- WHERE state = 'failed' AND queue IS NOT NULL AND once.may_use_key(key);
+ WHERE state = 'failed' AND queue IS NOT NULL AND once_internal.may_use_key(key);
+CREATE VIEW once.namespaces AS
+SELECT prefix, owner, notify, created_at, once_internal.may_use_key(prefix) AS member
+  FROM once_internal.namespace_owners;
 
+-- Privileges of the new objects, as a fresh install sets them (end of functions.sql).
+REVOKE ALL ON FUNCTION once_internal.library_version(), once.create_namespace(text, regrole, text),
+    once.drop_namespace(text), once_internal.key_namespace(text),
+    once.create_queue(text, integer, interval, interval, text), once_internal.runtime(),
+    once_internal.may_use_key(text), once_internal.namespaces_changed()
+    FROM PUBLIC;
+REVOKE ALL ON once_internal.namespace_owners, once.stats, once.namespaces FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION once_internal.may_use_key(text) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION once_internal.runtime() TO PUBLIC;
+
+-- Comments: every object and column, as a fresh install has them.
+COMMENT ON SCHEMA once IS
+    'pg_once: claim_key and the other functions, the once.stats, once.queue_stats, once.dead_letters and once.namespaces views, and the tables they read. Grant USAGE on it (and EXECUTE on its functions) to the roles that use pg_once.';
+COMMENT ON SCHEMA once_internal IS
+    'pg_once''s own machinery (trigger functions, the fencing-token sequence, namespace table, helpers of the views): not an API, may change in any release. Grant nothing on it.';
+COMMENT ON FUNCTION once_internal.library_version() IS
+    'The version of the pg_once library loaded in this session. It differs from the installed extension''s (pg_extension.extversion) after a package upgrade until ALTER EXTENSION pg_once UPDATE and, where pg_once is preloaded, a restart.';
+COMMENT ON TYPE once.claim IS
+    'What one once.claim_key call decided (outcome) and what goes with it.';
+COMMENT ON COLUMN once.claim.outcome IS
+    'What the call decided: hit (result is set), claimed (you own the key: compute, then complete_key with token), failed (error is set, until retry_at) or wait (someone else computes it).';
+COMMENT ON COLUMN once.claim.token IS
+    'claimed: your fencing token, to pass to complete_key, fail_key, heartbeat_key or release_key. wait: the owner''s token. NULL otherwise.';
+COMMENT ON COLUMN once.claim.result IS
+    'hit: the cached result. NULL otherwise.';
+COMMENT ON COLUMN once.claim.error IS
+    'failed: the error the last attempt recorded with fail_key (or why its owner was judged gone). NULL otherwise.';
+COMMENT ON COLUMN once.claim.owner IS
+    'claimed or wait: who holds the claim (application name, user and pid of the claiming session). NULL while another transaction''s claim is not committed yet.';
+COMMENT ON COLUMN once.claim.lease_expires_at IS
+    'claimed or wait: when the owner''s lease runs out unless it heartbeats; a LISTEN client waits at most until then before asking again.';
+COMMENT ON COLUMN once.claim.attempts IS
+    'Claims of this key since its last result (a takeover counts).';
+COMMENT ON COLUMN once.claim.retry_at IS
+    'failed: when the key may be claimed again. NULL otherwise.';
+COMMENT ON COLUMN once.claim.expires_at IS
+    'hit: when the result stops being served (NULL: until invalidated).';
+COMMENT ON FUNCTION once.key_hash(text) IS
+    'SHA-256 digest of a key: the primary key of once.entries. Look a key up with WHERE key_hash = once.key_hash(''...'').';
+COMMENT ON COLUMN once.queues.name IS
+    'The queue''s name, as given to create_queue, enqueue_key and claim_next.';
+COMMENT ON COLUMN once.queues.max_attempts IS
+    'Claims of a key (takeovers of dead workers count) before it stays failed, unless enqueue_key gave the key its own.';
+COMMENT ON COLUMN once.queues.backoff IS
+    'Delay after the first failed attempt; it doubles with each further failure (jittered to between half and all of it).';
+COMMENT ON COLUMN once.queues.max_backoff IS
+    'The doubling of backoff stops here.';
+COMMENT ON COLUMN once.queues.created_at IS
+    'When the queue was created.';
+COMMENT ON COLUMN once.queues.namespace IS
+    'The namespace (a key prefix) whose owner''s members alone may use the queue; NULL: shared by every role granted pg_once.';
+COMMENT ON TABLE once.queues IS
+    'Queues of queue mode and their retry policy: a failed attempt waits backoff * 2^(attempts-1) (capped at max_backoff, with jitter) until max_attempts claims, then the key stays failed.';
+COMMENT ON TABLE once_internal.namespace_owners IS
+    'Namespaces: key prefixes that belong to a role, and what their keys are announced as on channel once. See the once.namespaces view.';
+COMMENT ON COLUMN once_internal.namespace_owners.prefix IS
+    'Keys that start with this prefix (the longest registered prefix wins) belong to the namespace.';
+COMMENT ON COLUMN once_internal.namespace_owners.owner IS
+    'Only members of this role (and superusers) may use the namespace''s keys and queues.';
+COMMENT ON COLUMN once_internal.namespace_owners.notify IS
+    'What LISTENers on channel once receive when a key of the namespace resolves: digest (its hex SHA-256) or key.';
+COMMENT ON COLUMN once_internal.namespace_owners.created_at IS
+    'When the namespace was created.';
+COMMENT ON FUNCTION once_internal.namespaces_changed() IS
+    'Trigger function: make every backend read once_internal.namespace_owners again.';
+COMMENT ON TABLE once.entries IS
+    'One row per key: its state (queued, running, done, failed), fencing token, owner, lease, result and error. Written only through the once.* functions.';
+COMMENT ON COLUMN once.entries.key_hash IS
+    'SHA-256 of key (once.key_hash(key)): the primary key. Look a key up with WHERE key_hash = once.key_hash(''...'').';
+COMMENT ON COLUMN once.entries.key IS
+    'The key, verbatim (1 to 7,500 bytes).';
+COMMENT ON COLUMN once.entries.state IS
+    'queued (waiting for a queue worker), running (claimed: being computed), done (result is served) or failed (error is served until retry_at, or for good for a queued key out of attempts).';
+COMMENT ON COLUMN once.entries.token IS
+    'The fencing token of the key''s latest claim; writes with any other token change nothing.';
+COMMENT ON COLUMN once.entries.owner IS
+    'Who holds or last held the claim: application name, user and pid of the claiming session (claim_next: its worker argument).';
+COMMENT ON COLUMN once.entries.owner_pid IS
+    'The backend whose exit ends the claim (this session, or an owner_session()); NULL with owner_pid => 0.';
+COMMENT ON COLUMN once.entries.owner_started IS
+    'When the owner_pid backend started: a reused pid is not mistaken for the owner.';
+COMMENT ON COLUMN once.entries.lease_only IS
+    'true: only the lease ends the claim (owner_pid => 0, or once.backend_liveness off), not the owner backend''s exit.';
+COMMENT ON COLUMN once.entries.lease_expires_at IS
+    'running: when the claim ends unless heartbeat_key extends it.';
+COMMENT ON COLUMN once.entries.result IS
+    'done: the result complete_key stored (kept while a refresh recomputes it).';
+COMMENT ON COLUMN once.entries.expires_at IS
+    'When the result stops being served and may be purged (NULL: until invalidated).';
+COMMENT ON COLUMN once.entries.error IS
+    'The last failed attempt''s error.';
+COMMENT ON COLUMN once.entries.errors IS
+    'Failed attempts since the key was created (takeovers of dead owners count): claim_next serves keys with fewer first.';
+COMMENT ON COLUMN once.entries.attempts IS
+    'Claims since the key''s last result; a queued key stays failed when it reaches max_attempts.';
+COMMENT ON COLUMN once.entries.retry_at IS
+    'failed: when the key may be claimed (or, queued, is due) again.';
+COMMENT ON COLUMN once.entries.last_outcome IS
+    'How the last attempt ended: completed, failed, released, abandoned (its owner was gone and a reaper took the claim back) or taken_over (its owner was gone and a caller took the claim); NULL until an attempt ended.';
+COMMENT ON COLUMN once.entries.created_at IS
+    'When the key''s row was created.';
+COMMENT ON COLUMN once.entries.claimed_at IS
+    'When the current or last claim was made.';
+COMMENT ON COLUMN once.entries.completed_at IS
+    'When the last result was stored.';
+COMMENT ON COLUMN once.entries.updated_at IS
+    'When the row was last written.';
+COMMENT ON COLUMN once.entries.queue IS
+    'Queue mode: the queue the key was enqueued in (NULL: never enqueued).';
+COMMENT ON COLUMN once.entries.payload IS
+    'Queue mode: the payload given to enqueue_key, handed to the worker by claim_next.';
+COMMENT ON COLUMN once.entries.priority IS
+    'Queue mode: smaller runs first (after fewer errors).';
+COMMENT ON COLUMN once.entries.run_at IS
+    'Queue mode: when the queued key is due.';
+COMMENT ON COLUMN once.entries.max_attempts IS
+    'Queue mode: this key''s limit of claims (NULL: its queue''s).';
+COMMENT ON COLUMN once.entries.enqueued_at IS
+    'Queue mode: when the key was last enqueued.';
+COMMENT ON TABLE once.attempts IS
+    'One row per ended attempt at a queued key: who (worker), when (started_at, finished_at), how it ended (outcome) and why (error). Look a key up with WHERE key_hash = once.key_hash(''...'').';
+COMMENT ON COLUMN once.attempts.key_hash IS
+    'SHA-256 of key: look a key''s history up with WHERE key_hash = once.key_hash(''...'').';
+COMMENT ON COLUMN once.attempts.key IS
+    'The key.';
+COMMENT ON COLUMN once.attempts.queue IS
+    'The queue the key was in.';
+COMMENT ON COLUMN once.attempts.token IS
+    'The attempt''s fencing token.';
+COMMENT ON COLUMN once.attempts.worker IS
+    'Who made the attempt (claim_next''s worker argument, else the claiming session).';
+COMMENT ON COLUMN once.attempts.started_at IS
+    'When the attempt''s claim was made.';
+COMMENT ON COLUMN once.attempts.finished_at IS
+    'When the attempt ended; rows older than once.history_retention are deleted by reap_stale.';
+COMMENT ON COLUMN once.attempts.outcome IS
+    'How the attempt ended: completed, failed, released, abandoned (reaped: owner gone), taken_over (a caller took the claim of a gone owner) or cancelled (the key was invalidated).';
+COMMENT ON COLUMN once.attempts.error IS
+    'failed (or abandoned, taken_over): the error recorded.';
+COMMENT ON FUNCTION once_internal.notify_key_resolved() IS
+    'Trigger function: pg_notify(''once'', key) when a key leaves the running state.';
+COMMENT ON FUNCTION once_internal.wake_queue() IS
+    'Trigger function: wake the workers waiting for work in the queue a key went back to.';
+COMMENT ON FUNCTION once_internal.record_attempt() IS
+    'Trigger function: append to once.attempts when an attempt at a queued key ends.';
+COMMENT ON FUNCTION once.claim_key(text, interval, interval, integer) IS
+$$Claim a key or get its cached result, in one round trip. outcome is:
+hit (result is set), claimed (you own the key: compute, then complete_key with token),
+failed (the last attempt failed and retry_at is in the future: error is set), or
+wait (someone else is computing it: owner, lease_expires_at are set; all NULL while
+another transaction's claim is not committed yet).
+With wait > 0 the call blocks, holding no lock, until the key resolves, its owner is gone
+(then you are given the claim) or wait elapses (then it returns wait), whatever other
+transactions hold; wait => 0 never waits for a lock.
+owner_pid says what ends your claim besides its lease: NULL this connection (or the lease
+alone if once.backend_liveness is off), 0 the lease alone, or the pid once.owner_session()
+returned on a connection your process keeps open (for calls made through a pool).
+Call it in its own transaction: a claim is only visible to others once committed.$$;
+COMMENT ON FUNCTION once.owner_session() IS
+$$Make this connection an owner session and return its pid. Claims made on other
+connections (through a pool) with claim_key(..., owner_pid => that pid) or claim_next end
+when this connection closes, as if made on it; when pg_once is preloaded, the pg_once
+worker takes them back at once. Call it on a connection your process keeps open for its
+lifetime, such as its LISTEN connection (direct or session-pooled).$$;
+COMMENT ON FUNCTION once.complete_key(text, bigint, jsonb, interval) IS
+$$Store the result of your claim (served for ttl, or until invalidated if ttl is NULL) and
+wake everyone waiting for the key. Returns false, changing nothing, if token is no longer
+the key's current claim (taken over, reaped, released or invalidated).$$;
+COMMENT ON FUNCTION once.fail_key(text, bigint, text, interval) IS
+$$Record that your claim failed with error, and wake waiters. Until retry_after has passed,
+claim_key returns outcome failed with this error (callers share the failure instead of
+stampeding); after it, the next caller claims the key again. Counts once.entries.errors.
+Returns false, changing nothing, if token is no longer the key's current claim.$$;
+COMMENT ON FUNCTION once.heartbeat_key(text, bigint, interval) IS
+$$Extend your claim's lease to now + lease and return the new expiry. Returns NULL,
+changing nothing, if token is no longer the key's current claim: stop computing.$$;
+COMMENT ON FUNCTION once.release_key(text, bigint) IS
+$$Give your claim back without recording a failure (e.g. on shutdown); the key becomes
+absent and one waiter claims it at once. Returns false if token is no longer current.$$;
+COMMENT ON FUNCTION once.invalidate_key(text) IS
+$$Forget a key in any state: drop its cached result or failure, or cancel its claim (the
+owner's later complete_key returns false; waiters are woken and one claims it anew).
+Returns false if the key was absent.$$;
+COMMENT ON FUNCTION once.reap_stale() IS
+$$Take back claims whose owner is gone (lease expired, or backend exited) as failures that
+may be retried at once, waking their waiters (queued keys go back to their queue after a
+backoff, unless that was their last attempt); delete up to 10,000 expired results and up
+to 10,000 attempt-history rows older than once.history_retention. Returns how many of
+each. Never waits for a lock, so it is safe to run from many sessions at once, e.g. every
+second from pg_cron; when preloaded, the pg_once worker runs it.$$;
+COMMENT ON FUNCTION once.create_namespace(text, regrole, text) IS
+$$Make every key that starts with prefix (the longest registered prefix wins) belong to
+owner: only its members and superusers may claim, read, complete, fail, heartbeat,
+release, invalidate or enqueue such keys (42501 for anyone else). notify: what LISTENers
+on channel once receive when such a key resolves: 'digest' (its hex SHA-256, computable
+from the key by whoever knows it) or 'key'. Changes an existing namespace's owner and
+notify. Only for superusers and members of the extension's owner.$$;
+COMMENT ON FUNCTION once.drop_namespace(text) IS
+$$Forget a namespace. Refused (55006) while it still has keys or queues, which would
+otherwise become shared by every role. Only for superusers and members of the
+extension's owner.$$;
+COMMENT ON FUNCTION once.create_queue(text, integer, interval, interval, text) IS
+$$Create a queue, or change the retry policy of an existing one: a failed attempt waits
+backoff * 2^(attempts - 1), capped at max_backoff and jittered to between half and all of
+that, until the key has been claimed max_attempts times; then it stays failed.
+namespace: the queue belongs to that namespace (only its members may enqueue into it,
+claim_next from it or drop it, and its keys may only go into its queues); NULL: shared.$$;
+COMMENT ON FUNCTION once.drop_queue(text) IS
+$$Drop an empty queue. Refused (55006) while keys still name it (remove them with
+once.invalidate_keys(queue => name) first), and always for the queue 'default', which
+every call that names no queue uses.$$;
+COMMENT ON FUNCTION once.enqueue_key(text, jsonb, text, integer, timestamptz, boolean, integer) IS
+$$Ask for a key to be computed by the queue's workers, due at run_at (NULL: now); smaller
+priority runs first; max_attempts overrides the queue's. Idempotent per key. Returns:
+queued (it was absent), requeued (it had failed, its result expired, or refresh => true
+and it had a result, which is served until the new one lands), duplicate (already queued
+or being computed: nothing changed) or cached (it has a fresh result: nothing changed).$$;
+COMMENT ON FUNCTION once.claim_next(text, interval, text, integer, interval, integer) IS
+$$Claim up to n due keys of a queue, fewest errors first, then smallest priority, then
+oldest due time, with FOR UPDATE SKIP LOCKED: workers never wait for each other and never
+get the same key. Finish each with complete_key, fail_key (retried with backoff) or
+release_key, and heartbeat_key meanwhile. worker names you in the history.
+With wait > 0 an empty queue is waited on, holding no lock, until a key becomes due
+(enqueued, a backoff ends, a key is sent back) or wait elapses (then no rows).
+owner_pid: as for claim_key.$$;
+COMMENT ON FUNCTION once.invalidate_keys(text, text) IS
+$$Forget every key of a queue and/or whose key starts with prefix, like invalidate_key
+each. Locks keys in key_hash order, so it never deadlocks with workers or other batches,
+and waits only for keys other transactions are writing at that moment. Returns how many.$$;
+COMMENT ON FUNCTION once.complete_keys(text[], bigint[], jsonb[], interval) IS
+$$complete_key for many claims in one statement (e.g. what one claim_next(n => 10) call
+handed out). Locks keys in key_hash order, so it cannot deadlock with another batch.
+Returns the keys that were completed; the others' claims were lost.$$;
+COMMENT ON FUNCTION once_internal.backend_alive(integer, timestamptz) IS
+$$Whether the backend with this pid that started at this time is still running (the
+pid alone could have been reused). NULL if either argument is NULL.$$;
+COMMENT ON FUNCTION once_internal.row_taken(tid) IS
+$$Used by claim_next: whether the once.entries row version at this ctid was already
+updated or deleted by a committed transaction, or is held (locked, updated or deleted) by
+another transaction in progress. Either way claim_next passes over it without trying to
+lock it. NULL if the argument is NULL.$$;
+COMMENT ON FUNCTION once_internal.may_use_key(text) IS
+$$Whether the calling role may use this key: true outside every namespace, else whether
+it is a member of the owner of the key's namespace. NULL if the argument is NULL.$$;
+COMMENT ON FUNCTION once_internal.key_namespace(text) IS
+$$The prefix of the namespace this key belongs to (the longest registered prefix it
+starts with), or NULL.$$;
+COMMENT ON FUNCTION once_internal.runtime() IS
+$$How pg_once runs here: shared_memory (preloaded: wake-ups, exact liveness, counters),
+notify (relay, direct or off, as in effect for this session), workers (pg_once workers
+serving this database: 0 or 1), and the counters since server start, by once.stats
+column (NULL without shared memory). See once.stats.$$;
+COMMENT ON VIEW once.stats IS
+    'Keys per state, claims past their lease, expired results not yet purged, the oldest running claim and error/attempt totals (a scan of once.entries, counting only keys the reader may use); how pg_once runs (shared memory, notify mode, workers); and counters of calls since server start (NULL unless preloaded).';
+COMMENT ON COLUMN once.stats.queued IS
+    'Keys waiting in a queue for a worker (state queued).';
+COMMENT ON COLUMN once.stats.running IS
+    'Keys being computed now (state running).';
+COMMENT ON COLUMN once.stats.done IS
+    'Keys with a result (state done), expired ones not yet purged included.';
+COMMENT ON COLUMN once.stats.failed IS
+    'Keys whose last attempt failed (state failed): served until retry_at, or dead letters of a queue.';
+COMMENT ON COLUMN once.stats.running_past_lease IS
+    'Running keys whose lease has run out: taken over at the next call, or reaped by reap_stale. Growing: nothing runs reap_stale (preload pg_once, or schedule it).';
+COMMENT ON COLUMN once.stats.expired_unpurged IS
+    'Results past their expires_at, no longer served, waiting for reap_stale to delete them.';
+COMMENT ON COLUMN once.stats.oldest_claimed_at IS
+    'When the oldest running claim was made: a long-running computation, or an owner that stopped heartbeating.';
+COMMENT ON COLUMN once.stats.errors IS
+    'Failed attempts summed over the keys (takeovers of dead owners count).';
+COMMENT ON COLUMN once.stats.attempts IS
+    'Claims since each key''s last result, summed over the keys.';
+COMMENT ON COLUMN once.stats.last_token IS
+    'The fencing token most recently handed out (the token sequence''s value).';
+COMMENT ON COLUMN once.stats.shared_memory IS
+    'true when pg_once is in shared_preload_libraries: waiters are woken at once, liveness is exact, and the counters below count.';
+COMMENT ON COLUMN once.stats.notify IS
+    'How keys leaving the running state are announced on channel once in this session: relay (through the worker), direct or off (once.notify).';
+COMMENT ON COLUMN once.stats.workers IS
+    'pg_once workers serving this database: 1, or 0 (not preloaded, or the database is not in once.databases): then nothing reaps stale claims unless you schedule once.reap_stale().';
+COMMENT ON COLUMN once.stats.claims IS
+    'Since server start: claims made (claim_key and claim_next). NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.hits IS
+    'Since server start: claim_key calls answered with a cached result. NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.waits IS
+    'Since server start: calls with wait (claim_key, claim_next) that went to sleep at least once. NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.wakeups IS
+    'Since server start: sleeps of waiting calls ended by a wake-up (a key resolved or became due, an owner exited) rather than by their timer. NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.takeovers IS
+    'Since server start: claims taken from an owner that was gone. NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.completions IS
+    'Since server start: results stored (complete_key, complete_keys). NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.failures IS
+    'Since server start: failures recorded (fail_key). NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.releases IS
+    'Since server start: claims given back (release_key). NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.invalidations IS
+    'Since server start: keys forgotten (invalidate_key, invalidate_keys). NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.reaped IS
+    'Since server start: claims of gone owners taken back by reap_stale. NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.purged IS
+    'Since server start: expired results deleted by reap_stale. NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.notified_direct IS
+    'Since server start: keys announced by the committing transaction''s own NOTIFY (no worker, or its relay queue full). NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.notified_relayed IS
+    'Since server start: keys announced through the pg_once worker''s relay. NULL unless preloaded.';
+COMMENT ON VIEW once.queue_stats IS
+    'Per queue the reader may use: depth (queued), due (queued and due now), running, dead (failed for good), the oldest due key''s wait, and attempts that completed or did not in the last minute / hour.';
+COMMENT ON COLUMN once.queue_stats.queue IS
+    'The queue''s name.';
+COMMENT ON COLUMN once.queue_stats.depth IS
+    'Keys waiting in the queue (queued), due or not.';
+COMMENT ON COLUMN once.queue_stats.due IS
+    'Queued keys due now: growing, workers cannot keep up.';
+COMMENT ON COLUMN once.queue_stats.running IS
+    'Keys of the queue being computed now.';
+COMMENT ON COLUMN once.queue_stats.dead IS
+    'Keys that failed their last attempt (see once.dead_letters); re-enqueue them with once.enqueue_key.';
+COMMENT ON COLUMN once.queue_stats.oldest_due_age IS
+    'How long the oldest due key has been due: the queue''s lag.';
+COMMENT ON COLUMN once.queue_stats.completed_last_minute IS
+    'Attempts completed in the last minute.';
+COMMENT ON COLUMN once.queue_stats.failed_last_minute IS
+    'Attempts that ended in the last minute without completing (failed, released, abandoned, taken over, cancelled).';
+COMMENT ON COLUMN once.queue_stats.completed_last_hour IS
+    'Attempts completed in the last hour.';
 COMMENT ON VIEW once.dead_letters IS
     'Queued keys that failed their last attempt (those the reader may use). Re-enqueue one with once.enqueue_key(key, payload, queue) for a new set of attempts.';
-
-CREATE VIEW once.namespaces AS
-SELECT prefix, owner, notify, created_at, once.may_use_key(prefix) AS member
-  FROM once.namespace_owners;
-
+COMMENT ON COLUMN once.dead_letters.key IS
+    'The key.';
+COMMENT ON COLUMN once.dead_letters.queue IS
+    'The queue it failed in.';
+COMMENT ON COLUMN once.dead_letters.payload IS
+    'Its payload, to pass again to once.enqueue_key(key, payload, queue).';
+COMMENT ON COLUMN once.dead_letters.attempts IS
+    'Claims made since its last result (its queue''s or its own max_attempts, reached).';
+COMMENT ON COLUMN once.dead_letters.errors IS
+    'Failed attempts in the key''s life.';
+COMMENT ON COLUMN once.dead_letters.error IS
+    'The last attempt''s error.';
+COMMENT ON COLUMN once.dead_letters.failed_at IS
+    'When the last attempt failed.';
 COMMENT ON VIEW once.namespaces IS
     'Namespaces: key prefixes that belong to a role (owner), what their keys are announced as on channel once (notify), and whether the role reading this may use them (member).';
-REVOKE ALL ON once.namespaces FROM PUBLIC;
+COMMENT ON COLUMN once.namespaces.prefix IS
+    'Keys that start with this prefix (the longest registered prefix wins) belong to the namespace.';
+COMMENT ON COLUMN once.namespaces.owner IS
+    'Only members of this role (and superusers) may use the namespace''s keys and queues.';
+COMMENT ON COLUMN once.namespaces.notify IS
+    'What LISTENers on channel once receive when a key of the namespace resolves: digest (its hex SHA-256) or key.';
+COMMENT ON COLUMN once.namespaces.created_at IS
+    'When the namespace was created.';
+COMMENT ON COLUMN once.namespaces.member IS
+    'Whether the role reading this may use the namespace.';

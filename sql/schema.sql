@@ -1,8 +1,21 @@
 -- pg_once: the durable state. Hand-written; loaded first by CREATE EXTENSION.
 --
--- Everything lives in schema "once" (created by CREATE EXTENSION from the control file).
+-- The API lives in schema "once" (created by CREATE EXTENSION from the control file); what
+-- only pg_once itself calls or reads (trigger functions, the token sequence, the namespace
+-- table, helpers of the views and statements) lives in schema "once_internal", created
+-- here and so dropped with the extension, so that \df once.* and \d once.* show what a
+-- person may use. once_internal grants no USAGE to anyone: the SECURITY DEFINER functions
+-- and the views reach into it as their owner (a function a view calls is checked for
+-- EXECUTE only, never for USAGE on its schema).
 -- Nothing here is granted to PUBLIC: applications call the SECURITY DEFINER functions in
 -- functions.sql, which are the only writers of once.entries (see README, "Granting access").
+
+COMMENT ON SCHEMA once IS
+    'pg_once: claim_key and the other functions, the once.stats, once.queue_stats, once.dead_letters and once.namespaces views, and the tables they read. Grant USAGE on it (and EXECUTE on its functions) to the roles that use pg_once.';
+
+CREATE SCHEMA once_internal;
+COMMENT ON SCHEMA once_internal IS
+    'pg_once''s own machinery (trigger functions, the fencing-token sequence, namespace table, helpers of the views): not an API, may change in any release. Grant nothing on it.';
 
 -- First, the library this session runs must be at least the version being installed: with
 -- an older one (a server that preloaded it before the package was upgraded, or a session
@@ -15,10 +28,10 @@ DECLARE
     target text := (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'pg_once');
     loaded text;
 BEGIN
-    CREATE OR REPLACE FUNCTION once.library_version() RETURNS text
+    CREATE OR REPLACE FUNCTION once_internal.library_version() RETURNS text
         LANGUAGE c VOLATILE PARALLEL SAFE
         AS 'MODULE_PATHNAME', 'library_version_wrapper';
-    loaded := once.library_version();
+    loaded := once_internal.library_version();
     IF pg_catalog.string_to_array(loaded, '.')::int[] < pg_catalog.string_to_array(target, '.')::int[] THEN
         RAISE EXCEPTION 'pg_once % cannot be installed with the pg_once % library this session runs', target, loaded
             USING ERRCODE = 'object_not_in_prerequisite_state',
@@ -31,7 +44,7 @@ EXCEPTION WHEN undefined_function THEN
               HINT = 'Start a new session; where pg_once is in shared_preload_libraries, restart the server first.';
 END
 $guard$;
-COMMENT ON FUNCTION once.library_version() IS
+COMMENT ON FUNCTION once_internal.library_version() IS
     'The version of the pg_once library loaded in this session. It differs from the installed extension''s (pg_extension.extversion) after a package upgrade until ALTER EXTENSION pg_once UPDATE and, where pg_once is preloaded, a restart.';
 
 -- The four states of a key. A key with no row is "absent".
@@ -49,6 +62,26 @@ CREATE TYPE once.claim AS (
     retry_at         timestamptz,  -- failed: when the key may be claimed again
     expires_at       timestamptz   -- hit: when the result stops being served (NULL: never)
 );
+COMMENT ON TYPE once.claim IS
+    'What one once.claim_key call decided (outcome) and what goes with it.';
+COMMENT ON COLUMN once.claim.outcome IS
+    'What the call decided: hit (result is set), claimed (you own the key: compute, then complete_key with token), failed (error is set, until retry_at) or wait (someone else computes it).';
+COMMENT ON COLUMN once.claim.token IS
+    'claimed: your fencing token, to pass to complete_key, fail_key, heartbeat_key or release_key. wait: the owner''s token. NULL otherwise.';
+COMMENT ON COLUMN once.claim.result IS
+    'hit: the cached result. NULL otherwise.';
+COMMENT ON COLUMN once.claim.error IS
+    'failed: the error the last attempt recorded with fail_key (or why its owner was judged gone). NULL otherwise.';
+COMMENT ON COLUMN once.claim.owner IS
+    'claimed or wait: who holds the claim (application name, user and pid of the claiming session). NULL while another transaction''s claim is not committed yet.';
+COMMENT ON COLUMN once.claim.lease_expires_at IS
+    'claimed or wait: when the owner''s lease runs out unless it heartbeats; a LISTEN client waits at most until then before asking again.';
+COMMENT ON COLUMN once.claim.attempts IS
+    'Claims of this key since its last result (a takeover counts).';
+COMMENT ON COLUMN once.claim.retry_at IS
+    'failed: when the key may be claimed again. NULL otherwise.';
+COMMENT ON COLUMN once.claim.expires_at IS
+    'hit: when the result stops being served (NULL: until invalidated).';
 
 -- Fencing tokens come from one sequence, not from a per-key counter, so that a key whose row
 -- is deleted (invalidated, released, purged after expiry) can never hand out a token that a
@@ -79,7 +112,7 @@ DECLARE
                      '0/0'::pg_catalog.pg_lsn)::bigint + 1;
 BEGIN
     EXECUTE pg_catalog.format(
-        'CREATE SEQUENCE once.token_seq AS bigint MINVALUE %s START WITH %s CACHE 1',
+        'CREATE SEQUENCE once_internal.token_seq AS bigint MINVALUE %s START WITH %s CACHE 1',
         floor, floor);
 END
 $$;
@@ -106,6 +139,18 @@ CREATE TABLE once.queues (
     namespace    text                                   -- NULL: shared by every role
 );
 INSERT INTO once.queues (name) VALUES ('default');
+COMMENT ON COLUMN once.queues.name IS
+    'The queue''s name, as given to create_queue, enqueue_key and claim_next.';
+COMMENT ON COLUMN once.queues.max_attempts IS
+    'Claims of a key (takeovers of dead workers count) before it stays failed, unless enqueue_key gave the key its own.';
+COMMENT ON COLUMN once.queues.backoff IS
+    'Delay after the first failed attempt; it doubles with each further failure (jittered to between half and all of it).';
+COMMENT ON COLUMN once.queues.max_backoff IS
+    'The doubling of backoff stops here.';
+COMMENT ON COLUMN once.queues.created_at IS
+    'When the queue was created.';
+COMMENT ON COLUMN once.queues.namespace IS
+    'The namespace (a key prefix) whose owner''s members alone may use the queue; NULL: shared by every role granted pg_once.';
 COMMENT ON TABLE once.queues IS
     'Queues of queue mode and their retry policy: a failed attempt waits backoff * 2^(attempts-1) (capped at max_backoff, with jitter) until max_attempts claims, then the key stays failed.';
 
@@ -113,25 +158,33 @@ COMMENT ON TABLE once.queues IS
 -- every queue whose namespace is prefix, belongs to owner: only its members and superusers
 -- may use them (src/protocol/namespace.rs). Written only by once.create_namespace and
 -- once.drop_namespace; read through the once.namespaces view.
-CREATE TABLE once.namespace_owners (
+CREATE TABLE once_internal.namespace_owners (
     prefix     text PRIMARY KEY,
     owner      regrole NOT NULL,
     notify     text NOT NULL DEFAULT 'digest',   -- NOTIFY payload: key | digest
     created_at timestamptz NOT NULL DEFAULT now()
 );
-COMMENT ON TABLE once.namespace_owners IS
+COMMENT ON TABLE once_internal.namespace_owners IS
     'Namespaces: key prefixes that belong to a role, and what their keys are announced as on channel once. See the once.namespaces view.';
+COMMENT ON COLUMN once_internal.namespace_owners.prefix IS
+    'Keys that start with this prefix (the longest registered prefix wins) belong to the namespace.';
+COMMENT ON COLUMN once_internal.namespace_owners.owner IS
+    'Only members of this role (and superusers) may use the namespace''s keys and queues.';
+COMMENT ON COLUMN once_internal.namespace_owners.notify IS
+    'What LISTENers on channel once receive when a key of the namespace resolves: digest (its hex SHA-256) or key.';
+COMMENT ON COLUMN once_internal.namespace_owners.created_at IS
+    'When the namespace was created.';
 
 -- Every backend keeps the namespaces in memory (every call checks them); a change sends a
 -- relcache invalidation of this table, which makes every backend read them again.
-CREATE FUNCTION once.namespaces_changed() RETURNS trigger
+CREATE FUNCTION once_internal.namespaces_changed() RETURNS trigger
     LANGUAGE c
     AS 'MODULE_PATHNAME', 'namespaces_changed_wrapper';
-COMMENT ON FUNCTION once.namespaces_changed() IS
-    'Trigger function: make every backend read once.namespace_owners again.';
+COMMENT ON FUNCTION once_internal.namespaces_changed() IS
+    'Trigger function: make every backend read once_internal.namespace_owners again.';
 CREATE TRIGGER namespace_owners_changed
-    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON once.namespace_owners
-    FOR EACH STATEMENT EXECUTE FUNCTION once.namespaces_changed();
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON once_internal.namespace_owners
+    FOR EACH STATEMENT EXECUTE FUNCTION once_internal.namespaces_changed();
 
 CREATE TABLE once.entries (
     key_hash         bytea NOT NULL,   -- once.key_hash(key), computed by the functions
@@ -194,6 +247,58 @@ WITH (fillfactor = 80,
 
 COMMENT ON TABLE once.entries IS
     'One row per key: its state (queued, running, done, failed), fencing token, owner, lease, result and error. Written only through the once.* functions.';
+COMMENT ON COLUMN once.entries.key_hash IS
+    'SHA-256 of key (once.key_hash(key)): the primary key. Look a key up with WHERE key_hash = once.key_hash(''...'').';
+COMMENT ON COLUMN once.entries.key IS
+    'The key, verbatim (1 to 7,500 bytes).';
+COMMENT ON COLUMN once.entries.state IS
+    'queued (waiting for a queue worker), running (claimed: being computed), done (result is served) or failed (error is served until retry_at, or for good for a queued key out of attempts).';
+COMMENT ON COLUMN once.entries.token IS
+    'The fencing token of the key''s latest claim; writes with any other token change nothing.';
+COMMENT ON COLUMN once.entries.owner IS
+    'Who holds or last held the claim: application name, user and pid of the claiming session (claim_next: its worker argument).';
+COMMENT ON COLUMN once.entries.owner_pid IS
+    'The backend whose exit ends the claim (this session, or an owner_session()); NULL with owner_pid => 0.';
+COMMENT ON COLUMN once.entries.owner_started IS
+    'When the owner_pid backend started: a reused pid is not mistaken for the owner.';
+COMMENT ON COLUMN once.entries.lease_only IS
+    'true: only the lease ends the claim (owner_pid => 0, or once.backend_liveness off), not the owner backend''s exit.';
+COMMENT ON COLUMN once.entries.lease_expires_at IS
+    'running: when the claim ends unless heartbeat_key extends it.';
+COMMENT ON COLUMN once.entries.result IS
+    'done: the result complete_key stored (kept while a refresh recomputes it).';
+COMMENT ON COLUMN once.entries.expires_at IS
+    'When the result stops being served and may be purged (NULL: until invalidated).';
+COMMENT ON COLUMN once.entries.error IS
+    'The last failed attempt''s error.';
+COMMENT ON COLUMN once.entries.errors IS
+    'Failed attempts since the key was created (takeovers of dead owners count): claim_next serves keys with fewer first.';
+COMMENT ON COLUMN once.entries.attempts IS
+    'Claims since the key''s last result; a queued key stays failed when it reaches max_attempts.';
+COMMENT ON COLUMN once.entries.retry_at IS
+    'failed: when the key may be claimed (or, queued, is due) again.';
+COMMENT ON COLUMN once.entries.last_outcome IS
+    'How the last attempt ended: completed, failed, released, abandoned (its owner was gone and a reaper took the claim back) or taken_over (its owner was gone and a caller took the claim); NULL until an attempt ended.';
+COMMENT ON COLUMN once.entries.created_at IS
+    'When the key''s row was created.';
+COMMENT ON COLUMN once.entries.claimed_at IS
+    'When the current or last claim was made.';
+COMMENT ON COLUMN once.entries.completed_at IS
+    'When the last result was stored.';
+COMMENT ON COLUMN once.entries.updated_at IS
+    'When the row was last written.';
+COMMENT ON COLUMN once.entries.queue IS
+    'Queue mode: the queue the key was enqueued in (NULL: never enqueued).';
+COMMENT ON COLUMN once.entries.payload IS
+    'Queue mode: the payload given to enqueue_key, handed to the worker by claim_next.';
+COMMENT ON COLUMN once.entries.priority IS
+    'Queue mode: smaller runs first (after fewer errors).';
+COMMENT ON COLUMN once.entries.run_at IS
+    'Queue mode: when the queued key is due.';
+COMMENT ON COLUMN once.entries.max_attempts IS
+    'Queue mode: this key''s limit of claims (NULL: its queue''s).';
+COMMENT ON COLUMN once.entries.enqueued_at IS
+    'Queue mode: when the key was last enqueued.';
 
 -- The claims being computed right now, for reap_stale(). Small by construction: it holds
 -- only running keys. Keyed by key_hash so that a lookup of one running key may use it as
@@ -224,6 +329,24 @@ CREATE TABLE once.attempts (
 );
 COMMENT ON TABLE once.attempts IS
     'One row per ended attempt at a queued key: who (worker), when (started_at, finished_at), how it ended (outcome) and why (error). Look a key up with WHERE key_hash = once.key_hash(''...'').';
+COMMENT ON COLUMN once.attempts.key_hash IS
+    'SHA-256 of key: look a key''s history up with WHERE key_hash = once.key_hash(''...'').';
+COMMENT ON COLUMN once.attempts.key IS
+    'The key.';
+COMMENT ON COLUMN once.attempts.queue IS
+    'The queue the key was in.';
+COMMENT ON COLUMN once.attempts.token IS
+    'The attempt''s fencing token.';
+COMMENT ON COLUMN once.attempts.worker IS
+    'Who made the attempt (claim_next''s worker argument, else the claiming session).';
+COMMENT ON COLUMN once.attempts.started_at IS
+    'When the attempt''s claim was made.';
+COMMENT ON COLUMN once.attempts.finished_at IS
+    'When the attempt ended; rows older than once.history_retention are deleted by reap_stale.';
+COMMENT ON COLUMN once.attempts.outcome IS
+    'How the attempt ended: completed, failed, released, abandoned (reaped: owner gone), taken_over (a caller took the claim of a gone owner) or cancelled (the key was invalidated).';
+COMMENT ON COLUMN once.attempts.error IS
+    'failed (or abandoned, taken_over): the error recorded.';
 CREATE INDEX attempts_key_idx ON once.attempts (key_hash, finished_at);
 -- Rows arrive in finished_at order: a BRIN index finds old ones for trimming at almost no
 -- cost per insert.
@@ -231,50 +354,50 @@ CREATE INDEX attempts_finished_idx ON once.attempts USING brin (finished_at);
 
 -- Cached results and queue work survive pg_dump / pg_restore.
 SELECT pg_catalog.pg_extension_config_dump('once.entries', '');
-SELECT pg_catalog.pg_extension_config_dump('once.token_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('once_internal.token_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('once.queues', 'WHERE name <> ''default''');
 SELECT pg_catalog.pg_extension_config_dump('once.attempts', '');
-SELECT pg_catalog.pg_extension_config_dump('once.namespace_owners', '');
+SELECT pg_catalog.pg_extension_config_dump('once_internal.namespace_owners', '');
 
 -- Tell listeners on channel "once" that a key left the running state (completed, failed,
 -- released, reaped or invalidated). The payload is the key itself, passed to
 -- Async_Notify as a value; no SQL text is ever built from a key.
-CREATE FUNCTION once.notify_key_resolved() RETURNS trigger
+CREATE FUNCTION once_internal.notify_key_resolved() RETURNS trigger
     LANGUAGE c
     AS 'MODULE_PATHNAME', 'notify_key_resolved_wrapper';
-COMMENT ON FUNCTION once.notify_key_resolved() IS
+COMMENT ON FUNCTION once_internal.notify_key_resolved() IS
     'Trigger function: pg_notify(''once'', key) when a key leaves the running state.';
 
 CREATE TRIGGER entries_notify_resolved
     AFTER UPDATE ON once.entries
     FOR EACH ROW
     WHEN (OLD.state = 'running' AND NEW.state <> 'running')
-    EXECUTE FUNCTION once.notify_key_resolved();
+    EXECUTE FUNCTION once_internal.notify_key_resolved();
 
 CREATE TRIGGER entries_notify_deleted
     AFTER DELETE ON once.entries
     FOR EACH ROW
     WHEN (OLD.state = 'running')
-    EXECUTE FUNCTION once.notify_key_resolved();
+    EXECUTE FUNCTION once_internal.notify_key_resolved();
 
 -- Wake the workers waiting in claim_next(wait => ...) for a queue when a running key goes
 -- back to it (a failure with retries left, a release, a reaped claim); enqueue_key wakes
 -- them itself. They are woken after commit, and only when pg_once is preloaded.
-CREATE FUNCTION once.wake_queue() RETURNS trigger
+CREATE FUNCTION once_internal.wake_queue() RETURNS trigger
     LANGUAGE c
     AS 'MODULE_PATHNAME', 'wake_queue_wrapper';
-COMMENT ON FUNCTION once.wake_queue() IS
+COMMENT ON FUNCTION once_internal.wake_queue() IS
     'Trigger function: wake the workers waiting for work in the queue a key went back to.';
 
 CREATE TRIGGER entries_wake_queue
     AFTER UPDATE ON once.entries
     FOR EACH ROW
     WHEN (OLD.state = 'running' AND NEW.state = 'queued')
-    EXECUTE FUNCTION once.wake_queue();
+    EXECUTE FUNCTION once_internal.wake_queue();
 
 -- Record how each attempt at a queued key ended: as the statement that ended it says in
 -- last_outcome, or cancelled when the key was deleted (invalidated).
-CREATE FUNCTION once.record_attempt() RETURNS trigger
+CREATE FUNCTION once_internal.record_attempt() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp
     AS $$
@@ -286,7 +409,7 @@ BEGIN
     RETURN NULL;
 END
 $$;
-COMMENT ON FUNCTION once.record_attempt() IS
+COMMENT ON FUNCTION once_internal.record_attempt() IS
     'Trigger function: append to once.attempts when an attempt at a queued key ends.';
 
 CREATE TRIGGER entries_record_attempt
@@ -294,10 +417,10 @@ CREATE TRIGGER entries_record_attempt
     FOR EACH ROW
     WHEN (OLD.state = 'running' AND OLD.queue IS NOT NULL
           AND (NEW.state <> 'running' OR NEW.token <> OLD.token))
-    EXECUTE FUNCTION once.record_attempt();
+    EXECUTE FUNCTION once_internal.record_attempt();
 
 CREATE TRIGGER entries_record_cancelled_attempt
     AFTER DELETE ON once.entries
     FOR EACH ROW
     WHEN (OLD.state = 'running' AND OLD.queue IS NOT NULL)
-    EXECUTE FUNCTION once.record_attempt();
+    EXECUTE FUNCTION once_internal.record_attempt();

@@ -14,9 +14,14 @@
 //!   `liveness` (who owns a claim, is it alive), `notify` (NOTIFY and wake-ups at
 //!   commit), `launcher` (starts and restarts the workers), `worker` (reaper and relay),
 //!   `guc` (settings).
-//! - Used by all: `key` (a key, its digest and tag) and `errors` (how pg_once fails).
+//! - Used by all: `key` (a key, its digest and tag), `errors` (how pg_once fails) and
+//!   `schema` (where the SQL objects live: `once`, and `once_internal` for pg_once's own).
 
 use pgrx::prelude::*;
+
+// First: its macros name the internal schema in the statements of every layer.
+#[macro_use]
+mod schema;
 
 mod api;
 mod errors;
@@ -41,6 +46,9 @@ pub extern "C-unwind" fn _PG_init() {
     // Every backend that loads pg_once: the transaction callbacks refuse to PREPARE a
     // transaction that announces keys (and, with shared memory, wake and relay at commit).
     runtime::notify::register_callbacks();
+    // Every backend that loads pg_once: a call PostgreSQL cannot match to a pg_once
+    // function (`wait => 10`) gets a hint naming the argument and what to write.
+    api::hints::install();
     // Shared memory and workers exist only when preloaded; otherwise waiting polls, the
     // trigger NOTIFYs directly and reap_stale is called by a scheduler.
     if preloading {

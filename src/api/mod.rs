@@ -11,6 +11,7 @@
 
 pub mod args;
 mod cache;
+pub mod hints;
 mod internal;
 mod namespace;
 mod queue;

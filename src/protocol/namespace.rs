@@ -1,6 +1,6 @@
 //! Namespaces: key prefixes that belong to a role.
 //!
-//! A namespace is a row of once.namespace_owners: every key that starts with its prefix
+//! A namespace is a row of once_internal.namespace_owners: every key that starts with its prefix
 //! belongs to it (the longest registered prefix wins), and only members of its owner role
 //! (and superusers) may use those keys: claim, read, complete, fail, heartbeat, release,
 //! invalidate or enqueue them. A queue may belong to a namespace too (once.queues.namespace);
@@ -13,7 +13,7 @@
 //! SECURITY DEFINER function calling pg_once is checked as the role that called it.)
 //!
 //! Cost: the registered namespaces are read once per backend and kept, sorted longest
-//! prefix first, until once.namespace_owners changes (its trigger sends a relcache
+//! prefix first, until once_internal.namespace_owners changes (its trigger sends a relcache
 //! invalidation that every backend sees at its next transaction). With no namespace a
 //! check is one empty-list test; with some, a prefix comparison per namespace and, for a
 //! key inside one, PostgreSQL's cached role-membership test.
@@ -76,17 +76,18 @@ fn caller() -> pg_sys::Oid {
     unsafe { pg_sys::GetOuterUserId() }
 }
 
-// Schema-qualified throughout: once.may_use_key (views) runs it with the caller's
+// Schema-qualified throughout: may_use_key (views) runs it with the caller's
 // search_path, and the plan is kept for the backend's life.
-static LOAD: Statement = Statement::new(
-    "SELECT prefix, owner::pg_catalog.oid AS owner, notify FROM once.namespace_owners
-      ORDER BY pg_catalog.length(prefix) DESC, prefix",
-);
+static LOAD: Statement = Statement::new(concat!(
+    "SELECT prefix, owner::pg_catalog.oid AS owner, notify FROM ",
+    internal!("namespace_owners"),
+    " ORDER BY pg_catalog.length(prefix) DESC, prefix"
+));
 
 thread_local! {
     /// The registered namespaces, longest prefix first; None until read.
     static CACHE: RefCell<Option<Vec<Namespace>>> = const { RefCell::new(None) };
-    /// once.namespace_owners, whose invalidation makes the cache stale.
+    /// once_internal.namespace_owners, whose invalidation makes the cache stale.
     static TABLE: Cell<pg_sys::Oid> = const { Cell::new(pg_sys::InvalidOid) };
     /// Set by the invalidation callback: read the namespaces again before the next use.
     /// (The callback may run while the cache is borrowed, since a role-membership lookup
@@ -95,7 +96,7 @@ thread_local! {
     static CALLBACK_REGISTERED: Cell<bool> = const { Cell::new(false) };
 }
 
-/// A relcache invalidation of once.namespace_owners (or of every relation).
+/// A relcache invalidation of once_internal.namespace_owners (or of every relation).
 #[pg_guard]
 unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     if relid == pg_sys::InvalidOid || relid == TABLE.get() {
@@ -121,7 +122,7 @@ fn load() {
     if CACHE.with_borrow(Option::is_some) {
         return;
     }
-    // once.may_use_key runs as the caller, who may not read the table: read it as its
+    // may_use_key runs as the caller, who may not read the table: read it as its
     // owner, as PostgreSQL's own internal lookups do (e.g. foreign-key checks).
     let _owner = AsTableOwner::become_();
     if !CALLBACK_REGISTERED.replace(true) {
@@ -195,7 +196,7 @@ pub fn require_named(prefix: &str, what: &str) {
     }
 }
 
-/// Run as the owner of once.namespace_owners until dropped (SECURITY_LOCAL_USERID_CHANGE:
+/// Run as the owner of once_internal.namespace_owners until dropped (SECURITY_LOCAL_USERID_CHANGE:
 /// nothing the caller set with SET ROLE or SET SESSION AUTHORIZATION changes meanwhile).
 struct AsTableOwner {
     user: pg_sys::Oid,
@@ -229,11 +230,11 @@ impl Drop for AsTableOwner {
     }
 }
 
-/// The OID of once.namespace_owners.
+/// The OID of once_internal.namespace_owners.
 fn namespace_owners() -> pg_sys::Oid {
     // SAFETY: catalog lookups by name.
     unsafe {
-        let schema = pg_sys::get_namespace_oid(c"once".as_ptr(), false);
+        let schema = pg_sys::get_namespace_oid(crate::schema::INTERNAL.as_ptr(), false);
         pg_sys::get_relname_relid(c"namespace_owners".as_ptr(), schema)
     }
 }
@@ -248,7 +249,11 @@ fn extension_owner() -> pg_sys::Oid {
             pg_sys::Datum::from(table),
         );
         if tuple.is_null() {
-            error!("pg_once: relation once.namespace_owners is missing; reinstall the extension");
+            error!(concat!(
+                "pg_once: relation ",
+                internal!("namespace_owners"),
+                " is missing; reinstall the extension"
+            ));
         }
         let class = pg_sys::GETSTRUCT(tuple).cast::<pg_sys::FormData_pg_class>();
         let owner = (*class).relowner;
@@ -274,19 +279,26 @@ fn require_administrator(function: &str) {
     }
 }
 
-static UPSERT: Statement = Statement::new(
-    "INSERT INTO once.namespace_owners (prefix, owner, notify)
+static UPSERT: Statement = Statement::new(concat!(
+    "INSERT INTO ",
+    internal!("namespace_owners"),
+    " (prefix, owner, notify)
      VALUES ($prefix, $owner::regrole, $notify)
-     ON CONFLICT (prefix) DO UPDATE SET owner = EXCLUDED.owner, notify = EXCLUDED.notify",
-);
+     ON CONFLICT (prefix) DO UPDATE SET owner = EXCLUDED.owner, notify = EXCLUDED.notify"
+));
 
-static DELETE: Statement =
-    Statement::new("DELETE FROM once.namespace_owners WHERE prefix = $prefix");
+static DELETE: Statement = Statement::new(concat!(
+    "DELETE FROM ",
+    internal!("namespace_owners"),
+    " WHERE prefix = $prefix"
+));
 
-static KEYS_IN: Statement = Statement::new(
+static KEYS_IN: Statement = Statement::new(concat!(
     "SELECT count(*) FROM once.entries
-      WHERE left(key, length($prefix)) = $prefix AND once.key_namespace(key) = $prefix",
-);
+      WHERE left(key, length($prefix)) = $prefix AND ",
+    internal!("key_namespace"),
+    "(key) = $prefix"
+));
 
 static QUEUES_IN: Statement = Statement::new(
     "SELECT string_agg(name, ', ' ORDER BY name) FROM once.queues WHERE namespace = $prefix",
@@ -330,7 +342,7 @@ pub fn remove(prefix: &str) -> bool {
     })
 }
 
-/// Trigger on once.namespace_owners: every backend's kept copy is out of date.
+/// Trigger on once_internal.namespace_owners: every backend's kept copy is out of date.
 #[pg_trigger(sql = false)]
 fn namespaces_changed<'a>(
     trigger: &'a pgrx::PgTrigger<'a>,

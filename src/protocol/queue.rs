@@ -11,7 +11,7 @@
 //! statistics say. (A generic plan made while statistics said the table was small scanned
 //! the whole primary key for every claim_next.)
 //!
-//! Lost races: before locking a candidate, claim_next asks once.row_taken(ctid) and passes
+//! Lost races: before locking a candidate, claim_next asks once_internal.row_taken(ctid) and passes
 //! over versions another worker has claimed since its snapshot or is claiming right now;
 //! why plain SKIP LOCKED is not enough is said at storage::entry::taken.
 //!
@@ -80,12 +80,14 @@ static ENQUEUE_AGAIN: Statement = Statement::new(
              OR (state = 'done' AND ($refresh OR expires_at <= clock_timestamp())))",
 );
 
-// once.row_taken: see storage::entry::taken.
+// once_internal.row_taken: see storage::entry::taken.
 static CLAIM_NEXT: Statement = Statement::new(concat!(
     "WITH next AS (
          SELECT key_hash FROM once.entries
           WHERE state = 'queued' AND queue = $queue AND run_at <= clock_timestamp()
-            AND NOT once.row_taken(ctid)
+            AND NOT ",
+    internal!("row_taken"),
+    "(ctid)
           ORDER BY errors, priority, run_at
           LIMIT $n
             FOR UPDATE SKIP LOCKED)
@@ -102,18 +104,20 @@ static CLAIM_NEXT: Statement = Statement::new(concat!(
 ));
 
 // Locks in key_hash order (the ORDER BY sits below the row locking), then deletes. Only
-// keys the caller may use (namespaces): once.may_use_key answers from memory.
-static INVALIDATE_MANY: Statement = Statement::new(
+// keys the caller may use (namespaces): may_use_key answers from memory.
+static INVALIDATE_MANY: Statement = Statement::new(concat!(
     "WITH doomed AS (
          SELECT key_hash FROM once.entries
           WHERE ($queue::text IS NULL OR queue = $queue)
             AND ($prefix::text IS NULL OR left(key, length($prefix)) = $prefix)
-            AND once.may_use_key(key)
+            AND ",
+    internal!("may_use_key"),
+    "(key)
           ORDER BY key_hash
             FOR UPDATE)
      DELETE FROM once.entries AS e USING doomed
-      WHERE e.key_hash = ANY (ARRAY(SELECT key_hash FROM doomed)) AND e.key_hash = doomed.key_hash",
-);
+      WHERE e.key_hash = ANY (ARRAY(SELECT key_hash FROM doomed)) AND e.key_hash = doomed.key_hash"
+));
 
 // Each (key, token, result) completes like complete_key; rows are locked in key_hash
 // order first, so two batches (or a batch and invalidate_keys) cannot deadlock.

@@ -6,7 +6,7 @@
 //! take the table alias (`""` or `"e."`) of the row they describe.
 
 /// A running claim's owner is gone: its lease ran out, or (unless its claim is lease-only)
-/// the backend it names is no longer the one that made the claim (once.backend_alive).
+/// the backend it names is no longer the one that made the claim (once_internal.backend_alive).
 /// The same test, made from Rust on a row already read, is claim::running_owner_status.
 macro_rules! owner_gone {
     ($row:literal) => {
@@ -15,7 +15,9 @@ macro_rules! owner_gone {
             $row,
             "lease_expires_at <= clock_timestamp() OR (NOT ",
             $row,
-            "lease_only AND NOT once.backend_alive(",
+            "lease_only AND NOT ",
+            internal!("backend_alive"),
+            "(",
             $row,
             "owner_pid, ",
             $row,
@@ -54,8 +56,12 @@ macro_rules! claimant_columns {
 }
 macro_rules! claimant_values {
     () => {
-        "'running', nextval('once.token_seq'), $owner, $owner_pid, $owner_started, \
-         $lease_only, clock_timestamp() + $lease, clock_timestamp(), clock_timestamp()"
+        concat!(
+            "'running', nextval('",
+            internal!("token_seq"),
+            "'), $owner, $owner_pid, $owner_started, \
+             $lease_only, clock_timestamp() + $lease, clock_timestamp(), clock_timestamp()"
+        )
     };
 }
 

@@ -208,7 +208,7 @@ pub fn held_elsewhere(entry: &Entry) -> bool {
 /// The OIDs of relations of schema once (each lookup is a syscache probe: cheap, but
 /// taken runs once per claim_next candidate, so it looks up only what it opens).
 unsafe fn once_relations<const N: usize>(names: [&CStr; N]) -> [pg_sys::Oid; N] {
-    let namespace = pg_sys::get_namespace_oid(c"once".as_ptr(), false);
+    let namespace = pg_sys::get_namespace_oid(crate::schema::API.as_ptr(), false);
     names.map(|name| {
         let oid = pg_sys::get_relname_relid(name.as_ptr(), namespace);
         if oid == pg_sys::InvalidOid {
@@ -242,7 +242,7 @@ unsafe fn once_relations<const N: usize>(names: [&CStr; N]) -> [pg_sys::Oid; N] 
 /// version. A holder that rolls back right after the check costs that one call the row,
 /// as SKIP LOCKED would have.)
 ///
-/// It runs ~100 times per claim_next call with 64 workers, which is why once.row_taken is
+/// It runs ~100 times per claim_next call with 64 workers, which is why once_internal.row_taken is
 /// not SECURITY DEFINER (sql/functions.sql says why) and checks the caller's SELECT
 /// privilege on once.entries itself.
 pub fn taken(tid: pg_sys::ItemPointerData) -> bool {
@@ -257,7 +257,7 @@ pub fn taken(tid: pg_sys::ItemPointerData) -> bool {
             != pg_sys::AclResult::ACLCHECK_OK
         {
             errors::insufficient_privilege(
-                "permission denied for function once.row_taken".into(),
+                concat!("permission denied for function ", internal!("row_taken")).into(),
                 "It is claim_next's filter and needs SELECT on once.entries. Call once.claim_next.",
             );
         }

@@ -419,14 +419,15 @@ mod tests {
             ),
         ];
         let before = snapshot();
-        let namespaces =
-            text("SELECT string_agg(prefix, ',' ORDER BY prefix) FROM once.namespace_owners");
+        let namespaces = text(
+            "SELECT string_agg(prefix, ',' ORDER BY prefix) FROM once_internal.namespace_owners",
+        );
         for (sql, state, msg) in cases {
             assert_error(sql, state, msg);
         }
         assert_eq!(snapshot(), before);
         assert_eq!(
-            text("SELECT string_agg(prefix, ',' ORDER BY prefix) FROM once.namespace_owners"),
+            text("SELECT string_agg(prefix, ',' ORDER BY prefix) FROM once_internal.namespace_owners"),
             namespaces
         );
     }

@@ -41,11 +41,11 @@ mod tests {
 
     #[pg_test]
     fn every_counter_has_its_column_in_once_stats() {
-        // once.runtime() names each counter by the once.stats column that shows it
+        // once_internal.runtime() names each counter by the once.stats column that shows it
         // (runtime::shmem::counters); the view reads them by those names. A counter
         // without a column, or a column naming no counter, would show nothing at all.
         let counters = text(
-            "SELECT string_agg(k, ',' ORDER BY k) FROM jsonb_object_keys((SELECT counters FROM once.runtime())) k",
+            "SELECT string_agg(k, ',' ORDER BY k) FROM jsonb_object_keys((SELECT counters FROM once_internal.runtime())) k",
         );
         let columns = text(
             "SELECT string_agg(attname, ',' ORDER BY attname) FROM pg_attribute

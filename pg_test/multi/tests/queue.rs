@@ -80,15 +80,15 @@ async fn concurrent_workers_never_get_the_same_key() -> Result<()> {
     Ok(())
 }
 
-/// once.row_taken(tid) for a ctid given as text.
+/// once_internal.row_taken(tid) for a ctid given as text.
 async fn taken(client: &Client, tid: &str) -> Result<Option<bool>> {
     let row = client
-        .query_one("SELECT once.row_taken($1::text::tid)", &[&tid])
+        .query_one("SELECT once_internal.row_taken($1::text::tid)", &[&tid])
         .await?;
     Ok(row.get(0))
 }
 
-/// once.row_taken, claim_next's filter, says yes only for a row version that a committed
+/// once_internal.row_taken, claim_next's filter, says yes only for a row version that a committed
 /// transaction replaced or deleted, or that another transaction in progress holds: never
 /// for the current version once its holder has finished, nor for one whose update was
 /// rolled back, nor for what the asking transaction holds itself. (A wrong yes would make
@@ -195,14 +195,17 @@ async fn row_taken_is_true_only_for_versions_held_or_replaced_elsewhere() -> Res
 
     // Bad input: no such row version, or NULL.
     assert_eq!(taken(&admin, "(4294967294,1)").await?, Some(false));
-    let row = admin.query_one("SELECT once.row_taken(NULL)", &[]).await?;
+    let row = admin
+        .query_one("SELECT once_internal.row_taken(NULL)", &[])
+        .await?;
     assert_eq!(row.get::<_, Option<bool>>(0), None);
     Ok(())
 }
 
 /// row_taken is not SECURITY DEFINER (it runs once per claim_next candidate), so it checks
-/// privileges itself: a role that may execute it but not SELECT from once.entries (the
-/// README's grants) gets 42501, not a look at the rows' lock state.
+/// privileges itself: a role that may execute it but not SELECT from once.entries gets
+/// 42501, not a look at the rows' lock state. (The README's grants do not reach it at all:
+/// nobody has USAGE on once_internal; this role is given it to get past that.)
 #[tokio::test(flavor = "multi_thread")]
 async fn row_taken_refuses_roles_that_cannot_read_entries() -> Result<()> {
     let admin = admin().await?;
@@ -213,6 +216,8 @@ async fn row_taken_refuses_roles_that_cannot_read_entries() -> Result<()> {
              CREATE ROLE once_multi_no_select;
              GRANT USAGE ON SCHEMA once TO once_multi_no_select;
              GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA once TO once_multi_no_select;
+             GRANT USAGE ON SCHEMA once_internal TO once_multi_no_select;
+             GRANT EXECUTE ON FUNCTION once_internal.row_taken(tid) TO once_multi_no_select;
              SET LOCAL ROLE once_multi_no_select;",
         )
         .await?;
@@ -229,7 +234,7 @@ async fn row_taken_refuses_roles_that_cannot_read_entries() -> Result<()> {
     );
     assert_eq!(
         db_error.message(),
-        "permission denied for function once.row_taken"
+        "permission denied for function once_internal.row_taken"
     );
     admin.batch_execute("ROLLBACK").await?;
     Ok(())

@@ -1,5 +1,5 @@
 //! Fencing tokens are never reused for the life of the cluster: not after DROP EXTENSION
-//! and CREATE EXTENSION, nor when a dump is restored (the floor of once.token_seq, see
+//! and CREATE EXTENSION, nor when a dump is restored (the floor of once_internal.token_seq, see
 //! sql/schema.sql). DROP EXTENSION disturbs every other test on the server, so
 //! scripts/test.sh runs this binary alone, one test at a time, after the others.
 
@@ -27,7 +27,7 @@ async fn claimed_token(client: &Client, key: &str) -> Result<i64> {
 /// Every token the database has handed out so far is at most this: the sequence's value.
 async fn highest_token(client: &Client) -> Result<i64> {
     Ok(client
-        .query_one("SELECT last_value FROM once.token_seq", &[])
+        .query_one("SELECT last_value FROM once_internal.token_seq", &[])
         .await?
         .get(0))
 }
@@ -150,7 +150,7 @@ async fn a_restored_dump_hands_out_tokens_above_every_dumped_token() -> Result<(
     // Restored where the floor is below the dumped tokens (another, younger cluster:
     // simulated by a source whose tokens are far ahead): the dumped value is carried over.
     src.batch_execute(
-        "SELECT setval('once.token_seq', \
+        "SELECT setval('once_internal.token_seq', \
          (pg_current_wal_insert_lsn() - '0/0')::bigint + 1000000000000)",
     )
     .await?;

@@ -2,16 +2,45 @@
 CREATE EXTENSION pg_once;
 \dx pg_once
 
+-- \df once.* shows the API; what only pg_once calls is in once_internal, every object of
+-- which belongs to the extension.
 SELECT p.oid::regprocedure AS function, pg_get_function_result(p.oid) AS returns
   FROM pg_proc p WHERE p.pronamespace = 'once'::regnamespace ORDER BY p.proname;
+SELECT pg_describe_object(d.classid, d.objid, 0) AS internal
+  FROM pg_depend d
+ WHERE d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
+   AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'pg_once')
+   AND pg_describe_object(d.classid, d.objid, 0) LIKE '%once\_internal.%'
+ ORDER BY 1;
+SELECT has_schema_privilege('public', 'once_internal', 'USAGE') AS public_may_use_internal;
+
+-- Everything a person reads explains itself (\d+ and \dn+ show these): the schemas, every
+-- column of a view, table or the claim type, and every setting (pg_settings, \dconfig+).
+SELECT n.nspname AS uncommented_schema FROM pg_namespace n
+ WHERE n.nspname IN ('once', 'once_internal') AND obj_description(n.oid, 'pg_namespace') IS NULL;
+SELECT c.oid::regclass AS relation, a.attname AS uncommented_column
+  FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
+ WHERE c.relnamespace IN ('once'::regnamespace, 'once_internal'::regnamespace)
+   AND c.relkind IN ('r', 'v', 'c') AND a.attnum > 0 AND NOT a.attisdropped
+   AND col_description(c.oid, a.attnum) IS NULL
+ ORDER BY 1, a.attnum;
+SELECT c.relkind, count(*) AS commented_columns
+  FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
+ WHERE c.relnamespace IN ('once'::regnamespace, 'once_internal'::regnamespace)
+   AND c.relkind IN ('r', 'v', 'c') AND a.attnum > 0 AND NOT a.attisdropped
+   AND col_description(c.oid, a.attnum) IS NOT NULL
+ GROUP BY 1 ORDER BY 1;
+SELECT name AS undescribed_setting FROM pg_settings
+ WHERE name LIKE 'once.%' AND (short_desc IS NULL OR extra_desc IS NULL);
 
 -- Every function is documented, SECURITY DEFINER (but the immutable digest, the triggers,
 -- claim_next's per-row filter, which checks privileges itself, and may_use_key, which
 -- answers for the role calling it) and pins its search_path.
 SELECT p.oid::regprocedure AS undocumented FROM pg_proc p
- WHERE p.pronamespace = 'once'::regnamespace AND obj_description(p.oid, 'pg_proc') IS NULL;
+ WHERE p.pronamespace IN ('once'::regnamespace, 'once_internal'::regnamespace)
+   AND obj_description(p.oid, 'pg_proc') IS NULL;
 SELECT p.oid::regprocedure AS not_pinned FROM pg_proc p
- WHERE p.pronamespace = 'once'::regnamespace
+ WHERE p.pronamespace IN ('once'::regnamespace, 'once_internal'::regnamespace)
    AND p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'c')
    AND p.proname NOT IN ('notify_key_resolved', 'wake_queue', 'namespaces_changed',
                          'row_taken', 'may_use_key')
@@ -58,6 +87,22 @@ SELECT once.complete_key('flaky', :t, '{}', ttl => '0');
 SELECT once.fail_key('flaky', :t, NULL);
 SELECT once.fail_key('flaky', :t, 'e', retry_after => '-1 minute');
 SELECT once.heartbeat_key('flaky', :t, '2 days');
+SELECT count(*) AS keys, count(*) FILTER (WHERE state = 'failed') AS failed FROM once.entries;
+
+-- Slips PostgreSQL refuses before pg_once runs ("function ... does not exist") get a hint
+-- saying which argument is wrong (src/api/hints.rs): this session has loaded pg_once.
+SELECT once.claim_key('k', wait => 10);
+SELECT once.claim_key('k', '30 seconds', 5);
+SELECT once.complete_key('flaky', 1, '{}', ttl => 3600);
+SELECT once.create_queue('q', backoff => 10);
+SELECT once.claim_next(n => 10, wait => 5.5);
+SELECT once.complete_key('flaky', 1, 'done'::text);
+SELECT once.claim_key('k', wiat => '1 second');
+SELECT once.complete_key('flaky');
+SELECT once.claim('k');
+SET search_path = once, pg_catalog;
+SELECT claim_key('k', lease => 30);
+RESET search_path;
 SELECT count(*) AS keys, count(*) FILTER (WHERE state = 'failed') AS failed FROM once.entries;
 
 -- The once. prefix is reserved: a misspelt setting is refused, not kept as a placeholder.

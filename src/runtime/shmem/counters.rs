@@ -4,7 +4,7 @@ use super::shared;
 use std::sync::atomic::Ordering::SeqCst;
 
 /// Declares Counter and, in the same order, the once.stats column of each counter: the
-/// one list both are made from (once.runtime() reports counters by these names).
+/// one list both are made from (once_internal.runtime() reports counters by these names).
 macro_rules! counters {
     ($($counter:ident => $column:literal,)*) => {
         /// What once.stats counts, since server start.

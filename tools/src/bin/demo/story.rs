@@ -56,7 +56,7 @@ pub async fn tell<F: Fleet>(
     // A fresh sequence value gives this run its own URLs, so earlier runs' cache entries
     // do not answer its requests.
     let run_id: i64 = admin
-        .query_one("SELECT nextval('once.token_seq')", &[])
+        .query_one("SELECT nextval('once_internal.token_seq')", &[])
         .await?
         .get(0);
     let site = format!("https://shop.example/{run_id}");
