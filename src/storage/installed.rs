@@ -27,6 +27,9 @@ pub fn installed_version() -> Option<String> {
     static VERSION: Statement =
         Statement::new("SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'pg_once'");
     statements::run(&VERSION, statements::params![], |table| {
+        if table.is_empty() {
+            return Ok(None);
+        }
         table.first().get_one::<String>()
     })
 }
