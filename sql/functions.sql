@@ -271,6 +271,17 @@ COMMENT ON FUNCTION once_internal.backend_alive(integer, timestamptz) IS
 $$Whether the backend with this pid that started at this time is still running (the
 pid alone could have been reused). NULL if either argument is NULL.$$;
 
+-- Not SECURITY DEFINER: only the claiming statements call it, as the extension's owner.
+CREATE FUNCTION once_internal.next_token()
+RETURNS bigint
+LANGUAGE c VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'next_token_wrapper';
+
+COMMENT ON FUNCTION once_internal.next_token() IS
+$$The next fencing token: nextval of once_internal.token_seq, after moving the sequence up
+to its START value (a floor above every token this cluster issued) if a restore set it
+below.$$;
+
 -- claim_next's filter; why it exists: src/storage/entry.rs, `taken`. Not SECURITY DEFINER,
 -- unlike the others: claim_next calls it for every candidate row, and entering a SECURITY
 -- DEFINER function with a pinned search_path costs more than the answer. It checks that

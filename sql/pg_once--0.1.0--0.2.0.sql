@@ -40,17 +40,22 @@ ALTER FUNCTION once.record_attempt() SET SCHEMA once_internal;
 ALTER FUNCTION once.backend_alive(integer, timestamptz) SET SCHEMA once_internal;
 ALTER FUNCTION once.row_taken(tid) SET SCHEMA once_internal;
 
--- Tokens: a fresh install's sequence may never be set below a floor (schema.sql). Here
--- the floor is the sequence's current value, at or above every token issued so far; the
--- next token is the one 0.1.0 would have handed out.
+-- Tokens: a fresh install's sequence starts at a floor that next_token() keeps it above
+-- (schema.sql). Here the floor is the sequence's current value, at or above every token
+-- issued so far; the next token is the one 0.1.0 would have handed out.
 DO $$
 DECLARE
     last bigint := (SELECT last_value FROM once_internal.token_seq);
 BEGIN
-    EXECUTE pg_catalog.format('ALTER SEQUENCE once_internal.token_seq MINVALUE %s START WITH %s',
-                              last, last);
+    EXECUTE pg_catalog.format('ALTER SEQUENCE once_internal.token_seq START WITH %s', last);
 END
 $$;
+
+-- Tokens are drawn by next_token(), which keeps the sequence above its floor.
+CREATE FUNCTION once_internal.next_token()
+RETURNS bigint
+LANGUAGE c VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'next_token_wrapper';
 
 -- Namespaces.
 ALTER TABLE once.queues ADD COLUMN namespace text;
@@ -200,7 +205,8 @@ SELECT prefix, owner, notify, created_at, once_internal.may_use_key(prefix) AS m
 REVOKE ALL ON FUNCTION once_internal.library_version(), once.create_namespace(text, regrole, text),
     once.drop_namespace(text), once_internal.key_namespace(text),
     once.create_queue(text, integer, interval, interval, text), once_internal.runtime(),
-    once_internal.may_use_key(text), once_internal.namespaces_changed()
+    once_internal.may_use_key(text), once_internal.namespaces_changed(),
+    once_internal.next_token()
     FROM PUBLIC;
 REVOKE ALL ON once_internal.namespace_owners, once.stats, once.namespaces FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION once_internal.may_use_key(text) TO PUBLIC;
@@ -432,6 +438,10 @@ Returns the keys that were completed; the others' claims were lost.$$;
 COMMENT ON FUNCTION once_internal.backend_alive(integer, timestamptz) IS
 $$Whether the backend with this pid that started at this time is still running (the
 pid alone could have been reused). NULL if either argument is NULL.$$;
+COMMENT ON FUNCTION once_internal.next_token() IS
+$$The next fencing token: nextval of once_internal.token_seq, after moving the sequence up
+to its START value (a floor above every token this cluster issued) if a restore set it
+below.$$;
 COMMENT ON FUNCTION once_internal.row_taken(tid) IS
 $$Used by claim_next: whether the once.entries row version at this ctid was already
 updated or deleted by a committed transaction, or is held (locked, updated or deleted) by

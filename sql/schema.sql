@@ -91,29 +91,28 @@ COMMENT ON COLUMN once.claim.expires_at IS
 -- Tokens are never reused for the life of the cluster, not even after DROP EXTENSION and
 -- CREATE EXTENSION or a restore: a token kept outside the database (a fencing check in
 -- object storage, another service) must never be matched by a later, unrelated claim, and
--- a sequence created afresh would start again at 1. So the sequence starts at, and may
--- never be set below (MINVALUE), a floor above every token this cluster has issued: its
--- WAL insert position in bytes, plus 1. Every token was issued below the WAL position of
--- its time: nextval writes a WAL record (about 100 bytes) with the first value it hands
--- out and then at least once every 33 values (it logs 32 values ahead), so the k-th token
--- after a floor was taken, a claim that lost its ON CONFLICT insert included, comes after
--- more than k bytes of WAL. The WAL position only grows for the life of the cluster
--- (pg_upgrade carries it over), so a sequence created later starts above them all.
+-- a sequence created afresh would start again at 1. So the sequence starts at a floor
+-- above every token this cluster has issued: its WAL insert position in bytes, plus 1.
+-- Every token was issued below the WAL position of its time: nextval writes a WAL record
+-- (about 100 bytes) with the first value it hands out and then at least once every 33
+-- values (it logs 32 values ahead), so the k-th token after a floor was taken, a claim
+-- that lost its ON CONFLICT insert included, comes after more than k bytes of WAL. The WAL
+-- position only grows for the life of the cluster (pg_upgrade carries it over), so a
+-- sequence created later starts above them all.
 -- pg_dump saves the sequence's value (pg_extension_config_dump below), so a restore into
--- another cluster continues above the dumped tokens. Where this floor is higher than that
--- value (always in the same cluster), pg_restore reports "setval: value ... is out of
--- bounds for sequence "token_seq"" and the sequence keeps its floor, which is above every
--- dumped token too; the rest of the restore goes on. (With --single-transaction or
--- --exit-on-error that error stops the restore: run it again without that SEQUENCE SET
--- entry, using pg_restore -l and -L.) The sequence never goes back below its floor.
+-- another cluster continues above the dumped tokens. A restore into this cluster (or any
+-- whose floor is higher) sets the sequence below its floor: so tokens are drawn by
+-- once_internal.next_token(), which first moves a sequence found below its floor (its
+-- START value) up to it (src/storage/tokens.rs). There is no MINVALUE, so that the
+-- restore's setval succeeds and pg_restore, --single-transaction included, reports no
+-- error.
 DO $$
 DECLARE
     floor bigint := (pg_catalog.pg_current_wal_insert_lsn() OPERATOR(pg_catalog.-)
                      '0/0'::pg_catalog.pg_lsn)::bigint + 1;
 BEGIN
     EXECUTE pg_catalog.format(
-        'CREATE SEQUENCE once_internal.token_seq AS bigint MINVALUE %s START WITH %s CACHE 1',
-        floor, floor);
+        'CREATE SEQUENCE once_internal.token_seq AS bigint START WITH %s CACHE 1', floor);
 END
 $$;
 

@@ -4,7 +4,7 @@
 use crate::protocol::namespace;
 use crate::runtime::guc::{self, NotifyMode};
 use crate::runtime::{liveness, shmem};
-use crate::storage::{entry, installed};
+use crate::storage::{entry, installed, tokens};
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -13,6 +13,12 @@ use pgrx::prelude::*;
 #[pg_extern(sql = false)]
 fn backend_alive(pid: Option<i32>, started: Option<TimestampWithTimeZone>) -> Option<bool> {
     Some(liveness::backend_alive(pid?, started?.into_inner()))
+}
+
+/// The next fencing token (storage::tokens): what every claim's row gets.
+#[pg_extern(sql = false)]
+fn next_token() -> i64 {
+    tokens::next()
 }
 
 /// claim_next's filter: see storage::entry::taken.

@@ -57,9 +57,9 @@ macro_rules! claimant_columns {
 macro_rules! claimant_values {
     () => {
         concat!(
-            "'running', nextval('",
-            internal!("token_seq"),
-            "'), $owner, $owner_pid, $owner_started, \
+            "'running', ",
+            internal!("next_token()"),
+            ", $owner, $owner_pid, $owner_started, \
              $lease_only, clock_timestamp() + $lease, clock_timestamp(), clock_timestamp()"
         )
     };

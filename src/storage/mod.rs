@@ -8,3 +8,4 @@ pub mod installed;
 pub mod jsonb;
 pub mod statements;
 pub mod subxact;
+pub mod tokens;
