@@ -34,8 +34,10 @@ SELECT name AS undescribed_setting FROM pg_settings
  WHERE name LIKE 'once.%' AND (short_desc IS NULL OR extra_desc IS NULL);
 
 -- Every function is documented, SECURITY DEFINER (but the immutable digest, the triggers,
--- claim_next's per-row filter, which checks privileges itself, and may_use_key, which
--- answers for the role calling it) and pins its search_path.
+-- claim_next's per-row filter, which checks privileges itself, may_use_key, which
+-- answers for the role calling it, next_token, which only the claiming statements call,
+-- as the owner, once per claim, and library_version, which reads nothing) and pins its
+-- search_path.
 SELECT p.oid::regprocedure AS undocumented FROM pg_proc p
  WHERE p.pronamespace IN ('once'::regnamespace, 'once_internal'::regnamespace)
    AND obj_description(p.oid, 'pg_proc') IS NULL;
@@ -43,7 +45,7 @@ SELECT p.oid::regprocedure AS not_pinned FROM pg_proc p
  WHERE p.pronamespace IN ('once'::regnamespace, 'once_internal'::regnamespace)
    AND p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'c')
    AND p.proname NOT IN ('notify_key_resolved', 'wake_queue', 'namespaces_changed',
-                         'row_taken', 'may_use_key')
+                         'row_taken', 'may_use_key', 'next_token', 'library_version')
    AND (NOT p.prosecdef OR NOT 'search_path=pg_catalog, pg_temp' = ANY (p.proconfig));
 -- The two queue functions whose statements take LIMIT n or arrays run on generic plans,
 -- which PostgreSQL would otherwise never pick for them (it planned them on every call).
