@@ -11,7 +11,9 @@ monitoring/postgres_exporter.yml; PSQL is the psql to run statements with. Check
   pg_once is preloaded (pg_once_shared_memory = 1) the call counters grow with the calls;
   otherwise they are NaN (once.stats shows them NULL);
 - every metric named in a PromQL expression of monitoring/grafana-dashboard.json or
-  monitoring/alerts.yml is one the exporter produced or the documentation lists.
+  monitoring/alerts.yml is one the exporter produced or the documentation lists;
+- promtool (Prometheus) parses every one of those expressions, and the alerting rules
+  pass their unit tests (monitoring/alerts_test.yml).
 """
 
 import json
@@ -19,6 +21,7 @@ import math
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -131,6 +134,17 @@ for expr in exprs:
             continue
         check(name in exported or name in documented,
               f"{expr!r} (dashboard or alerts.yml) names {name}, which the exporter does not produce")
+
+# Prometheus itself parses every expression (the dashboard's as recording rules; JSON is
+# YAML) and runs the alerting rules' unit tests, monitoring/alerts_test.yml.
+with tempfile.TemporaryDirectory() as tmp:
+    panels = Path(tmp) / "dashboard-rules.yml"
+    panels.write_text(json.dumps({"groups": [{"name": "dashboard", "rules": [
+        {"record": f"pg_once_dashboard_panel_{i}", "expr": e} for i, e in enumerate(panel_exprs)]}]}))
+    for args in [["check", "rules", str(root / "monitoring/alerts.yml"), str(panels)],
+                 ["test", "rules", str(root / "monitoring/alerts_test.yml")]]:
+        run = subprocess.run(["promtool", *args], capture_output=True, text=True)
+        check(run.returncode == 0, f"promtool {' '.join(args[:2])}:\n{run.stdout}{run.stderr}")
 
 for f in failures:
     print("check-monitoring:", f)

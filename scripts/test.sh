@@ -19,8 +19,9 @@
 #                                   PgBouncer in transaction mode
 #   7. monitoring                   Debian's postgres_exporter with
 #                                   monitoring/postgres_exporter.yml: the documented
-#                                   metrics, moving with use; the Grafana dashboard asks
-#                                   only for them (scripts/check-monitoring.py)
+#                                   metrics, moving with use; the Grafana dashboard and
+#                                   alerting rules ask only for them, parse, and the rules
+#                                   pass their promtool tests (scripts/check-monitoring.py)
 #   8. packaging                    scripts/package.sh: the Debian package (debug build)
 #                                   installed into the system PostgreSQL 15 with dpkg, a
 #                                   clean preloaded cluster of it, pg_regress against it,
