@@ -251,6 +251,9 @@ if step 8; then
     rm -rf "$PG_ONCE_WORK/dist"
     ./scripts/package.sh --debug --out "$PG_ONCE_WORK/dist"
     test_package 15 "$PG_ONCE_WORK/dist/postgresql-15-pg-once_${version}-1_$(dpkg --print-architecture).deb"
+    # PostgreSQL 17 and 18: the same two calls with --pg N and N, run inside that
+    # version's chroot (package.sh --pg N builds where N is installed; test_package N
+    # installs into /usr/lib/postgresql/N there).
     ./scripts/package.sh --pgxn --out "$PG_ONCE_WORK/dist"
     python3 scripts/check-meta.py "$PG_ONCE_WORK/dist/pg_once-$version.zip" "$version"
     say "8/8 packaging took $((SECONDS - package_started)) s"
