@@ -35,7 +35,7 @@ out=$(cd "$out" && pwd)
 version=$(cargo_version)
 
 # The PGXN distribution: META.json describes the release; PGXN lists it. (pgxn install
-# runs make, which pg_once has not: users build it with cargo pgrx, as the README says.)
+# runs make, which pg_once has not: users build it with cargo pgrx, see docs/operations.md.)
 if $pgxn; then
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' EXIT
