@@ -181,17 +181,18 @@ pgbouncer_stop() {
     fi
 }
 
-# exporter_start NAME PORT SERVER_PORT: Debian's prometheus-postgres-exporter in
+# exporter_start NAME PORT SERVER_PORT [ROLE]: Debian's prometheus-postgres-exporter in
 # $PG_ONCE_WORK/NAME on 127.0.0.1:PORT, reading the database postgres of the cluster on
-# SERVER_PORT with pg_once's queries file (monitoring/postgres_exporter.yml) and none of its
-# built-in metrics. Stop it with exporter_stop NAME.
+# SERVER_PORT as ROLE (default postgres) with pg_once's queries file
+# (monitoring/postgres_exporter.yml) and none of its built-in metrics. Stop it with
+# exporter_stop NAME.
 exporter_start() {
-    local name=$1 port=$2 server_port=$3
+    local name=$1 port=$2 server_port=$3 role=${4:-postgres}
     local dir=$PG_ONCE_WORK/$name
     exporter_stop "$name"
     rm -rf "$dir"
     mkdir -p "$dir"
-    DATA_SOURCE_NAME="postgresql://postgres@127.0.0.1:$server_port/postgres?sslmode=disable" \
+    DATA_SOURCE_NAME="postgresql://$role@127.0.0.1:$server_port/postgres?sslmode=disable" \
         setsid prometheus-postgres-exporter --web.listen-address="127.0.0.1:$port" \
         --extend.query-path="$REPO_ROOT/monitoring/postgres_exporter.yml" \
         --disable-default-metrics --disable-settings-metrics >"$dir/exporter.log" 2>&1 &

@@ -157,7 +157,12 @@ run_server_tests() {
 
     if step 7; then
         say "7/8 monitoring, $name server: postgres_exporter and the Grafana dashboard"
-        exporter_start "$name-exporter" $((port + 20)) "$port"
+        # The exporter reads as a role given exactly the README's grants ("Granting
+        # access"), so that those stay enough for monitoring.
+        cluster_psql "$name" "$port" -q -c "CREATE ROLE once_monitor LOGIN" -c "$(
+            awk '/^### Granting access/ { s = 1 } s && /^```$/ { exit } s == 2 { print }
+                 s && /^```sql$/ { s = 2 }' README.md | sed 's/ TO app;/ TO once_monitor;/')"
+        exporter_start "$name-exporter" $((port + 20)) "$port" once_monitor
         python3 scripts/check-monitoring.py "http://127.0.0.1:$((port + 20))/metrics" \
             "$PG_BIN/psql" "$PG_ONCE_DSN"
         exporter_stop "$name-exporter"
