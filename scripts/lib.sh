@@ -21,7 +21,16 @@ PG_ONCE_WORK=${PG_ONCE_WORK:-/var/tmp/pg_once}
 export CARGO_PGRX_DISABLE_GC_SECTIONS_WORKAROUND=1
 
 DEBIAN_PACKAGES=(sudo postgresql-15 postgresql-server-dev-15 libclang-dev clang pgbouncer
-                 pkg-config libssl-dev build-essential)
+                 pkg-config libssl-dev build-essential curl prometheus-postgres-exporter
+                 prometheus)
+
+# pg_once's version: Cargo.toml's, the one place it is written (the control file's
+# default_version, the packages and META.json take it from there).
+cargo_version() {
+    cargo metadata --no-deps --format-version 1 --manifest-path "$REPO_ROOT/Cargo.toml" |
+        python3 -c 'import json, sys
+print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "pg_once"))'
+}
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
@@ -166,6 +175,39 @@ INI
 
 pgbouncer_stop() {
     local pidfile=$PG_ONCE_WORK/$1/pgbouncer.pid
+    if [ -s "$pidfile" ]; then
+        kill "$(cat "$pidfile")" 2>/dev/null || true
+        rm -f "$pidfile"
+    fi
+}
+
+# exporter_start NAME PORT SERVER_PORT [ROLE]: Debian's prometheus-postgres-exporter in
+# $PG_ONCE_WORK/NAME on 127.0.0.1:PORT, reading the database postgres of the cluster on
+# SERVER_PORT as ROLE (default postgres) with pg_once's queries file
+# (monitoring/postgres_exporter.yml) and none of its built-in metrics. Stop it with
+# exporter_stop NAME.
+exporter_start() {
+    local name=$1 port=$2 server_port=$3 role=${4:-postgres}
+    local dir=$PG_ONCE_WORK/$name
+    exporter_stop "$name"
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    DATA_SOURCE_NAME="postgresql://$role@127.0.0.1:$server_port/postgres?sslmode=disable" \
+        setsid prometheus-postgres-exporter --web.listen-address="127.0.0.1:$port" \
+        --extend.query-path="$REPO_ROOT/monitoring/postgres_exporter.yml" \
+        --disable-default-metrics --disable-settings-metrics >"$dir/exporter.log" 2>&1 &
+    echo $! >"$dir/exporter.pid"
+    local i
+    for i in $(seq 50); do
+        curl -fs -o /dev/null "http://127.0.0.1:$port/metrics" && return 0
+        sleep 0.1
+    done
+    echo "postgres_exporter $name did not start; see $dir/exporter.log" >&2
+    return 1
+}
+
+exporter_stop() {
+    local pidfile=$PG_ONCE_WORK/$1/exporter.pid
     if [ -s "$pidfile" ]; then
         kill "$(cat "$pidfile")" 2>/dev/null || true
         rm -f "$pidfile"

@@ -17,30 +17,42 @@
 #   6. client libraries             clients/python (psycopg 3), clients/node (pg),
 #                                   clients/rust (tokio-postgres), direct and through
 #                                   PgBouncer in transaction mode
-#   7. upgrade from the last release  0.1.0 built from its tag, filled, upgraded in place
+#   7. monitoring                   Debian's postgres_exporter with
+#                                   monitoring/postgres_exporter.yml: the documented
+#                                   metrics, moving with use; the Grafana dashboard and
+#                                   alerting rules ask only for them, parse, and the rules
+#                                   pass their promtool tests (scripts/check-monitoring.py)
+#   8. packaging                    scripts/package.sh: the Debian package (debug build)
+#                                   installed into the system PostgreSQL 15 with dpkg, a
+#                                   clean preloaded cluster of it, pg_regress against it,
+#                                   then dpkg -r; the PGXN distribution's META.json
+#   9. upgrade from the last release  0.1.0 built from its tag, filled, upgraded in place
 #                                   with ALTER EXTENSION UPDATE: refusals while library
 #                                   and SQL differ, schema equal to a fresh install, rows
 #                                   and tokens kept, step 4's tests on the upgraded
 #                                   database (scripts/upgrade-test.sh)
 #
 # STEPS="2 4" (for example) runs only those steps, and SERVERS="preloaded" only that
-# server's run of steps 3 to 6; by default everything runs.
+# server's run of steps 3 to 7; by default everything runs.
 #
-# Steps 3 to 6 run twice, against throwaway clusters on 127.0.0.1: one without
+# Steps 3 to 7 run twice, against throwaway clusters on 127.0.0.1: one without
 # preloading (polling, direct NOTIFY, no worker) on $PG_ONCE_TEST_PORT, and one with
 # shared_preload_libraries = 'pg_once' (wake-ups, worker, relay) on the next port. Each
 # has a PgBouncer in transaction mode (pool 6) in front of it, 10 ports higher, for the
 # tests of pooled clients (PG_ONCE_BOUNCER_DSN). The ports are below Linux's ephemeral
 # range (32768-60999), so that no client socket of an earlier test can hold them. For step
 # 4 the preloaded server also gets a hot standby (pg_basebackup -R) on the port after it
-# (PG_ONCE_STANDBY_DSN).
+# (PG_ONCE_STANDBY_DSN); for step 7 each server gets a postgres_exporter 20 ports higher.
+# Step 8 runs last, once the servers of steps 3 to 7 (which load the build `cargo pgrx
+# install` put in place) are stopped: the package replaces those files. Its cluster
+# listens on the port 5 above $PG_ONCE_TEST_PORT.
 source "$(dirname "$0")/lib.sh"
 PORT=${PG_ONCE_TEST_PORT:-25432}
 # Servers run with Rust backtraces on, as a developer's might: no error a client sees may
 # carry one (see errors::plain).
 export RUST_BACKTRACE=1
 started=$SECONDS
-STEPS=${STEPS:-1 2 3 4 5 6 7}
+STEPS=${STEPS:-1 2 3 4 5 6 7 8 9}
 SERVERS=${SERVERS:-plain preloaded}
 step() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -48,25 +60,23 @@ ensure_toolchain
 cd "$REPO_ROOT"
 
 if step 1; then
-    say "1/7 formatting and lints"
+    say "1/9 formatting and lints"
     cargo fmt --all --check
     cargo clippy --workspace --all-targets --quiet -- -D warnings
     python3 scripts/check-boundary.py
 fi
 
 if step 2; then
-    say "2/7 unit tests: cargo pgrx test"
+    say "2/9 unit tests: cargo pgrx test"
     # One at a time: the tests use the same keys in transactions that roll back, and a
     # claim never waits for another transaction's uncommitted claim (it is told `wait`).
     RUST_TEST_THREADS=1 cargo pgrx test pg15 --runas postgres --pgdata "$PG_ONCE_WORK/pgrx-test"
 fi
 
-if ! step 3 && ! step 4 && ! step 5 && ! step 6 && ! step 7; then
-    say "steps $STEPS passed in $((SECONDS - started)) s"
-    exit 0
+if step 3 || step 4 || step 5 || step 6 || step 7 || step 9; then
+    install_extension debug
+    cargo build --quiet -p pg_once_multi --tests
 fi
-install_extension debug
-cargo build --quiet -p pg_once_multi --tests
 
 # run_pgxs_suite SUITE PORT OUTDIR DB TEST...: runs PostgreSQL's pg_regress (SUITE regress)
 # or pg_isolation_regress (SUITE isolation) on pg_test/SUITE against the server on PORT,
@@ -94,14 +104,14 @@ run_server_tests() {
     export PG_ONCE_BOUNCER_DSN="host=127.0.0.1 port=$((port + 10)) user=postgres dbname=postgres"
 
     if step 3; then
-        say "3/7 SQL regression tests, $name server: pg_regress"
+        say "3/9 SQL regression tests, $name server: pg_regress"
         run_pgxs_suite regress "$port" regress-$name pg_once_regress \
             $(cd pg_test/regress/sql && ls *.sql | sed 's/\.sql$//')
         python3 scripts/check-docs.py
         # Isolation specs expire leases by hand; a worker reaping them in between would
         # make their output depend on timing, so they run on the server without one.
         if [ "$name" = plain ]; then
-            say "3/7 isolation specs, $name server: pg_isolation_regress"
+            say "3/9 isolation specs, $name server: pg_isolation_regress"
             run_pgxs_suite isolation "$port" isolation pg_once_isolation \
                 $(cd pg_test/isolation/specs && ls *.spec | sed 's/\.spec$//')
         fi
@@ -109,11 +119,11 @@ run_server_tests() {
 
     cluster_psql "$name" "$port" -q -c "CREATE EXTENSION pg_once"
     if step 4; then
-        say "4/7 multi-connection tests, $name server"
+        say "4/9 multi-connection tests, $name server"
         cargo test -p pg_once_multi --quiet --test protocol --test wakeups --test queue --test pooling \
             --test namespaces
         if [ "$name" = preloaded ]; then
-            say "4/7 hot standby of the $name server"
+            say "4/9 hot standby of the $name server"
             standby_start "$name-standby" $((port + 1)) "$port"
             # One at a time, with nothing else writing: a waiting claim_key on a standby
             # holds back replay of the primary's cleanups, and so the change it waits for.
@@ -131,12 +141,12 @@ run_server_tests() {
     fi
 
     if step 5; then
-        say "5/7 invariant soak, $name server, $soak_seconds s"
+        say "5/9 invariant soak, $name server, $soak_seconds s"
         cargo run --quiet -p pg_once_tools --bin soak -- --seconds "$soak_seconds" | tail -25
     fi
 
     if step 6; then
-        say "6/7 client libraries, $name server, direct and through PgBouncer"
+        say "6/9 client libraries, $name server, direct and through PgBouncer"
         "$py_venv/bin/python" -m pytest -q -p no:cacheprovider clients/python/tests
         local node_log=$PG_ONCE_WORK/node-tests-$name.log
         if ! (cd clients/node &&
@@ -149,11 +159,24 @@ run_server_tests() {
         grep -E '^# (pass|fail)' "$node_log"
         cargo test -p pg_once_client --quiet
     fi
+
+    if step 7; then
+        say "7/9 monitoring, $name server: postgres_exporter and the Grafana dashboard"
+        # The exporter reads as a role given exactly the README's grants ("Granting
+        # access"), so that those stay enough for monitoring.
+        cluster_psql "$name" "$port" -q -c "CREATE ROLE once_monitor LOGIN" -c "$(
+            awk '/^### Granting access/ { s = 1 } s && /^```$/ { exit } s == 2 { print }
+                 s && /^```sql$/ { s = 2 }' README.md | sed 's/ TO app;/ TO once_monitor;/')"
+        exporter_start "$name-exporter" $((port + 20)) "$port" once_monitor
+        python3 scripts/check-monitoring.py "http://127.0.0.1:$((port + 20))/metrics" \
+            "$PG_BIN/psql" "$PG_ONCE_DSN"
+        exporter_stop "$name-exporter"
+    fi
     pgbouncer_stop "$name-bouncer"
     cluster_stop "$name"
 }
 
-trap 'pgbouncer_stop plain-bouncer; pgbouncer_stop preloaded-bouncer; cluster_stop preloaded-standby; cluster_stop plain; cluster_stop preloaded' EXIT
+trap 'pgbouncer_stop plain-bouncer; pgbouncer_stop preloaded-bouncer; exporter_stop plain-exporter; exporter_stop preloaded-exporter; cluster_stop preloaded-standby; cluster_stop plain; cluster_stop preloaded; package_cleanup' EXIT
 py_venv=$PG_ONCE_WORK/py-venv
 if step 6; then
     say "installing the client libraries' dependencies"
@@ -165,11 +188,63 @@ if step 6; then
     (cd clients/node && npm ci --silent --no-audit --no-fund && npm run --silent typecheck)
 fi
 
-if [[ " $SERVERS " == *" plain "* ]]; then
+# test_package N DEB: install DEB (postgresql-N-pg-once) into PostgreSQL N as Debian
+# installs it (/usr/lib/postgresql/N), start a clean preloaded cluster of that
+# installation, run pg_regress against it, stop it and remove the package. pg_once files
+# that were there before, not from a package (`cargo pgrx install`), are put back after.
+package_pg=
+test_package() {
+    package_pg=$1
+    local deb=$2 bin=/usr/lib/postgresql/$1/bin lib=/usr/lib/postgresql/$1/lib
+    local saved=$PG_ONCE_WORK/package-saved log=$PG_ONCE_WORK/package-dpkg.log
+    rm -rf "$saved" && mkdir -p "$saved/lib" "$saved/extension"
+    cp -a "$lib"/pg_once.so "$saved/lib/" 2>/dev/null || true
+    cp -a /usr/share/postgresql/"$1"/extension/pg_once* "$saved/extension/" 2>/dev/null || true
+    # Gone while the package is tested: the server must find the package's files or none.
+    rm -f "$lib/pg_once.so" /usr/share/postgresql/"$1"/extension/pg_once*
+    if ! dpkg -i "$deb" >"$log" 2>&1; then
+        cat "$log" >&2
+        exit 1
+    fi
+    local owner
+    owner=$(dpkg -S "$lib/pg_once.so")
+    [ "$owner" = "postgresql-$1-pg-once: $lib/pg_once.so" ] || { echo "dpkg -S: $owner" >&2; exit 1; }
+    local got
+    got=$(
+        set -e   # not inherited by command substitution
+        PG_BIN=$bin PG_CONFIG=$bin/pg_config
+        cluster_start package $((PORT + 5)) "shared_preload_libraries = 'pg_once'" \
+            "max_prepared_transactions = 10"
+        run_pgxs_suite regress $((PORT + 5)) regress-package pg_once_regress \
+            $(cd pg_test/regress/sql && ls *.sql | sed 's/\.sql$//') >&2
+        cluster_psql package $((PORT + 5)) -Atq -c "CREATE EXTENSION pg_once" \
+            -c "SELECT extversion, (SELECT shared_memory FROM once.stats)
+                  FROM pg_extension WHERE extname = 'pg_once'"
+    )
+    [ "$got" = "$version|t" ] || { echo "the installed package says $got, not $version|t" >&2; exit 1; }
+    package_cleanup
+}
+# Also run on exit, so that a failed step 8 leaves no package or cluster behind.
+package_cleanup() {
+    [ -n "$package_pg" ] || return 0
+    local pg=$package_pg saved=$PG_ONCE_WORK/package-saved
+    package_pg=
+    (PG_BIN=/usr/lib/postgresql/$pg/bin; cluster_stop package)
+    if dpkg-query -W "postgresql-$pg-pg-once" >/dev/null 2>&1; then
+        dpkg -r "postgresql-$pg-pg-once" >>"$PG_ONCE_WORK/package-dpkg.log" 2>&1
+    fi
+    cp -a "$saved"/lib/. "/usr/lib/postgresql/$pg/lib/"
+    cp -a "$saved"/extension/. "/usr/share/postgresql/$pg/extension/"
+    rm -rf "$saved"
+}
+
+servers=false
+step 3 || step 4 || step 5 || step 6 || step 7 && servers=true
+if $servers && [[ " $SERVERS " == *" plain "* ]]; then
     soak_seconds=${SOAK_PLAIN_SECONDS:-20}
     run_server_tests plain "$PORT"
 fi
-if [[ " $SERVERS " == *" preloaded "* ]]; then
+if $servers && [[ " $SERVERS " == *" preloaded "* ]]; then
     soak_seconds=${SOAK_PRELOADED_SECONDS:-40}
     # pg_once_missing does not exist: pg_test/multi/tests/worker.rs checks that it is
     # logged once, and that it gets a worker once created.
@@ -177,7 +252,25 @@ if [[ " $SERVERS " == *" preloaded "* ]]; then
         "once.databases = 'postgres, pg_once_missing'"
 fi
 
-if step 7; then
+if step 8; then
+    say "8/9 packaging: the Debian package into a clean cluster, pg_regress against it"
+    package_started=$SECONDS
+    version=$(cargo_version)
+    # The debug build: the one steps 3 to 7 built. A release package built from nothing
+    # took 526 s on 2 busy cores (fat LTO), the debug one 335 s; the package's layout,
+    # dependencies and SQL are the same either way.
+    rm -rf "$PG_ONCE_WORK/dist"
+    ./scripts/package.sh --debug --out "$PG_ONCE_WORK/dist"
+    test_package 15 "$PG_ONCE_WORK/dist/postgresql-15-pg-once_${version}-1_$(dpkg --print-architecture).deb"
+    # PostgreSQL 17 and 18: the same two calls with --pg N and N, run inside that
+    # version's chroot (package.sh --pg N builds where N is installed; test_package N
+    # installs into /usr/lib/postgresql/N there).
+    ./scripts/package.sh --pgxn --out "$PG_ONCE_WORK/dist"
+    python3 scripts/check-meta.py "$PG_ONCE_WORK/dist/pg_once-$version.zip" "$version"
+    say "8/9 packaging took $((SECONDS - package_started)) s"
+fi
+
+if step 9; then
     source "$REPO_ROOT/scripts/upgrade-test.sh"
     # Its own server (and PgBouncer, 10 ports higher) on a copy of the installation.
     upgrade_test $((PORT + 4))

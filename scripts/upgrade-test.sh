@@ -1,4 +1,4 @@
-# Step 7 of scripts/test.sh: an in-place upgrade from the last release. Sourced by
+# Step 9 of scripts/test.sh: an in-place upgrade from the last release. Sourced by
 # test.sh after lib.sh, with the current tree already built (install_extension debug).
 #
 # On a copy of the PostgreSQL installation of $PG_BIN (so that nothing installed for the
@@ -65,7 +65,7 @@ upgrade_install() {
 upgrade_build_release() {
     local commit
     if ! commit=$(git -C "$REPO_ROOT" rev-parse -q --verify "v$UPGRADE_FROM^{commit}"); then
-        echo "step 7 needs the tag v$UPGRADE_FROM and its history: git fetch --tags (a clone with --depth cannot run it)" >&2
+        echo "step 9 needs the tag v$UPGRADE_FROM and its history: git fetch --tags (a clone with --depth cannot run it)" >&2
         exit 1
     fi
     local key
@@ -73,7 +73,7 @@ upgrade_build_release() {
         sha256sum | cut -c1-16)
     release_files=$PG_ONCE_WORK/releases/pg_once-$UPGRADE_FROM-$key
     if [ ! -f "$release_files.done" ]; then
-        say "7/7 building pg_once $UPGRADE_FROM from v$UPGRADE_FROM (${commit:0:9})"
+        say "9/9 building pg_once $UPGRADE_FROM from v$UPGRADE_FROM (${commit:0:9})"
         local src=$PG_ONCE_WORK/releases/src-$UPGRADE_FROM
         rm -rf "$src" && mkdir -p "$src"
         git -C "$REPO_ROOT" archive "$commit" | tar -x -C "$src"
@@ -102,7 +102,7 @@ upgrade_test() {
     local root=$PG_ONCE_WORK/upgrade-pg work=$PG_ONCE_WORK/upgrade-files
     rm -rf "$work" && mkdir -p "$work" && chown postgres "$work"
     upgrade_build_release
-    say "7/7 packaging the current tree"
+    say "9/9 packaging the current tree"
     upgrade_package "$REPO_ROOT" "$work/current"
     upgrade_copy_installation "$root"
     upgrade_install "$release_files" "$root"
@@ -115,7 +115,7 @@ upgrade_test() {
         psql_out() { cluster_psql "$name" "$port" -At -v VERBOSITY=verbose "$@" 2>&1 || true; }
         trap 'pgbouncer_stop upgrade-bouncer; cluster_stop upgrade' EXIT
 
-        say "7/7 pg_once $UPGRADE_FROM on a preloaded server, filled through its own functions"
+        say "9/9 pg_once $UPGRADE_FROM on a preloaded server, filled through its own functions"
         cluster_start "$name" "$port" "max_prepared_transactions = 10" \
             "shared_preload_libraries = 'pg_once'" "once.databases = 'postgres, pg_once_missing'"
         installed() { psql_ -c "SELECT extversion FROM pg_extension WHERE extname = 'pg_once'"; }
@@ -136,14 +136,14 @@ upgrade_test() {
         snapshot >"$work/before.txt"
         echo "$(wc -l <"$work/before.txt") rows and sequence values kept before the upgrade" >&2
 
-        say "7/7 the new files installed while the server runs the old library"
+        say "9/9 the new files installed while the server runs the old library"
         upgrade_install "$work/current" "$root"
         expect_refusal "ALTER EXTENSION UPDATE with the $UPGRADE_FROM library loaded" \
             "$(psql_out -c "ALTER EXTENSION pg_once UPDATE")"
         expect_installed "$UPGRADE_FROM"
         snapshot | diff "$work/before.txt" - >&2
 
-        say "7/7 restarted: the new library with the $UPGRADE_FROM SQL"
+        say "9/9 restarted: the new library with the $UPGRADE_FROM SQL"
         runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_ONCE_WORK/$name/data" -w -m fast restart \
             -l "$PG_ONCE_WORK/$name/server.log" >/dev/null
         expect_refusal "claim_key before ALTER EXTENSION UPDATE" \
@@ -164,14 +164,14 @@ upgrade_test() {
             exit 1
         fi
 
-        say "7/7 ALTER EXTENSION pg_once UPDATE"
+        say "9/9 ALTER EXTENSION pg_once UPDATE"
         psql_ -c "ALTER EXTENSION pg_once UPDATE"
         expect_installed "$(psql_ -c "SELECT once_internal.library_version()")"
         echo "pg_once $UPGRADE_FROM -> $(installed)" >&2
 
-        say "7/7 (b) every row and the token sequence kept"
+        say "9/9 (b) every row and the token sequence kept"
         snapshot | diff "$work/before.txt" - >&2
-        say "7/7 (a) the schema equals a fresh install's"
+        say "9/9 (a) the schema equals a fresh install's"
         psql_ -q -c "CREATE DATABASE pg_once_fresh" -c "\\c pg_once_fresh" -c "CREATE EXTENSION pg_once"
         schema() {
             # OIDs, frozen xids, the sequence's bounds (taken from the WAL position at
@@ -196,7 +196,7 @@ upgrade_test() {
         echo "$(grep -c . "$work/fresh.sql") lines of schema, equal" >&2
         psql_ -q -c "DROP DATABASE pg_once_fresh"
 
-        say "7/7 (c) the multi-connection suite on the upgraded database"
+        say "9/9 (c) the multi-connection suite on the upgraded database"
         pgbouncer_start upgrade-bouncer $((port + 10)) "$port" 6
         export PG_ONCE_DSN="host=127.0.0.1 port=$port user=postgres dbname=postgres"
         export PG_ONCE_BOUNCER_DSN="host=127.0.0.1 port=$((port + 10)) user=postgres dbname=postgres"

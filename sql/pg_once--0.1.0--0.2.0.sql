@@ -1,5 +1,5 @@
 -- pg_once 0.1.0 -> 0.2.0, run by ALTER EXTENSION pg_once UPDATE. Hand-written. It must
--- leave a 0.1.0 database exactly as a fresh 0.2.0 install leaves a new one (step 7 of
+-- leave a 0.1.0 database exactly as a fresh 0.2.0 install leaves a new one (step 9 of
 -- scripts/test.sh compares the two), keep every row and the token sequence, and call no
 -- pg_once C function but library_version(): in a chain of updates the library may be a
 -- later one. Conventions: CONTRIBUTING.md, "Upgrades".
