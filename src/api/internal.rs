@@ -58,19 +58,11 @@ fn runtime_0_2() -> TableIterator<
         name!(counters, Option<pgrx::JsonB>),
     ),
 > {
-    super::body(runtime)
+    TableIterator::once(super::body(runtime))
 }
 
-#[allow(clippy::type_complexity)]
-fn runtime() -> TableIterator<
-    'static,
-    (
-        name!(shared_memory, bool),
-        name!(notify, String),
-        name!(workers, Option<i32>),
-        name!(counters, Option<pgrx::JsonB>),
-    ),
-> {
+/// runtime_0_2's one row.
+fn runtime() -> (bool, String, Option<i32>, Option<pgrx::JsonB>) {
     let shared = shmem::shared();
     let notify = match guc::NOTIFY.get() {
         NotifyMode::Relay if shared.is_some() => "relay",
@@ -87,13 +79,13 @@ fn runtime() -> TableIterator<
     });
     // SAFETY: MyDatabaseId is set once connected.
     let database = unsafe { pg_sys::MyDatabaseId };
-    TableIterator::once((
+    (
         shared.is_some(),
         notify.to_owned(),
         // The worker serving this database (0 or 1): the others serve other databases.
         shared.map(|s| s.workers_serving(database)),
         counters,
-    ))
+    )
 }
 
 /// The version of the library loaded in this session. Every install and upgrade script
