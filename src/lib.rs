@@ -14,13 +14,15 @@
 //!   `liveness` (who owns a claim, is it alive), `notify` (NOTIFY and wake-ups at
 //!   commit), `launcher` (starts and restarts the workers), `worker` (reaper and relay),
 //!   `guc` (settings).
-//! - Used by all: `key` (a key, its digest and tag) and `errors` (how pg_once fails).
+//! - Used by all: `key` (a key, its digest and tag), `errors` (how pg_once fails) and
+//!   `pg_compat` (what differs between PostgreSQL majors, and only that).
 
 use pgrx::prelude::*;
 
 mod api;
 mod errors;
 mod key;
+mod pg_compat;
 mod protocol;
 mod runtime;
 mod storage;
