@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
 # Install whatever is missing, then run every pg_once test. Run as root on Debian bookworm.
 #
+#   ./scripts/test.sh              PostgreSQL 15 (steps 1-6), then 17 and 18 (steps 2-4)
+#   ./scripts/test.sh --pg 17      one version (or --pg "15 18"; PG_ONCE_PG works too)
+#
+# 15 is the host's; 17 and 18 run in Debian chroots that the run creates, or reuses from
+# /var/cache/pg_once (scripts/pg-versions.sh). The tests' clients run on the host and
+# reach those servers on 127.0.0.1 as they do 15's.
+#
 #   1. formatting and lints         cargo fmt --check, cargo clippy -D warnings, and
 #                                   check-boundary (SQL declarations = Rust signatures)
 #   2. single-session unit tests    cargo pgrx test (#[pg_test]s in src/tests/, and plain
@@ -19,7 +26,8 @@
 #                                   PgBouncer in transaction mode
 #
 # STEPS="2 4" (for example) runs only those steps, and SERVERS="preloaded" only that
-# server's run of steps 3 to 6; by default everything runs.
+# server's run of steps 3 to 6; by default everything runs on 15, and steps 2 to 4 on 17
+# and 18 (steps 1, 5 and 6 do not depend on the server's version).
 #
 # Steps 3 to 6 run twice, against throwaway clusters on 127.0.0.1: one without
 # preloading (polling, direct NOTIFY, no worker) on $PG_ONCE_TEST_PORT, and one with
@@ -29,16 +37,55 @@
 # range (32768-60999), so that no client socket of an earlier test can hold them. For step
 # 4 the preloaded server also gets a hot standby (pg_basebackup -R) on the port after it
 # (PG_ONCE_STANDBY_DSN).
+versions=${PG_ONCE_PG:-15 17 18}
+if [ "${1:-}" = --pg ]; then
+    versions=${2:?--pg needs a version, e.g. --pg 17}
+    shift 2
+fi
+if [ "$(wc -w <<<"$versions")" -gt 1 ]; then
+    # One run per version, each in its own process (its own PG_MAJOR, mounts and traps).
+    summary=()
+    for v in $versions; do
+        started=$SECONDS
+        PG_ONCE_PG=$v "$0" "$@"
+        summary+=("PostgreSQL $v: $((SECONDS - started)) s")
+    done
+    printf '\033[1m==> passed: %s\033[0m\n' "${summary[*]/%/;}" >&2
+    exit 0
+fi
+PG_MAJOR=$versions
+if [ "$PG_MAJOR" = 14 ] || [ "$PG_MAJOR" = 16 ]; then
+    # No Debian release ships them: type-checked only (README, "PostgreSQL versions").
+    PG_MAJOR=15 source "$(dirname "$0")/lib.sh"
+    started=$SECONDS
+    say "PostgreSQL $versions: type check against pgrx's bindings (no server to test here)"
+    pg_typecheck "$versions"
+    say "PostgreSQL $versions: type check passed in $((SECONDS - started)) s"
+    exit 0
+fi
 source "$(dirname "$0")/lib.sh"
-PORT=${PG_ONCE_TEST_PORT:-25432}
+# Each version's servers on their own ports: 15 on PG_ONCE_TEST_PORT (25432), 17 and 18 on
+# PG_ONCE_TEST_PORT_17 and _18 (100 and 200 above it, unless set).
+case $PG_MAJOR in
+    15) PORT=${PG_ONCE_TEST_PORT:-25432} ;;
+    *) port_var=PG_ONCE_TEST_PORT_$PG_MAJOR
+       PORT=${!port_var:-$((${PG_ONCE_TEST_PORT:-25432} + 100 * (PG_MAJOR - 16)))} ;;
+esac
 # Servers run with Rust backtraces on, as a developer's might: no error a client sees may
 # carry one (see errors::plain).
 export RUST_BACKTRACE=1
 started=$SECONDS
-STEPS=${STEPS:-1 2 3 4 5 6}
+if [ "$PG_MAJOR" = 15 ]; then
+    STEPS=${STEPS:-1 2 3 4 5 6}
+else
+    STEPS=${STEPS:-2 3 4}
+fi
 SERVERS=${SERVERS:-plain preloaded}
 step() { [[ " $STEPS " == *" $1 "* ]]; }
 
+# Stop what a run started, even when it fails; then unmount the chroot (for 17 and 18).
+trap 'pgbouncer_stop plain-bouncer; pgbouncer_stop preloaded-bouncer; cluster_stop preloaded-standby; cluster_stop plain; cluster_stop preloaded; pg_env_umount' EXIT
+say "PostgreSQL $PG_MAJOR: steps $STEPS"
 ensure_toolchain
 cd "$REPO_ROOT"
 
@@ -53,11 +100,12 @@ if step 2; then
     say "2/6 unit tests: cargo pgrx test"
     # One at a time: the tests use the same keys in transactions that roll back, and a
     # claim never waits for another transaction's uncommitted claim (it is told `wait`).
-    RUST_TEST_THREADS=1 cargo pgrx test pg15 --runas postgres --pgdata "$PG_ONCE_WORK/pgrx-test"
+    pg_build env RUST_TEST_THREADS=1 cargo pgrx test "pg$PG_MAJOR" --runas postgres \
+        --pgdata "$PG_ONCE_WORK/pgrx-test-$PG_MAJOR"
 fi
 
 if ! step 3 && ! step 4 && ! step 5 && ! step 6; then
-    say "steps $STEPS passed in $((SECONDS - started)) s"
+    say "PostgreSQL $PG_MAJOR: steps $STEPS passed in $((SECONDS - started)) s"
     exit 0
 fi
 install_extension debug
@@ -72,8 +120,8 @@ run_pgxs_suite() {
     local tool=pg_regress
     [ "$suite" = isolation ] && tool=pg_isolation_regress
     rm -rf "$out"
-    if ! "$($PG_CONFIG --pkglibdir)/pgxs/src/test/$suite/$tool" \
-            --bindir="$PG_BIN" --inputdir="pg_test/$suite" --outputdir="$out" \
+    if ! "$(pgxs_test_program "$suite" "$tool")" \
+            --bindir="$PG_BIN_INSIDE" --inputdir="pg_test/$suite" --outputdir="$out" \
             --host=127.0.0.1 --port="$port" --user=postgres --dbname="$db" "$@"; then
         cat "$out/regression.diffs" >&2
         exit 1
@@ -148,7 +196,6 @@ run_server_tests() {
     cluster_stop "$name"
 }
 
-trap 'pgbouncer_stop plain-bouncer; pgbouncer_stop preloaded-bouncer; cluster_stop preloaded-standby; cluster_stop plain; cluster_stop preloaded' EXIT
 py_venv=$PG_ONCE_WORK/py-venv
 if step 6; then
     say "installing the client libraries' dependencies"
@@ -172,4 +219,4 @@ if [[ " $SERVERS " == *" preloaded "* ]]; then
         "once.databases = 'postgres, pg_once_missing'"
 fi
 
-say "steps $STEPS passed in $((SECONDS - started)) s (servers: $SERVERS)"
+say "PostgreSQL $PG_MAJOR: steps $STEPS passed in $((SECONDS - started)) s (servers: $SERVERS)"
