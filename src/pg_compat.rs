@@ -24,6 +24,8 @@
 //!   the `compact_attrs` array (what PostgreSQL's `TupleDescAttr` computes).
 //! - `heap_fetch`: PostgreSQL 15 added `keep_buf` (keep the buffer pinned when the answer
 //!   is false); on 14 a false answer releases it and leaves `InvalidBuffer`.
+//! - `index_beginscan`: PostgreSQL 18 added an `instrument` argument (NULL: no EXPLAIN
+//!   ANALYZE counts).
 //! - `proc_exit` is declared `-> !` by pgrx's bindings up to 17, not for 18.
 //!
 //! pg_once is tested on 15, 17 and 18 and type-checked on 14 and 16 against pgrx's
@@ -218,6 +220,32 @@ pub unsafe fn heap_fetch(
     return unsafe { pg_sys::heap_fetch(relation, snapshot, tuple, buffer) };
     #[cfg(not(feature = "pg14"))]
     return unsafe { pg_sys::heap_fetch(relation, snapshot, tuple, buffer, true) };
+}
+
+/// index_beginscan.
+///
+/// # Safety
+/// As index_beginscan: both relations open and locked, `snapshot` registered.
+pub unsafe fn index_beginscan(
+    table: pg_sys::Relation,
+    index: pg_sys::Relation,
+    snapshot: pg_sys::Snapshot,
+    nkeys: i32,
+    norderbys: i32,
+) -> pg_sys::IndexScanDesc {
+    #[cfg(not(feature = "pg18"))]
+    return unsafe { pg_sys::index_beginscan(table, index, snapshot, nkeys, norderbys) };
+    #[cfg(feature = "pg18")]
+    return unsafe {
+        pg_sys::index_beginscan(
+            table,
+            index,
+            snapshot,
+            std::ptr::null_mut(),
+            nkeys,
+            norderbys,
+        )
+    };
 }
 
 /// End this process as an ERROR in it would, running its exit callbacks.

@@ -140,7 +140,7 @@ unsafe fn scan(
             pg_sys::Oid::from(pg_sys::F_BYTEAEQ),
             key.hash_datum(),
         );
-        let scan = pg_sys::index_beginscan(table, index, snapshot, 1, 0);
+        let scan = pg_compat::index_beginscan(table, index, snapshot, 1, 0);
         pg_sys::index_rescan(scan, &mut scankey, 1, std::ptr::null_mut(), 0);
         let slot = pg_sys::table_slot_create(table, std::ptr::null_mut());
 
