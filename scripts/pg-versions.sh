@@ -53,11 +53,7 @@ pg_env_ensure() {
     release=$(pg_env_release "$n")
     recipe=$(pg_env_recipe "$n")
     mkdir -p "$PG_ONCE_CACHE"
-    command -v debootstrap >/dev/null || {
-        say "installing debootstrap"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
-    }
+    pg_env_host_tools
     (
         # One creator at a time; a run that uses the chroot holds a shared lock (pg_env_mount).
         exec 9>"$root.lock"
@@ -83,6 +79,25 @@ pg_env_ensure() {
             touch "$root/.pg_once-upgraded"
         fi
     )
+}
+
+pg_env_host_tools() {
+    command -v debootstrap >/dev/null && return
+    say "installing debootstrap"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+}
+
+# pg_env_prefetch N...: create or refresh these versions' chroots in the background (the
+# network and dpkg, mostly), logging to $PG_ONCE_CACHE/pgN-prefetch.log. A run that needs
+# one waits for it under the chroot's lock, and makes it itself if this failed.
+pg_env_prefetch() {
+    local n
+    mkdir -p "$PG_ONCE_CACHE"
+    pg_env_host_tools   # before any other apt-get of the host's can hold dpkg's lock
+    for n in "$@"; do
+        (pg_env_ensure "$n" >"$PG_ONCE_CACHE/pg$n-prefetch.log" 2>&1 &)
+    done
 }
 
 # pg_env_apt ROOT ARGS...: apt-get inside ROOT. sid's Release file may have expired in the

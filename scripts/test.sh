@@ -43,11 +43,17 @@ if [ "${1:-}" = --pg ]; then
     shift 2
 fi
 if [ "$(wc -w <<<"$versions")" -gt 1 ]; then
+    # The chroots of 17 and 18 are made while 15 is tested.
+    (
+        PG_MAJOR=15 source "$(dirname "$0")/lib.sh"
+        # shellcheck disable=SC2046
+        pg_env_prefetch $(tr ' ' '\n' <<<"$versions" | grep -xE '17|18' || true)
+    )
     # One run per version, each in its own process (its own PG_MAJOR, mounts and traps).
     summary=()
     for v in $versions; do
         started=$SECONDS
-        PG_ONCE_PG=$v "$0" "$@"
+        PG_ONCE_PG=$v "$0" "$@" || exit
         summary+=("PostgreSQL $v: $((SECONDS - started)) s")
     done
     printf '\033[1m==> passed: %s\033[0m\n' "${summary[*]/%/;}" >&2
