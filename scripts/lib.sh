@@ -163,8 +163,10 @@ standby_start() {
     cluster_stop "$name"
     rm -rf "$dir"
     runuser -u postgres -- mkdir -p "$dir"
+    # --checkpoint=fast: the default spreads the backup's checkpoint over most of
+    # checkpoint_timeout, minutes of waiting once the tests have dirtied some buffers.
     pg_server pg_basebackup -h 127.0.0.1 -p "$primary_port" -U postgres \
-        -D "$dir/data" -R -X stream --no-sync
+        -D "$dir/data" -R -X stream --no-sync --checkpoint=fast
     {
         echo "port = $port"
         echo "unix_socket_directories = '$dir'"

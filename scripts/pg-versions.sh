@@ -55,6 +55,9 @@ pg_env_ensure() {
     mkdir -p "$PG_ONCE_CACHE"
     pg_env_host_tools
     (
+        # Nothing of the caller's environment that points outside the chroot (test.sh's
+        # TMPDIR is in the work directory, mounted only while tests run).
+        unset TMPDIR
         # One creator at a time; a run that uses the chroot holds a shared lock (pg_env_mount).
         exec 9>"$root.lock"
         flock 9

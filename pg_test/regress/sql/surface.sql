@@ -1,6 +1,5 @@
 -- What a psql user sees: the objects, one key's life, and how bad input is answered.
 CREATE EXTENSION pg_once;
-\dx pg_once
 
 SELECT p.oid::regprocedure AS function, pg_get_function_result(p.oid) AS returns
   FROM pg_proc p WHERE p.pronamespace = 'once'::regnamespace ORDER BY p.proname;
