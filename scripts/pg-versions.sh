@@ -220,7 +220,7 @@ EOF
     done
 }
 
-# pg_typecheck N: type-check pg_once (library and #[pg_test]s) for PostgreSQL N against the
+# pg_typecheck N: type-check and lint pg_once (library and #[pg_test]s) for PostgreSQL N against the
 # bindings pgrx-pg-sys ships for every version it supports, for a version no Debian
 # release ships (14, 16): DOCS_RS=1 makes pgrx-pg-sys skip bindgen, and --cfg docsrs,
 # given to that crate only, makes it include its shipped bindings.
@@ -237,5 +237,6 @@ SH
     chmod +x "$wrapper"
     (cd "$REPO_ROOT" &&
         DOCS_RS=1 RUSTC_WRAPPER=$wrapper CARGO_TARGET_DIR=$PG_ONCE_WORK/target-typecheck \
-            cargo check --quiet --lib --tests --no-default-features --features "pg$n pg_test")
+            cargo clippy --quiet --lib --tests --no-default-features --features "pg$n pg_test" \
+                -- -D warnings)
 }
