@@ -17,7 +17,12 @@ PGRX_VERSION=0.18.1
 PG_ONCE_WORK=${PG_ONCE_WORK:-/var/tmp/pg_once}
 source "$REPO_ROOT/scripts/pg-versions.sh"
 PG_MAJOR=${PG_MAJOR:-15}
-if [ "$PG_MAJOR" = 15 ]; then
+if [ "$PG_MAJOR" = 16 ]; then
+    # PyPI's build of 16 (pg-versions.sh), run on the host like 15.
+    PG_BIN=$(pg_wheel_bin)
+    PG_BIN_INSIDE=$PG_BIN
+    unset PG_ONCE_PG_BIN_SWITCHES_USER
+elif [ "$PG_MAJOR" = 15 ]; then
     # PG_ONCE_PG_BIN: another PostgreSQL 15 installation's bin directory, e.g. a copy of
     # the system one (a copied installation finds its lib/ and share/ relative to bin/),
     # so that two checkouts can install and test their builds side by side
@@ -65,10 +70,11 @@ ensure_toolchain() {
     fi
     mkdir -p "$PG_ONCE_WORK"
     chown postgres "$PG_ONCE_WORK"
-    if [ "$PG_MAJOR" = 15 ]; then
-        if ! grep -qs "^pg15 = \"$PG_CONFIG\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
-            say "cargo pgrx init --pg15 $PG_CONFIG"
-            cargo pgrx init --pg15 "$PG_CONFIG" >/dev/null
+    if [ "$PG_MAJOR" = 15 ] || [ "$PG_MAJOR" = 16 ]; then
+        [ "$PG_MAJOR" = 16 ] && pg_wheel_ensure
+        if ! grep -qs "^pg$PG_MAJOR = \"$PG_CONFIG\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
+            say "cargo pgrx init --pg$PG_MAJOR $PG_CONFIG"
+            cargo pgrx init "--pg$PG_MAJOR" "$PG_CONFIG" >/dev/null
         fi
         return
     fi
@@ -95,7 +101,7 @@ pg_server() {
 # pg_build CMD...: run a build command (cargo pgrx ...) where PG_MAJOR's headers are: on
 # the host for 15, inside the chroot otherwise (its own target directory and pgrx home).
 pg_build() {
-    if [ "$PG_MAJOR" = 15 ]; then
+    if [ -z "${PG_ONCE_PG_BIN_SWITCHES_USER:-}" ]; then
         "$@"
     else
         pg_env_run "$PG_MAJOR" "$@"
@@ -104,7 +110,7 @@ pg_build() {
 
 # pgxs_test_program SUITE PROGRAM: PostgreSQL's pg_regress or pg_isolation_regress.
 pgxs_test_program() {
-    if [ "$PG_MAJOR" = 15 ]; then
+    if [ -z "${PG_ONCE_PG_BIN_SWITCHES_USER:-}" ]; then
         echo "$($PG_CONFIG --pkglibdir)/pgxs/src/test/$1/$2"
     else
         echo "$PG_BIN/$2"

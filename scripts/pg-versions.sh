@@ -220,6 +220,34 @@ EOF
     done
 }
 
+# PostgreSQL 16 is shipped by no Debian release, but PyPI's pgserver wheel holds a
+# relocatable build of 16.2 with its server headers, pg_config and pg_regress: it runs on
+# the host like 15 does, from $PG_ONCE_CACHE/pg16-pgserver.
+PG16_WHEEL=pgserver==0.1.4
+
+pg_wheel_bin() { echo "$PG_ONCE_CACHE/pg16-pgserver/pgserver/pginstall/bin"; }
+
+# pg_wheel_ensure: download and unpack the wheel unless it is there.
+pg_wheel_ensure() {
+    local dir=$PG_ONCE_CACHE/pg16-pgserver
+    [ "$(cat "$dir/.pg_once-recipe" 2>/dev/null)" = "$PG16_WHEEL" ] && return
+    say "fetching PostgreSQL 16 ($PG16_WHEEL from PyPI)"
+    rm -rf "$dir" "$dir.new"
+    mkdir -p "$dir.new"
+    python3 -m pip download --quiet --disable-pip-version-check --no-deps \
+        --only-binary=:all: --platform manylinux2014_x86_64 --python-version 3.11 \
+        "$PG16_WHEEL" -d "$dir.new"
+    python3 -c 'import sys, zipfile, glob; zipfile.ZipFile(glob.glob(sys.argv[1] + "/*.whl")[0]).extractall(sys.argv[1])' "$dir.new"
+    rm -f "$dir.new"/*.whl
+    # Zip files keep no modes: the programs must run, as postgres too.
+    chmod -R a+rX "$dir.new"
+    chmod a+x "$dir.new"/pgserver/pginstall/bin/* \
+        "$dir.new"/pgserver/pginstall/lib/postgresql/pgxs/src/test/*/pg_*regress \
+        "$dir.new"/pgserver/pginstall/lib/postgresql/pgxs/src/test/isolation/isolationtester
+    echo "$PG16_WHEEL" >"$dir.new/.pg_once-recipe"
+    mv "$dir.new" "$dir"
+}
+
 # pg_typecheck N: type-check and lint pg_once (library and #[pg_test]s) for PostgreSQL N against the
 # bindings pgrx-pg-sys ships for every version it supports, for a version no Debian
 # release ships (14, 16): DOCS_RS=1 makes pgrx-pg-sys skip bindgen, and --cfg docsrs,

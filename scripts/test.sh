@@ -4,11 +4,12 @@
 #   ./scripts/test.sh              every PostgreSQL version (14 to 18), one after the other
 #   ./scripts/test.sh --pg 17      one version (or --pg "15 18"; PG_ONCE_PG works too)
 #
-# 15 is the host's: steps 1 to 6. 17 and 18 run in Debian chroots that the run creates,
-# or reuses from /var/cache/pg_once (scripts/pg-versions.sh): steps 1 (the extension's
-# lints for that version) to 4; the tests' clients run on the host and reach those
-# servers on 127.0.0.1 as they do 15's. No Debian release ships 14 or 16: they are
-# type-checked and linted against pgrx's bindings, with no server.
+# 15 is the host's: steps 1 to 6. 16, 17 and 18: steps 1 (the extension's lints for that
+# version) to 4. 17 and 18 run in Debian chroots that the run creates, or reuses from
+# /var/cache/pg_once (scripts/pg-versions.sh); the tests' clients run on the host and
+# reach those servers on 127.0.0.1 as they do 15's. No Debian release ships 14 or 16: 16
+# comes from PyPI's pgserver wheel and runs on the host; 14 is type-checked and linted
+# against pgrx's bindings, with no server.
 #
 #   1. formatting and lints         cargo fmt --check, cargo clippy -D warnings, and
 #                                   check-boundary (SQL declarations = Rust signatures)
@@ -28,8 +29,8 @@
 #                                   PgBouncer in transaction mode
 #
 # STEPS="2 4" (for example) runs only those steps, and SERVERS="preloaded" only that
-# server's run of steps 3 to 6; by default everything runs on 15, and steps 1 to 4 on 17
-# and 18 (the soak and the client libraries, 5 and 6, with STEPS: they add minutes a
+# server's run of steps 3 to 6; by default everything runs on 15, and steps 1 to 4 on 16,
+# 17 and 18 (the soak and the client libraries, 5 and 6, with STEPS: they add minutes a
 # version and reach the server only through SQL that steps 2 to 4 already run).
 #
 # Steps 3 to 6 run twice, against throwaway clusters on 127.0.0.1: one without
@@ -63,8 +64,9 @@ if [ "$(wc -w <<<"$versions")" -gt 1 ]; then
     exit 0
 fi
 PG_MAJOR=$versions
-if [ "$PG_MAJOR" = 14 ] || [ "$PG_MAJOR" = 16 ]; then
-    # No Debian release ships them: type-checked only (README, "PostgreSQL versions").
+if [ "$PG_MAJOR" = 14 ]; then
+    # Neither Debian nor any other registry we use ships it: type-checked only (README,
+    # "PostgreSQL versions").
     PG_MAJOR=15 source "$(dirname "$0")/lib.sh"
     started=$SECONDS
     say "PostgreSQL $versions: type check against pgrx's bindings (no server to test here)"
@@ -73,12 +75,12 @@ if [ "$PG_MAJOR" = 14 ] || [ "$PG_MAJOR" = 16 ]; then
     exit 0
 fi
 source "$(dirname "$0")/lib.sh"
-# Each version's servers on their own ports: 15 on PG_ONCE_TEST_PORT (25432), 17 and 18 on
-# PG_ONCE_TEST_PORT_17 and _18 (100 and 200 above it, unless set).
+# Each version's servers on their own ports: 15 on PG_ONCE_TEST_PORT (25432), 16 to 18 on
+# PG_ONCE_TEST_PORT_16 to _18 (100, 200 and 300 above it, unless set).
 case $PG_MAJOR in
     15) PORT=${PG_ONCE_TEST_PORT:-25432} ;;
     *) port_var=PG_ONCE_TEST_PORT_$PG_MAJOR
-       PORT=${!port_var:-$((${PG_ONCE_TEST_PORT:-25432} + 100 * (PG_MAJOR - 16)))} ;;
+       PORT=${!port_var:-$((${PG_ONCE_TEST_PORT:-25432} + 100 * (PG_MAJOR - 15)))} ;;
 esac
 # Servers run with Rust backtraces on, as a developer's might: no error a client sees may
 # carry one (see errors::plain).
