@@ -18,8 +18,9 @@
 //! - Asking for shared memory: PostgreSQL 15 added `shmem_request_hook`, and computes
 //!   MaxBackends before it runs; on 14 a library asks in `_PG_init`, before MaxBackends is
 //!   computed (see `max_backends`).
-//! - Reserving the `once.` prefix: `MarkGUCPrefixReserved` since 15,
-//!   `EmitWarningsOnPlaceholders` on 14 (same effect: placeholders warned about and removed).
+//! - Reserving the `once.` prefix: `MarkGUCPrefixReserved` since 15. 14 has only
+//!   `EmitWarningsOnPlaceholders`, which warns about `once.*` placeholders already set but
+//!   cannot refuse later ones: on 14 a misspelt `SET once.poll_intervall` is accepted.
 //! - A tuple descriptor's attributes: `TupleDescData.attrs` up to 17; since 18 they follow
 //!   the `compact_attrs` array (what PostgreSQL's `TupleDescAttr` computes).
 //! - `heap_fetch`: PostgreSQL 15 added `keep_buf` (keep the buffer pinned when the answer
@@ -129,7 +130,8 @@ pub unsafe fn local_backend_status(index: i32) -> *mut pg_sys::LocalPgBackendSta
 }
 
 /// Reserve the settings prefix `prefix`: a misspelt setting under it is an error, and one
-/// already set is reported and removed. Call from _PG_init after defining the settings.
+/// already set is reported and removed (on 14: only reported, see the module's comment).
+/// Call from _PG_init after defining the settings.
 pub fn reserve_guc_prefix(prefix: &CStr) {
     // SAFETY: called from _PG_init, as PostgreSQL's own modules do.
     #[cfg(feature = "pg14")]
