@@ -1,8 +1,10 @@
-# PostgreSQL majors other than the host's 15, each in a Debian chroot. Sourced by lib.sh;
-# do not run it.
+# PostgreSQL majors other than the host's 15. Sourced by lib.sh; do not run it.
 #
 # No Debian release ships every PostgreSQL major, and the host (bookworm) ships only 15.
-# PostgreSQL N runs in a debootstrap chroot of the Debian release that ships it, with
+# 17 and 18 run in Debian chroots (below); 16 from PyPI's pgserver wheel, on the host
+# (pg_wheel_ensure); 14, which nothing here ships, is only type-checked (pg_typecheck).
+#
+# PostgreSQL N (17, 18) runs in a debootstrap chroot of the Debian release that ships it, with
 # postgresql-N, its server headers and clang inside; the host's Rust toolchain and
 # cargo-pgrx are bind-mounted in, so nothing is built twice. Servers started inside listen
 # on 127.0.0.1 like the host's: the test clients (Rust, Python, Node) run on the host.
@@ -12,6 +14,8 @@
 #   pg_env_run N CMD...      run CMD inside as root, in the caller's directory, with the
 #                            chroot's Rust and pgrx environment (needs pg_env_mount)
 #   pg_env_root N            the chroot's directory on the host
+#   pg_env_wrappers N DIR    scripts in DIR that run N's programs inside (lib.sh's PG_BIN)
+#   pg_env_prefetch N...     pg_env_ensure in the background
 #
 # The chroots are a cache under $PG_ONCE_CACHE (default /var/cache/pg_once): a chroot
 # records the hash of its recipe (release, packages, the postgres user's ids, this file's
