@@ -1,21 +1,47 @@
 # Shared by scripts/*.sh: install what is missing, build and install pg_once, and run
-# throwaway PostgreSQL 15 clusters. Source it; do not run it.
+# throwaway PostgreSQL clusters. Source it; do not run it.
 #
 # Everything here runs as root (as on our CI machines). PostgreSQL refuses to run as root,
 # so clusters are created and started as the `postgres` user under $PG_ONCE_WORK.
+#
+# PG_MAJOR (set before sourcing; test.sh's --pg) picks the PostgreSQL: 15, the host's, by
+# default; 17 or 18 run in a Debian chroot (scripts/pg-versions.sh). Either way
+# $PG_BIN/<program> runs that version's program (for a chroot, a wrapper that enters it)
+# and pg_server <program> runs a server program as postgres.
 
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-# PG_ONCE_PG_BIN: another PostgreSQL 15 installation's bin directory, e.g. a copy of the
-# system one (a copied installation finds its lib/ and share/ relative to bin/), so that
-# two checkouts can install and test their builds side by side (CONTRIBUTING.md).
-PG_BIN=${PG_ONCE_PG_BIN:-/usr/lib/postgresql/15/bin}
-export PG_ONCE_PG_BIN=$PG_BIN   # the crash tests restart the cluster with its pg_ctl
-PG_CONFIG=$PG_BIN/pg_config
 PGRX_VERSION=0.18.1
 # Clusters live outside root's home so the postgres user can write them.
 PG_ONCE_WORK=${PG_ONCE_WORK:-/var/tmp/pg_once}
+source "$REPO_ROOT/scripts/pg-versions.sh"
+PG_MAJOR=${PG_MAJOR:-15}
+if [ "$PG_MAJOR" = 16 ]; then
+    # PyPI's build of 16 (pg-versions.sh), run on the host like 15.
+    PG_BIN=$(pg_wheel_bin)
+    PG_BIN_INSIDE=$PG_BIN
+    unset PG_ONCE_PG_BIN_SWITCHES_USER
+elif [ "$PG_MAJOR" = 15 ]; then
+    # PG_ONCE_PG_BIN: another PostgreSQL 15 installation's bin directory, e.g. a copy of
+    # the system one (a copied installation finds its lib/ and share/ relative to bin/),
+    # so that two checkouts can install and test their builds side by side
+    # (CONTRIBUTING.md).
+    PG_BIN=${PG_ONCE_PG_BIN:-/usr/lib/postgresql/15/bin}
+    # Where the programs see their bin directory (pg_regress --bindir).
+    PG_BIN_INSIDE=$PG_BIN
+    unset PG_ONCE_PG_BIN_SWITCHES_USER
+else
+    # Wrappers that enter the chroot (pg_env_wrappers, written by ensure_toolchain).
+    PG_BIN=$PG_ONCE_WORK/pg$PG_MAJOR-bin
+    PG_BIN_INSIDE=/usr/lib/postgresql/$PG_MAJOR/bin
+    # Read by pg_test/multi's pg_ctl: the wrappers switch to postgres themselves.
+    export PG_ONCE_PG_BIN_SWITCHES_USER=1
+    # Files the chroot's programs write for the host (pg_dump's in the tokens test).
+    export TMPDIR=$PG_ONCE_WORK/tmp
+fi
+export PG_ONCE_PG_BIN=$PG_BIN   # the crash tests restart the cluster with its pg_ctl
+PG_CONFIG=$PG_BIN/pg_config
 # pgrx otherwise builds the extension with different linker flags than `cargo test`
 # does, which rebuilds every dependency twice.
 export CARGO_PGRX_DISABLE_GC_SECTIONS_WORKAROUND=1
@@ -34,7 +60,9 @@ print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] =
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
-# Debian packages, cargo-pgrx and `cargo pgrx init`, each only when missing.
+# Debian packages, cargo-pgrx and `cargo pgrx init`, each only when missing; for a
+# PG_MAJOR other than 15, its chroot too, mounted until pg_env_umount (the caller's EXIT
+# trap must call it).
 ensure_toolchain() {
     local missing=()
     for p in "${DEBIAN_PACKAGES[@]}"; do
@@ -49,22 +77,63 @@ ensure_toolchain() {
         say "installing cargo-pgrx $PGRX_VERSION (about 10 minutes, once)"
         cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
     fi
-    if ! grep -qs "^pg15 = \"$PG_CONFIG\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
-        say "cargo pgrx init --pg15 $PG_CONFIG"
-        cargo pgrx init --pg15 "$PG_CONFIG" >/dev/null
-    fi
     mkdir -p "$PG_ONCE_WORK"
     chown postgres "$PG_ONCE_WORK"
+    if [ "$PG_MAJOR" = 15 ] || [ "$PG_MAJOR" = 16 ]; then
+        [ "$PG_MAJOR" = 16 ] && pg_wheel_ensure
+        if ! grep -qs "^pg$PG_MAJOR = \"$PG_CONFIG\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
+            say "cargo pgrx init --pg$PG_MAJOR $PG_CONFIG"
+            cargo pgrx init "--pg$PG_MAJOR" "$PG_CONFIG" >/dev/null
+        fi
+        return
+    fi
+    pg_env_ensure "$PG_MAJOR"
+    pg_env_mount "$PG_MAJOR"
+    pg_env_wrappers "$PG_MAJOR" "$PG_BIN"
+    mkdir -p "$TMPDIR"
+    chmod 1777 "$TMPDIR"
+    # The chroot's own pgrx home (pg_env_run), naming the chroot's pg_config.
+    pg_env_run "$PG_MAJOR" sh -c "grep -qs '^pg$PG_MAJOR = ' \$PGRX_HOME/config.toml ||
+        cargo pgrx init --pg$PG_MAJOR $PG_BIN_INSIDE/pg_config >/dev/null"
 }
 
-# install_extension [release|debug]: build pg_once and install it into the system
-# PostgreSQL 15. Tests use the quicker debug build; the demo and benchmarks use release.
+# pg_server PROGRAM ARGS...: a server program (initdb, pg_ctl, pg_basebackup) as postgres.
+pg_server() {
+    local program=$1; shift
+    if [ -n "${PG_ONCE_PG_BIN_SWITCHES_USER:-}" ]; then
+        "$PG_BIN/$program" "$@"
+    else
+        runuser -u postgres -- "$PG_BIN/$program" "$@"
+    fi
+}
+
+# pg_build CMD...: run a build command (cargo pgrx ...) where PG_MAJOR's headers are: on
+# the host for 15, inside the chroot otherwise (its own target directory and pgrx home).
+pg_build() {
+    if [ -z "${PG_ONCE_PG_BIN_SWITCHES_USER:-}" ]; then
+        "$@"
+    else
+        pg_env_run "$PG_MAJOR" "$@"
+    fi
+}
+
+# pgxs_test_program SUITE PROGRAM: PostgreSQL's pg_regress or pg_isolation_regress.
+pgxs_test_program() {
+    if [ -z "${PG_ONCE_PG_BIN_SWITCHES_USER:-}" ]; then
+        echo "$($PG_CONFIG --pkglibdir)/pgxs/src/test/$1/$2"
+    else
+        echo "$PG_BIN/$2"
+    fi
+}
+
+# install_extension [release|debug]: build pg_once and install it into PG_MAJOR's
+# PostgreSQL. Tests use the quicker debug build; the demo and benchmarks use release.
 install_extension() {
     local profile=${1:-release} log=$PG_ONCE_WORK/install.log
     say "building and installing pg_once ($profile)"
     local flags=()
     [ "$profile" = release ] && flags=(--release)
-    if ! (cd "$REPO_ROOT" && cargo pgrx install "${flags[@]}" --pg-config "$PG_CONFIG") >"$log" 2>&1; then
+    if ! (cd "$REPO_ROOT" && pg_build cargo pgrx install "${flags[@]}" --pg-config "$PG_BIN_INSIDE/pg_config") >"$log" 2>&1; then
         tail -40 "$log" >&2
         echo "cargo pgrx install failed; full log in $log" >&2
         exit 1
@@ -80,7 +149,7 @@ cluster_start() {
     cluster_stop "$name"
     rm -rf "$dir"
     runuser -u postgres -- mkdir -p "$dir"
-    runuser -u postgres -- "$PG_BIN/initdb" -D "$dir/data" -U postgres -A trust \
+    pg_server initdb -D "$dir/data" -U postgres -A trust \
         --no-sync -E UTF8 --locale=C.UTF-8 >/dev/null
     {
         echo "port = $port"
@@ -94,7 +163,7 @@ cluster_start() {
         echo "log_line_prefix = '%m [%p] '"
         for line in "$@"; do echo "$line"; done
     } >>"$dir/data/postgresql.conf"
-    runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null
+    pg_server pg_ctl -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null
 }
 
 # standby_start NAME PORT PRIMARY_PORT
@@ -109,19 +178,21 @@ standby_start() {
     cluster_stop "$name"
     rm -rf "$dir"
     runuser -u postgres -- mkdir -p "$dir"
-    runuser -u postgres -- "$PG_BIN/pg_basebackup" -h 127.0.0.1 -p "$primary_port" -U postgres \
-        -D "$dir/data" -R -X stream --no-sync
+    # --checkpoint=fast: the default spreads the backup's checkpoint over most of
+    # checkpoint_timeout, minutes of waiting once the tests have dirtied some buffers.
+    pg_server pg_basebackup -h 127.0.0.1 -p "$primary_port" -U postgres \
+        -D "$dir/data" -R -X stream --no-sync --checkpoint=fast
     {
         echo "port = $port"
         echo "unix_socket_directories = '$dir'"
     } >>"$dir/data/postgresql.conf"
-    runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null
+    pg_server pg_ctl -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null
 }
 
 cluster_stop() {
     local dir=$PG_ONCE_WORK/$1
     if [ -f "$dir/data/postmaster.pid" ]; then
-        runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null 2>&1 || true
+        pg_server pg_ctl -D "$dir/data" -m fast -w stop >/dev/null 2>&1 || true
     fi
 }
 

@@ -1,6 +1,16 @@
 #!/usr/bin/env bash
 # Install whatever is missing, then run every pg_once test. Run as root on Debian bookworm.
 #
+#   ./scripts/test.sh              every PostgreSQL version (14 to 18), one after the other
+#   ./scripts/test.sh --pg 17      one version (or --pg "15 18"; PG_ONCE_PG works too)
+#
+# 15 is the host's: steps 1 to 9. 16, 17 and 18: steps 1 (the extension's lints for that
+# version) to 4. 17 and 18 run in Debian chroots that the run creates, or reuses from
+# /var/cache/pg_once (scripts/pg-versions.sh); the tests' clients run on the host and
+# reach those servers on 127.0.0.1 as they do 15's. No Debian release ships 14 or 16: 16
+# comes from PyPI's pgserver wheel and runs on the host; 14 is type-checked and linted
+# against pgrx's bindings, with no server.
+#
 #   1. formatting and lints         cargo fmt --check, cargo clippy -D warnings, and
 #                                   check-boundary (SQL declarations = Rust signatures)
 #   2. single-session unit tests    cargo pgrx test (#[pg_test]s in src/tests/, and plain
@@ -33,7 +43,9 @@
 #                                   database (scripts/upgrade-test.sh)
 #
 # STEPS="2 4" (for example) runs only those steps, and SERVERS="preloaded" only that
-# server's run of steps 3 to 7; by default everything runs.
+# server's run of steps 3 to 7; by default everything runs on 15, and steps 1 to 4 on 16,
+# 17 and 18 (the soak and the client libraries, 5 and 6, with STEPS: they add minutes a
+# version and reach the server only through SQL that steps 2 to 4 already run).
 #
 # Steps 3 to 7 run twice, against throwaway clusters on 127.0.0.1: one without
 # preloading (polling, direct NOTIFY, no worker) on $PG_ONCE_TEST_PORT, and one with
@@ -43,34 +55,87 @@
 # range (32768-60999), so that no client socket of an earlier test can hold them. For step
 # 4 the preloaded server also gets a hot standby (pg_basebackup -R) on the port after it
 # (PG_ONCE_STANDBY_DSN); for step 7 each server gets a postgres_exporter 20 ports higher.
-# Step 8 runs last, once the servers of steps 3 to 7 (which load the build `cargo pgrx
-# install` put in place) are stopped: the package replaces those files. Its cluster
-# listens on the port 5 above $PG_ONCE_TEST_PORT.
+# Step 8 runs once the servers of steps 3 to 7 (which load the build `cargo pgrx install`
+# put in place) are stopped: the package replaces those files. Its cluster listens on the
+# port 5 above $PG_ONCE_TEST_PORT; step 9's on the port 4 above it (and its PgBouncer 10
+# higher).
+versions=${PG_ONCE_PG:-14 15 16 17 18}
+if [ "${1:-}" = --pg ]; then
+    versions=${2:?--pg needs a version, e.g. --pg 17}
+    shift 2
+fi
+if [ "$(wc -w <<<"$versions")" -gt 1 ]; then
+    # The chroots of 17 and 18 are made while 15 is tested.
+    (
+        PG_MAJOR=15 source "$(dirname "$0")/lib.sh"
+        # shellcheck disable=SC2046
+        pg_env_prefetch $(tr ' ' '\n' <<<"$versions" | grep -xE '17|18' || true)
+    )
+    # One run per version, each in its own process (its own PG_MAJOR, mounts and traps).
+    summary=()
+    for v in $versions; do
+        started=$SECONDS
+        PG_ONCE_PG=$v "$0" "$@" || exit
+        summary+=("PostgreSQL $v: $((SECONDS - started)) s")
+    done
+    printf '\033[1m==> passed: %s\033[0m\n' "${summary[*]/%/;}" >&2
+    exit 0
+fi
+PG_MAJOR=$versions
+if [ "$PG_MAJOR" = 14 ]; then
+    # Neither Debian nor any other registry we use ships it: type-checked only (README,
+    # "PostgreSQL versions").
+    PG_MAJOR=15 source "$(dirname "$0")/lib.sh"
+    started=$SECONDS
+    say "PostgreSQL $versions: type check against pgrx's bindings (no server to test here)"
+    pg_typecheck "$versions"
+    say "PostgreSQL $versions: type check passed in $((SECONDS - started)) s"
+    exit 0
+fi
 source "$(dirname "$0")/lib.sh"
-PORT=${PG_ONCE_TEST_PORT:-25432}
+# Each version's servers on their own ports: 15 on PG_ONCE_TEST_PORT (25432), 16 to 18 on
+# PG_ONCE_TEST_PORT_16 to _18 (100, 200 and 300 above it, unless set).
+case $PG_MAJOR in
+    15) PORT=${PG_ONCE_TEST_PORT:-25432} ;;
+    *) port_var=PG_ONCE_TEST_PORT_$PG_MAJOR
+       PORT=${!port_var:-$((${PG_ONCE_TEST_PORT:-25432} + 100 * (PG_MAJOR - 15)))} ;;
+esac
 # Servers run with Rust backtraces on, as a developer's might: no error a client sees may
 # carry one (see errors::plain).
 export RUST_BACKTRACE=1
 started=$SECONDS
-STEPS=${STEPS:-1 2 3 4 5 6 7 8 9}
+if [ "$PG_MAJOR" = 15 ]; then
+    STEPS=${STEPS:-1 2 3 4 5 6 7 8 9}
+else
+    STEPS=${STEPS:-1 2 3 4}
+fi
 SERVERS=${SERVERS:-plain preloaded}
 step() { [[ " $STEPS " == *" $1 "* ]]; }
 
+# Stop what a run started, even when it fails; then unmount the chroot (for 17 and 18).
+trap 'pgbouncer_stop plain-bouncer; pgbouncer_stop preloaded-bouncer; exporter_stop plain-exporter; exporter_stop preloaded-exporter; cluster_stop preloaded-standby; cluster_stop plain; cluster_stop preloaded; package_cleanup; pg_env_umount' EXIT
+say "PostgreSQL $PG_MAJOR: steps $STEPS"
 ensure_toolchain
 cd "$REPO_ROOT"
 
-if step 1; then
+if step 1 && [ "$PG_MAJOR" = 15 ]; then
     say "1/9 formatting and lints"
     cargo fmt --all --check
     cargo clippy --workspace --all-targets --quiet -- -D warnings
     python3 scripts/check-boundary.py
+elif step 1; then
+    # What depends on the version: the extension's code under this version's cfg.
+    say "1/9 lints of the extension for PostgreSQL $PG_MAJOR"
+    pg_build cargo clippy --quiet --lib --tests --no-default-features \
+        --features "pg$PG_MAJOR pg_test" -- -D warnings
 fi
 
 if step 2; then
     say "2/9 unit tests: cargo pgrx test"
     # One at a time: the tests use the same keys in transactions that roll back, and a
     # claim never waits for another transaction's uncommitted claim (it is told `wait`).
-    RUST_TEST_THREADS=1 cargo pgrx test pg15 --runas postgres --pgdata "$PG_ONCE_WORK/pgrx-test"
+    pg_build env RUST_TEST_THREADS=1 cargo pgrx test "pg$PG_MAJOR" --runas postgres \
+        --pgdata "$PG_ONCE_WORK/pgrx-test-$PG_MAJOR"
 fi
 
 if step 3 || step 4 || step 5 || step 6 || step 7 || step 9; then
@@ -87,8 +152,8 @@ run_pgxs_suite() {
     local tool=pg_regress
     [ "$suite" = isolation ] && tool=pg_isolation_regress
     rm -rf "$out"
-    if ! "$($PG_CONFIG --pkglibdir)/pgxs/src/test/$suite/$tool" \
-            --bindir="$PG_BIN" --inputdir="pg_test/$suite" --outputdir="$out" \
+    if ! "$(pgxs_test_program "$suite" "$tool")" \
+            --bindir="$PG_BIN_INSIDE" --inputdir="pg_test/$suite" --outputdir="$out" \
             --host=127.0.0.1 --port="$port" --user=postgres --dbname="$db" "$@"; then
         cat "$out/regression.diffs" >&2
         exit 1
@@ -176,7 +241,6 @@ run_server_tests() {
     cluster_stop "$name"
 }
 
-trap 'pgbouncer_stop plain-bouncer; pgbouncer_stop preloaded-bouncer; exporter_stop plain-exporter; exporter_stop preloaded-exporter; cluster_stop preloaded-standby; cluster_stop plain; cluster_stop preloaded; package_cleanup' EXIT
 py_venv=$PG_ONCE_WORK/py-venv
 if step 6; then
     say "installing the client libraries' dependencies"
@@ -276,4 +340,4 @@ if step 9; then
     upgrade_test $((PORT + 4))
 fi
 
-say "steps $STEPS passed in $((SECONDS - started)) s (servers: $SERVERS)"
+say "PostgreSQL $PG_MAJOR: steps $STEPS passed in $((SECONDS - started)) s (servers: $SERVERS)"

@@ -144,7 +144,7 @@ upgrade_test() {
         snapshot | diff "$work/before.txt" - >&2
 
         say "9/9 restarted: the new library with the $UPGRADE_FROM SQL"
-        runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$PG_ONCE_WORK/$name/data" -w -m fast restart \
+        pg_server pg_ctl -D "$PG_ONCE_WORK/$name/data" -w -m fast restart \
             -l "$PG_ONCE_WORK/$name/server.log" >/dev/null
         expect_refusal "claim_key before ALTER EXTENSION UPDATE" \
             "$(psql_out -c "SELECT * FROM once.claim_key('up:new')")"

@@ -14,8 +14,9 @@
 //!   `liveness` (who owns a claim, is it alive), `notify` (NOTIFY and wake-ups at
 //!   commit), `launcher` (starts and restarts the workers), `worker` (reaper and relay),
 //!   `guc` (settings).
-//! - Used by all: `key` (a key, its digest and tag), `errors` (how pg_once fails) and
-//!   `schema` (where the SQL objects live: `once`, and `once_internal` for pg_once's own).
+//! - Used by all: `key` (a key, its digest and tag), `errors` (how pg_once fails),
+//!   `schema` (where the SQL objects live: `once`, and `once_internal` for pg_once's own)
+//!   and `pg_compat` (what differs between PostgreSQL majors, and only that).
 
 use pgrx::prelude::*;
 
@@ -26,6 +27,7 @@ mod schema;
 mod api;
 mod errors;
 mod key;
+mod pg_compat;
 mod protocol;
 mod runtime;
 mod storage;

@@ -117,8 +117,7 @@ pub fn register(preloading: bool) {
     // Every once.* setting is defined above: a misspelt one (`SET once.poll_intervall`)
     // is then an error instead of a silently accepted placeholder, and one already set
     // in postgresql.conf is reported and removed.
-    // SAFETY: called from _PG_init, after the definitions, as PostgreSQL's own modules do.
-    unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"once".as_ptr()) };
+    crate::pg_compat::reserve_guc_prefix(c"once");
 }
 
 /// The databases named by once.databases.

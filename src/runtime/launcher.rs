@@ -108,8 +108,7 @@ pub extern "C-unwind" fn pg_once_launcher_main(_arg: pg_sys::Datum) {
 fn stop(shared: &Shared) -> ! {
     shared.clear_launcher();
     debug1!("pg_once launcher shutting down");
-    // SAFETY: ends this process as an ERROR would, running its exit callbacks.
-    unsafe { pg_sys::proc_exit(1) }
+    crate::pg_compat::proc_exit(1)
 }
 
 /// The databases of once.databases, each once, at most MAX_DATABASES of them (one relay

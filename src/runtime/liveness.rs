@@ -11,6 +11,7 @@
 //! shows), a per-transaction copy that must be refreshed.
 
 use crate::errors;
+use crate::pg_compat;
 use crate::runtime::{guc, shmem};
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
@@ -262,7 +263,7 @@ fn backend_start_time(pid: i32) -> Option<pg_sys::TimestampTz> {
         }
         let n = pg_sys::pgstat_fetch_stat_numbackends();
         (1..=n).find_map(|i| {
-            let entry = pg_sys::pgstat_fetch_stat_local_beentry(i);
+            let entry = pg_compat::local_backend_status(i);
             let status = &entry.as_ref()?.backendStatus;
             (status.st_procpid == pid).then_some(status.st_proc_start_timestamp)
         })

@@ -8,6 +8,7 @@
 
 use crate::errors;
 use crate::key::Key;
+use crate::pg_compat;
 use crate::storage::jsonb::Jsonb;
 use crate::storage::subxact::Blocked;
 use pgrx::datum::{FromDatum, TimestampWithTimeZone};
@@ -139,7 +140,7 @@ unsafe fn scan(
             pg_sys::Oid::from(pg_sys::F_BYTEAEQ),
             key.hash_datum(),
         );
-        let scan = pg_sys::index_beginscan(table, index, snapshot, 1, 0);
+        let scan = pg_compat::index_beginscan(table, index, snapshot, 1, 0);
         pg_sys::index_rescan(scan, &mut scankey, 1, std::ptr::null_mut(), 0);
         let slot = pg_sys::table_slot_create(table, std::ptr::null_mut());
 
@@ -293,7 +294,7 @@ unsafe fn with_tuple_header(
         let mut buffer: pg_sys::Buffer = pg_sys::InvalidBuffer as pg_sys::Buffer;
         let any = &raw mut pg_sys::SnapshotAnyData;
         let mut answer = false;
-        if pg_sys::heap_fetch(table, any, &mut tuple, &mut buffer, true) {
+        if pg_compat::heap_fetch(table, any, &mut tuple, &mut buffer) {
             pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_SHARE as i32);
             answer = f(tuple.t_data);
             pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_UNLOCK as i32);
@@ -374,7 +375,7 @@ unsafe fn attnum(table: pg_sys::Relation, name: &CStr) -> usize {
     let desc = (*table).rd_att;
     (0..(*desc).natts as usize)
         .find(|&i| {
-            let att = &(*desc).attrs.as_slice((*desc).natts as usize)[i];
+            let att = pg_compat::tuple_desc_attr(desc, i);
             !att.attisdropped && CStr::from_ptr(att.attname.data.as_ptr()) == name
         })
         .map(|i| i + 1)

@@ -8,6 +8,7 @@
 
 mod bad_input;
 mod claims;
+mod compat;
 mod keys;
 mod owners;
 mod queue;

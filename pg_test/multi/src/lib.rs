@@ -55,21 +55,22 @@ pub fn pg_bin() -> String {
 }
 
 /// Run the test cluster's pg_ctl on its data directory (PG_ONCE_DATA_DIR), as postgres.
+/// For a PostgreSQL in a chroot, PG_ONCE_PG_BIN holds wrappers that enter it and switch
+/// to postgres themselves (PG_ONCE_PG_BIN_SWITCHES_USER, see scripts/pg-versions.sh):
+/// they must be run as root.
 pub fn pg_ctl(args: &[&str]) -> Result<()> {
     let data = std::env::var("PG_ONCE_DATA_DIR")
         .context("PG_ONCE_DATA_DIR is not set: run through scripts/test.sh")?;
-    let status = std::process::Command::new("runuser")
-        .args([
-            "-u",
-            "postgres",
-            "--",
-            &format!("{}/pg_ctl", pg_bin()),
-            "-D",
-            &data,
-            "-w",
-            "-t",
-            "60",
-        ])
+    let pg_ctl = format!("{}/pg_ctl", pg_bin());
+    let mut command = if std::env::var_os("PG_ONCE_PG_BIN_SWITCHES_USER").is_some() {
+        std::process::Command::new(&pg_ctl)
+    } else {
+        let mut runuser = std::process::Command::new("runuser");
+        runuser.args(["-u", "postgres", "--", &pg_ctl]);
+        runuser
+    };
+    let status = command
+        .args(["-D", &data, "-w", "-t", "60"])
         .args(args)
         .stdout(std::process::Stdio::null())
         .status()?;

@@ -1,6 +1,5 @@
 -- What a psql user sees: the objects, one key's life, and how bad input is answered.
 CREATE EXTENSION pg_once;
-\dx pg_once
 
 -- \df once.* shows the API; what only pg_once calls is in once_internal, every object of
 -- which belongs to the extension.

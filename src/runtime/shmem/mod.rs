@@ -22,6 +22,7 @@ pub use counters::{count, count_n, counters, Counter, COUNTER_COLUMNS};
 pub use relay::AttachError;
 pub use slots::BackendSlot;
 
+use crate::pg_compat;
 use counters::COUNTERS;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -38,7 +39,7 @@ pub struct Shared {
     /// Pid and PGPROC number of the running pg_once launcher (pid 0: none), whose latch a
     /// worker sets when it exits.
     launcher_pid: AtomicI32,
-    launcher_pgprocno: AtomicI32,
+    launcher_proc_number: AtomicI32,
     /// Worker starts so far: each start gets the next number (see runtime::launcher).
     launches: AtomicU32,
     // followed by `backends` BackendSlots
@@ -52,32 +53,25 @@ static mut SHARED: *mut Shared = std::ptr::null_mut();
 static mut LOCKS: *mut pg_sys::LWLockPadded = std::ptr::null_mut();
 const TRANCHE: &std::ffi::CStr = c"pg_once";
 
-static mut PREV_SHMEM_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
 static mut PREV_SHMEM_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
 
 fn size() -> usize {
-    // SAFETY: MaxBackends is final by the time shared memory is requested.
-    let backends = unsafe { pg_sys::MaxBackends } as usize;
-    size_of::<Shared>() + backends * size_of::<BackendSlot>()
+    size_of::<Shared>() + pg_compat::max_backends() * size_of::<BackendSlot>()
 }
 
 /// Ask for shared memory; called from _PG_init while preloading.
 pub fn request() {
+    pg_compat::request_shared_memory(request_space);
     // SAFETY: hook chaining as every preloaded library does, in the postmaster.
     unsafe {
-        PREV_SHMEM_REQUEST_HOOK = pg_sys::shmem_request_hook;
-        pg_sys::shmem_request_hook = Some(shmem_request);
         PREV_SHMEM_STARTUP_HOOK = pg_sys::shmem_startup_hook;
         pg_sys::shmem_startup_hook = Some(shmem_startup);
     }
 }
 
-#[pg_guard]
-unsafe extern "C-unwind" fn shmem_request() {
+fn request_space() {
+    // SAFETY: called where PostgreSQL takes these requests (pg_compat::request_shared_memory).
     unsafe {
-        if let Some(prev) = PREV_SHMEM_REQUEST_HOOK {
-            prev();
-        }
         pg_sys::RequestAddinShmemSpace(size());
         pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), 1 + MAX_DATABASES as i32);
     }
@@ -96,7 +90,7 @@ unsafe extern "C-unwind" fn shmem_startup() {
         if !found {
             // All-zero is the empty state of every field.
             std::ptr::write_bytes(shared.cast::<u8>(), 0, size());
-            (*shared).backends = pg_sys::MaxBackends as usize;
+            (*shared).backends = pg_compat::max_backends();
         }
         SHARED = shared;
         LOCKS = pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr());
@@ -108,11 +102,6 @@ unsafe extern "C-unwind" fn shmem_startup() {
 pub fn shared() -> Option<&'static Shared> {
     // SAFETY: set once in the postmaster before any backend starts, then only read.
     unsafe { SHARED.as_ref() }
-}
-
-fn latch_of(pgprocno: i32) -> *mut pg_sys::Latch {
-    // SAFETY: pgprocno indexes ProcGlobal->allProcs, which lives for the server's lifetime.
-    unsafe { &raw mut (*(*pg_sys::ProcGlobal).allProcs.add(pgprocno as usize)).procLatch }
 }
 
 fn lock(index: usize) -> *mut pg_sys::LWLock {

@@ -17,7 +17,8 @@
 //! a worker that dies without running it (SIGKILL, a crash) makes the postmaster
 //! reinitialise shared memory, so a pid found here is always a running worker.
 
-use super::{latch_of, lock, Locked, Shared};
+use super::{lock, Locked, Shared};
+use crate::pg_compat::{self, latch_of};
 use pgrx::pg_sys;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering::SeqCst};
@@ -120,7 +121,7 @@ pub(super) struct RelayQueue {
     dboid: AtomicU32,
     /// Pid and PGPROC number of the worker draining it; pid 0 while it is not running.
     worker_pid: AtomicI32,
-    worker_pgprocno: AtomicI32,
+    worker_proc_number: AtomicI32,
     /// An owner session exited: the worker should reap now rather than at its next round.
     reap_requested: AtomicBool,
     /// Launch number (see runtime::launcher) of the last worker here that got through its
@@ -141,7 +142,7 @@ impl Shared {
     fn wake_worker(&self, index: usize) {
         let queue = &self.relays[index];
         // SAFETY: SetLatch on another process's latch is what latches are for.
-        unsafe { pg_sys::SetLatch(latch_of(queue.worker_pgprocno.load(SeqCst))) };
+        unsafe { pg_sys::SetLatch(latch_of(queue.worker_proc_number.load(SeqCst))) };
     }
 
     /// The relay queue of `dboid` whose worker is running.
@@ -174,13 +175,11 @@ impl Shared {
             return Err(AttachError::Taken { pid });
         }
         queue.dboid.store(dboid.to_u32(), SeqCst);
-        // SAFETY: MyProc is this worker's PGPROC; MyProcPid is set at process start.
-        unsafe {
-            queue
-                .worker_pgprocno
-                .store((*pg_sys::MyProc).pgprocno, SeqCst);
-            queue.worker_pid.store(pg_sys::MyProcPid, SeqCst);
-        }
+        queue
+            .worker_proc_number
+            .store(pg_compat::my_proc_number(), SeqCst);
+        // SAFETY: MyProcPid is set at process start.
+        queue.worker_pid.store(unsafe { pg_sys::MyProcPid }, SeqCst);
         Ok(index)
     }
 
@@ -264,12 +263,11 @@ impl Shared {
 
     /// The calling process is the launcher: workers set its latch when they exit.
     pub fn set_launcher(&self) {
-        // SAFETY: MyProc is this process's PGPROC; MyProcPid is set at process start.
-        unsafe {
-            self.launcher_pgprocno
-                .store((*pg_sys::MyProc).pgprocno, SeqCst);
-            self.launcher_pid.store(pg_sys::MyProcPid, SeqCst);
-        }
+        self.launcher_proc_number
+            .store(pg_compat::my_proc_number(), SeqCst);
+        // SAFETY: MyProcPid is set at process start.
+        self.launcher_pid
+            .store(unsafe { pg_sys::MyProcPid }, SeqCst);
     }
 
     /// The calling launcher is exiting.
@@ -282,7 +280,7 @@ impl Shared {
     fn wake_launcher(&self) {
         if self.launcher_pid.load(SeqCst) != 0 {
             // SAFETY: SetLatch on another process's latch is what latches are for.
-            unsafe { pg_sys::SetLatch(latch_of(self.launcher_pgprocno.load(SeqCst))) };
+            unsafe { pg_sys::SetLatch(latch_of(self.launcher_proc_number.load(SeqCst))) };
         }
     }
 

@@ -3,7 +3,8 @@
 //! session, and what it is waiting for (so whoever resolves that sets its latch right
 //! after commit).
 
-use super::{latch_of, Shared};
+use super::Shared;
+use crate::pg_compat::{self, latch_of};
 use pgrx::pg_sys;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU64, Ordering::SeqCst};
 
@@ -12,7 +13,8 @@ pub struct BackendSlot {
     /// Pid of the backend that registered here, 0 if none.
     pid: AtomicI32,
     started: AtomicI64,
-    pgprocno: AtomicI32,
+    /// Where its latch is (pg_compat::latch_of).
+    proc_number: AtomicI32,
     /// First 8 bytes of the digest of the key (or queue) this backend waits for, 0 if not
     /// waiting.
     waiting_for: AtomicU64,
@@ -21,26 +23,25 @@ pub struct BackendSlot {
 }
 
 impl Shared {
-    fn slot(&self, backend_id: i32) -> Option<&BackendSlot> {
-        let index = usize::try_from(backend_id).ok()?.checked_sub(1)?;
-        if index >= self.backends {
+    /// The slot of backend number `number` (pg_compat::my_backend_number).
+    fn slot(&self, number: usize) -> Option<&BackendSlot> {
+        if number >= self.backends {
             return None;
         }
         // SAFETY: `backends` slots follow the header, as sized in size().
         unsafe {
             let first = (self as *const Shared).add(1).cast::<BackendSlot>();
-            Some(&*first.add(index))
+            Some(&*first.add(number))
         }
     }
 
     fn slots(&self) -> impl Iterator<Item = &BackendSlot> {
-        (1..=self.backends as i32).filter_map(|id| self.slot(id))
+        (0..self.backends).filter_map(|number| self.slot(number))
     }
 
     /// This backend's slot (regular backends and workers have one).
     pub fn my_slot(&self) -> Option<&BackendSlot> {
-        // SAFETY: MyBackendId is set at backend start.
-        self.slot(unsafe { pg_sys::MyBackendId })
+        self.slot(pg_compat::my_backend_number()?)
     }
 
     /// The slot of the running backend `pid`, if that backend registered in it.
@@ -51,7 +52,7 @@ impl Shared {
             return None;
         }
         // SAFETY: a PGPROC returned by BackendPidGetProc.
-        let slot = self.slot(unsafe { (*proc_).backendId })?;
+        let slot = self.slot(unsafe { pg_compat::backend_number(proc_) }?)?;
         (slot.pid.load(SeqCst) == pid).then_some(slot)
     }
 
@@ -76,7 +77,7 @@ impl Shared {
             let waiting_for = slot.waiting_for.load(SeqCst);
             if waiting_for != 0 && tags.contains(&waiting_for) {
                 // SAFETY: SetLatch on another process's latch is what latches are for.
-                unsafe { pg_sys::SetLatch(latch_of(slot.pgprocno.load(SeqCst))) };
+                unsafe { pg_sys::SetLatch(latch_of(slot.proc_number.load(SeqCst))) };
                 woken += 1;
             }
         }
@@ -87,9 +88,7 @@ impl Shared {
 impl BackendSlot {
     /// Record this backend's identity (before it makes a claim).
     pub fn register(&self, pid: i32, started: i64) {
-        // SAFETY: MyProc is this backend's PGPROC.
-        self.pgprocno
-            .store(unsafe { (*pg_sys::MyProc).pgprocno }, SeqCst);
+        self.proc_number.store(pg_compat::my_proc_number(), SeqCst);
         self.started.store(started, SeqCst);
         self.owner_session.store(false, SeqCst);
         self.pid.store(pid, SeqCst);
@@ -115,9 +114,7 @@ impl BackendSlot {
     /// Announce the key this backend waits for (0: none). Announce before looking at the
     /// key: a change committed after the look then finds the announcement and wakes us.
     pub fn wait_for(&self, tag: u64) {
-        // SAFETY: MyProc is this backend's PGPROC.
-        self.pgprocno
-            .store(unsafe { (*pg_sys::MyProc).pgprocno }, SeqCst);
+        self.proc_number.store(pg_compat::my_proc_number(), SeqCst);
         self.waiting_for.store(tag, SeqCst);
     }
 }
