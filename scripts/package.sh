@@ -14,13 +14,10 @@
 #
 # VERSION is Cargo.toml's. Packages go to DIR (default: dist/ in the clone, not committed).
 #
-# Other PostgreSQL versions: the package for N is built where PostgreSQL N and its server
-# headers are installed (/usr/lib/postgresql/N/bin/pg_config) and `cargo pgrx init --pgN`
-# has run, e.g. inside that version's Debian chroot: run this script there with --pg N.
-# See build_elsewhere below.
-source "$(dirname "$0")/lib.sh"
-
-pg=15 profile=release out=$REPO_ROOT/dist pgxn=false
+# Other PostgreSQL versions: the library for N is built where scripts/test.sh --pg N builds
+# it (lib.sh, PG_MAJOR): 17 and 18 inside their Debian chroots, 16 against PyPI's build;
+# the package is put together on the host. Its Depends names Debian's postgresql-N.
+pg=15 profile=release out=dist pgxn=false
 while (($#)); do
     case $1 in
         --pg) pg=$2; shift 2 ;;
@@ -30,6 +27,13 @@ while (($#)); do
         *) echo "usage: $0 [--pg N] [--debug] [--out DIR] | --pgxn [--out DIR]" >&2; exit 2 ;;
     esac
 done
+case $pg in
+    15 | 16 | 17 | 18) ;;
+    *) echo "$0: --pg $pg: packages are built for 15 to 18 (README, \"PostgreSQL versions\")" >&2
+       exit 2 ;;
+esac
+PG_MAJOR=$pg source "$(dirname "$0")/lib.sh"
+[ "$out" = dist ] && out=$REPO_ROOT/dist
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 version=$(cargo_version)
@@ -61,7 +65,7 @@ meta = {
             "version": version,
         }
     },
-    "prereqs": {"runtime": {"requires": {"PostgreSQL": "15.0.0"}}},
+    "prereqs": {"runtime": {"requires": {"PostgreSQL": "14.0.0"}}},
     "release_status": "stable",
     "tags": ["cache", "queue", "fencing token", "lease", "notify"],
     "generated_by": "scripts/package.sh",
@@ -76,38 +80,22 @@ PY
     exit 0
 fi
 
-# The hook for PostgreSQL versions this machine does not run: build where N is installed.
-# lib.sh may define run_for_pg N COMMAND... (run COMMAND where PostgreSQL N is installed,
-# e.g. inside its chroot, with this clone at the same path); until then, say what to do.
-build_elsewhere() {
-    if declare -F run_for_pg >/dev/null; then
-        run_for_pg "$pg" "$REPO_ROOT/scripts/package.sh" --pg "$pg" --out "$out" \
-            $([ "$profile" = debug ] && echo --debug)
-        exit
-    fi
-    echo "PostgreSQL $pg is not installed here (no /usr/lib/postgresql/$pg/bin/pg_config):" \
-         "run $0 --pg $pg where it is, e.g. inside its Debian chroot" >&2
-    exit 1
-}
-
-if [ "$pg" = 15 ]; then
-    ensure_toolchain            # PG_CONFIG: lib.sh's PostgreSQL 15 (PG_ONCE_PG_BIN)
-elif [ -x "/usr/lib/postgresql/$pg/bin/pg_config" ]; then
-    PG_CONFIG=/usr/lib/postgresql/$pg/bin/pg_config
-else
-    build_elsewhere
-fi
+# PostgreSQL N's build environment: for 17 and 18 their chroot, mounted until exit.
+stage=
+trap 'rm -rf "$stage"; pg_env_umount' EXIT
+ensure_toolchain
 
 name=postgresql-$pg-pg-once
 arch=$(dpkg --print-architecture)
 deb=$out/${name}_$version-1_$arch.deb
-stage=$(mktemp -d)
-trap 'rm -rf "$stage"' EXIT
+# In the work directory, which a chroot sees at the same path.
+stage=$(mktemp -d -p "$PG_ONCE_WORK" package.XXXXXX)
 say "building $name $version ($profile) with cargo pgrx package"
-flags=(--no-default-features --features "pg$pg" --pg-config "$PG_CONFIG" --out-dir "$stage/pgrx")
+flags=(--no-default-features --features "pg$pg" --pg-config "$PG_BIN_INSIDE/pg_config"
+       --out-dir "$stage/pgrx")
 [ "$profile" = debug ] && flags+=(--debug)
 log=$out/$name.log
-if ! (cd "$REPO_ROOT" && cargo pgrx package "${flags[@]}") >"$log" 2>&1; then
+if ! (cd "$REPO_ROOT" && pg_build cargo pgrx package "${flags[@]}") >"$log" 2>&1; then
     tail -40 "$log" >&2
     echo "cargo pgrx package failed; full log in $log" >&2
     exit 1

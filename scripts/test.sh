@@ -5,7 +5,7 @@
 #   ./scripts/test.sh --pg 17      one version (or --pg "15 18"; PG_ONCE_PG works too)
 #
 # 15 is the host's: steps 1 to 9. 16, 17 and 18: steps 1 (the extension's lints for that
-# version) to 4. 17 and 18 run in Debian chroots that the run creates, or reuses from
+# version) to 4, and 8 (their package; installed and tested on 17 and 18). 17 and 18 run in Debian chroots that the run creates, or reuses from
 # /var/cache/pg_once (scripts/pg-versions.sh); the tests' clients run on the host and
 # reach those servers on 127.0.0.1 as they do 15's. No Debian release ships 14 or 16: 16
 # comes from PyPI's pgserver wheel and runs on the host; 14 is type-checked and linted
@@ -43,8 +43,8 @@
 #                                   database (scripts/upgrade-test.sh)
 #
 # STEPS="2 4" (for example) runs only those steps, and SERVERS="preloaded" only that
-# server's run of steps 3 to 7; by default everything runs on 15, and steps 1 to 4 on 16,
-# 17 and 18 (the soak and the client libraries, 5 and 6, with STEPS: they add minutes a
+# server's run of steps 3 to 7; by default everything runs on 15, and steps 1 to 4 and 8
+# on 16, 17 and 18 (the soak and the client libraries, 5 and 6, with STEPS: they add minutes a
 # version and reach the server only through SQL that steps 2 to 4 already run).
 #
 # Steps 3 to 7 run twice, against throwaway clusters on 127.0.0.1: one without
@@ -107,7 +107,7 @@ started=$SECONDS
 if [ "$PG_MAJOR" = 15 ]; then
     STEPS=${STEPS:-1 2 3 4 5 6 7 8 9}
 else
-    STEPS=${STEPS:-1 2 3 4}
+    STEPS=${STEPS:-1 2 3 4 8}
 fi
 SERVERS=${SERVERS:-plain preloaded}
 step() { [[ " $STEPS " == *" $1 "* ]]; }
@@ -253,30 +253,35 @@ if step 6; then
 fi
 
 # test_package N DEB: install DEB (postgresql-N-pg-once) into PostgreSQL N as Debian
-# installs it (/usr/lib/postgresql/N), start a clean preloaded cluster of that
-# installation, run pg_regress against it, stop it and remove the package. pg_once files
-# that were there before, not from a package (`cargo pgrx install`), are put back after.
+# installs it (/usr/lib/postgresql/N: the host's for 15, its chroot's for 17 and 18), start
+# a clean preloaded cluster of that installation, run pg_regress against it, stop it and
+# remove the package. pg_once files that were there before, not from a package (`cargo
+# pgrx install`), are put back after.
 package_pg=
 test_package() {
     package_pg=$1
-    local deb=$2 bin=/usr/lib/postgresql/$1/bin lib=/usr/lib/postgresql/$1/lib
+    local deb=$2 root=
+    [ "$1" = 15 ] || root=$(pg_env_root "$1")
+    local lib=/usr/lib/postgresql/$1/lib ext=/usr/share/postgresql/$1/extension
     local saved=$PG_ONCE_WORK/package-saved log=$PG_ONCE_WORK/package-dpkg.log
     rm -rf "$saved" && mkdir -p "$saved/lib" "$saved/extension"
-    cp -a "$lib"/pg_once.so "$saved/lib/" 2>/dev/null || true
-    cp -a /usr/share/postgresql/"$1"/extension/pg_once* "$saved/extension/" 2>/dev/null || true
+    cp -a "$root$lib"/pg_once.so "$saved/lib/" 2>/dev/null || true
+    cp -a "$root$ext"/pg_once* "$saved/extension/" 2>/dev/null || true
     # Gone while the package is tested: the server must find the package's files or none.
-    rm -f "$lib/pg_once.so" /usr/share/postgresql/"$1"/extension/pg_once*
-    if ! dpkg -i "$deb" >"$log" 2>&1; then
+    rm -f "$root$lib/pg_once.so" "$root$ext"/pg_once*
+    if ! pg_build dpkg -i "$deb" >"$log" 2>&1; then
         cat "$log" >&2
         exit 1
     fi
     local owner
-    owner=$(dpkg -S "$lib/pg_once.so")
+    owner=$(pg_build dpkg -S "$lib/pg_once.so")
     [ "$owner" = "postgresql-$1-pg-once: $lib/pg_once.so" ] || { echo "dpkg -S: $owner" >&2; exit 1; }
     local got
     got=$(
         set -e   # not inherited by command substitution
-        PG_BIN=$bin PG_CONFIG=$bin/pg_config
+        # 15: the system's installation, whatever PG_ONCE_PG_BIN says; 17 and 18: the
+        # chroot's, which PG_BIN's wrappers already run.
+        [ "$1" = 15 ] && PG_BIN=/usr/lib/postgresql/15/bin PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
         cluster_start package $((PORT + 5)) "shared_preload_libraries = 'pg_once'" \
             "max_prepared_transactions = 10"
         run_pgxs_suite regress $((PORT + 5)) regress-package pg_once_regress \
@@ -291,14 +296,15 @@ test_package() {
 # Also run on exit, so that a failed step 8 leaves no package or cluster behind.
 package_cleanup() {
     [ -n "$package_pg" ] || return 0
-    local pg=$package_pg saved=$PG_ONCE_WORK/package-saved
+    local pg=$package_pg saved=$PG_ONCE_WORK/package-saved root=
     package_pg=
-    (PG_BIN=/usr/lib/postgresql/$pg/bin; cluster_stop package)
-    if dpkg-query -W "postgresql-$pg-pg-once" >/dev/null 2>&1; then
-        dpkg -r "postgresql-$pg-pg-once" >>"$PG_ONCE_WORK/package-dpkg.log" 2>&1
+    [ "$pg" = 15 ] || root=$(pg_env_root "$pg")
+    (if [ "$pg" = 15 ]; then PG_BIN=/usr/lib/postgresql/15/bin; fi; cluster_stop package)
+    if pg_build dpkg-query -W "postgresql-$pg-pg-once" >/dev/null 2>&1; then
+        pg_build dpkg -r "postgresql-$pg-pg-once" >>"$PG_ONCE_WORK/package-dpkg.log" 2>&1
     fi
-    cp -a "$saved"/lib/. "/usr/lib/postgresql/$pg/lib/"
-    cp -a "$saved"/extension/. "/usr/share/postgresql/$pg/extension/"
+    cp -a "$saved"/lib/. "$root/usr/lib/postgresql/$pg/lib/"
+    cp -a "$saved"/extension/. "$root/usr/share/postgresql/$pg/extension/"
     rm -rf "$saved"
 }
 
@@ -324,13 +330,19 @@ if step 8; then
     # took 526 s on 2 busy cores (fat LTO), the debug one 335 s; the package's layout,
     # dependencies and SQL are the same either way.
     rm -rf "$PG_ONCE_WORK/dist"
-    ./scripts/package.sh --debug --out "$PG_ONCE_WORK/dist"
-    test_package 15 "$PG_ONCE_WORK/dist/postgresql-15-pg-once_${version}-1_$(dpkg --print-architecture).deb"
-    # PostgreSQL 17 and 18: the same two calls with --pg N and N, run inside that
-    # version's chroot (package.sh --pg N builds where N is installed; test_package N
-    # installs into /usr/lib/postgresql/N there).
-    ./scripts/package.sh --pgxn --out "$PG_ONCE_WORK/dist"
-    python3 scripts/check-meta.py "$PG_ONCE_WORK/dist/pg_once-$version.zip" "$version"
+    ./scripts/package.sh --pg "$PG_MAJOR" --debug --out "$PG_ONCE_WORK/dist"
+    deb=$PG_ONCE_WORK/dist/postgresql-$PG_MAJOR-pg-once_${version}-1_$(dpkg --print-architecture).deb
+    if [ "$PG_MAJOR" = 16 ]; then
+        # No Debian postgresql-16 to install it into here (16 is PyPI's build): its files.
+        dpkg-deb --contents "$deb" | grep -q "usr/lib/postgresql/16/lib/pg_once.so" ||
+            { echo "$deb has no pg_once.so for 16" >&2; exit 1; }
+    else
+        test_package "$PG_MAJOR" "$deb"
+    fi
+    if [ "$PG_MAJOR" = 15 ]; then
+        ./scripts/package.sh --pgxn --out "$PG_ONCE_WORK/dist"
+        python3 scripts/check-meta.py "$PG_ONCE_WORK/dist/pg_once-$version.zip" "$version"
+    fi
     say "8/9 packaging took $((SECONDS - package_started)) s"
 fi
 
