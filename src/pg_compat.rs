@@ -29,8 +29,8 @@
 //!   ANALYZE counts).
 //! - `proc_exit` is declared `-> !` by pgrx's bindings up to 17, not for 18.
 //!
-//! pg_once is tested on 15, 17 and 18 and type-checked on 14 and 16 against pgrx's
-//! bindings of those versions (README, "PostgreSQL versions").
+//! pg_once is tested on 15 to 18 and type-checked on 14 against pgrx's bindings of it
+//! (README, "PostgreSQL versions").
 
 use pgrx::pg_sys;
 use std::ffi::CStr;
@@ -38,12 +38,12 @@ use std::ffi::CStr;
 /// This backend's number among the MaxBackends backends that can have one (0-based), or
 /// None for a process without one (an auxiliary process).
 pub fn my_backend_number() -> Option<usize> {
-    // SAFETY: set once at backend start, before any SQL runs.
+    // SAFETY (both): set once at backend start, before any SQL runs. Invalid is -1
+    // (InvalidBackendId, INVALID_PROC_NUMBER), which below_max_backends turns into None.
     #[cfg(any(feature = "pg14", feature = "pg15", feature = "pg16"))]
-    let number = unsafe { pg_sys::MyBackendId } - 1; // InvalidBackendId is -1
-                                                     // SAFETY: as above.
+    let number = unsafe { pg_sys::MyBackendId } - 1;
     #[cfg(any(feature = "pg17", feature = "pg18"))]
-    let number = unsafe { pg_sys::MyProcNumber }; // INVALID_PROC_NUMBER is -1
+    let number = unsafe { pg_sys::MyProcNumber };
     below_max_backends(number)
 }
 
