@@ -8,7 +8,8 @@
 //! higher) takes the sequence below its floor, where it would hand out tokens this
 //! cluster issued after the dump. So every token is drawn here: a value below the floor
 //! moves the sequence up to it first, once. The sequence has no MINVALUE, so that the
-//! restore's setval itself succeeds and a restore reports no error.
+//! restore's setval itself succeeds and a restore reports no error. Drawing costs one
+//! comparison more than nextval; only the first claims after such a restore do more.
 
 use crate::storage::statements::{self, Statement};
 use pgrx::pg_sys;
@@ -30,24 +31,55 @@ pub fn next() -> i64 {
     if token >= floor {
         return token;
     }
-    // Below the floor: set back by a restore. One backend at a time moves it up (a lock
-    // that conflicts with itself, and with nextval meanwhile); the others then draw
-    // above the floor. Without the lock, two could each see a value below it and both set
-    // it to the floor, handing out the same token twice.
-    // SAFETY: locks the sequence until the end of this transaction.
-    unsafe { pg_sys::LockRelationOid(sequence, pg_sys::ShareRowExclusiveLock as i32) };
-    let token = nextval(sequence);
-    if token >= floor {
-        return token;
+    raise_to_floor(sequence, floor)
+}
+
+/// The sequence was set back below its floor (by a restore): move it up, then draw.
+///
+/// One backend at a time moves it, holding a transaction-level advisory lock: two that
+/// each saw a value below the floor must not both set it to the floor, or they would both
+/// draw floor + 1. The others never wait on that lock (a claim's lock waits are bounded,
+/// and a bounded wait that runs out answers `wait`): they draw again after a moment, and
+/// once the sequence has been moved their values are above the floor.
+fn raise_to_floor(sequence: pg_sys::Oid, floor: i64) -> i64 {
+    loop {
+        if try_advisory_xact_lock(sequence) {
+            let token = nextval(sequence);
+            if token >= floor {
+                return token;
+            }
+            // SAFETY: setval(sequence, floor, true), as the SQL function: the next value
+            // is floor + 1.
+            unsafe {
+                pgrx::direct_function_call_as_datum(
+                    pg_sys::setval3_oid,
+                    &[sequence.into_datum(), floor.into_datum(), true.into_datum()],
+                )
+            };
+            return nextval(sequence);
+        }
+        // SAFETY: a short sleep; then a cancel or timeout ends the loop.
+        unsafe { pg_sys::pg_usleep(100) };
+        check_for_interrupts!();
+        let token = nextval(sequence);
+        if token >= floor {
+            return token;
+        }
     }
-    // SAFETY: setval(sequence, floor, true), as the SQL function; the next value is floor + 1.
+}
+
+/// pg_try_advisory_xact_lock(key1, key2): pg_once's key ("once" in ASCII) and the
+/// sequence's oid, so that no application's advisory lock is likely to be the same.
+fn try_advisory_xact_lock(sequence: pg_sys::Oid) -> bool {
+    const ONCE: i32 = 0x6f6e_6365;
+    // SAFETY: the SQL function pg_try_advisory_xact_lock(int4, int4); it never waits.
     unsafe {
-        pgrx::direct_function_call_as_datum(
-            pg_sys::setval3_oid,
-            &[sequence.into_datum(), floor.into_datum(), true.into_datum()],
+        pgrx::direct_function_call::<bool>(
+            pg_sys::pg_try_advisory_xact_lock_int4,
+            &[ONCE.into_datum(), (sequence.to_u32() as i32).into_datum()],
         )
-    };
-    nextval(sequence)
+    }
+    .unwrap_or(false)
 }
 
 fn nextval(sequence: pg_sys::Oid) -> i64 {
