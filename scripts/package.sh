@@ -32,7 +32,9 @@ case $pg in
     *) echo "$0: --pg $pg: packages are built for 15 to 18 (README, \"PostgreSQL versions\")" >&2
        exit 2 ;;
 esac
-PG_MAJOR=$pg source "$(dirname "$0")/lib.sh"
+# lib.sh's functions read PG_MAJOR when called, so it is set for good, not for `source`.
+PG_MAJOR=$pg
+source "$(dirname "$0")/lib.sh"
 [ "$out" = dist ] && out=$REPO_ROOT/dist
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
