@@ -334,7 +334,8 @@ if step 8; then
     deb=$PG_ONCE_WORK/dist/postgresql-$PG_MAJOR-pg-once_${version}-1_$(dpkg --print-architecture).deb
     if [ "$PG_MAJOR" = 16 ]; then
         # No Debian postgresql-16 to install it into here (16 is PyPI's build): its files.
-        dpkg-deb --contents "$deb" | grep -q "usr/lib/postgresql/16/lib/pg_once.so" ||
+        # (grep reads it all: with -q it would stop early and pipefail see dpkg-deb's SIGPIPE.)
+        dpkg-deb --contents "$deb" | grep "usr/lib/postgresql/16/lib/pg_once.so" >/dev/null ||
             { echo "$deb has no pg_once.so for 16" >&2; exit 1; }
     else
         test_package "$PG_MAJOR" "$deb"
