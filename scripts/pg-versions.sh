@@ -58,6 +58,13 @@ pg_env_ensure() {
     recipe=$(pg_env_recipe "$n")
     mkdir -p "$PG_ONCE_CACHE"
     pg_env_host_tools
+    # Up to date: nothing to do, and no lock to take. (A caller inside a run that has the
+    # chroot mounted, such as package.sh from test.sh's step 8, holds the shared lock: the
+    # exclusive one below would wait for it for ever.)
+    if [ "$(cat "$root/.pg_once-recipe" 2>/dev/null)" = "$recipe" ] &&
+        [ -n "$(find "$root/.pg_once-upgraded" -mtime -"${PG_ONCE_CACHE_MAX_AGE_DAYS:-7}" 2>/dev/null)" ]; then
+        return 0
+    fi
     (
         # Nothing of the caller's environment that points outside the chroot (test.sh's
         # TMPDIR is in the work directory, mounted only while tests run).
