@@ -64,6 +64,12 @@ upgrade_install() {
 # PostgreSQL version, and kept in $PG_ONCE_WORK/releases/ (a stale key means a rebuild).
 upgrade_build_release() {
     local commit
+    if ! git -C "$REPO_ROOT" rev-parse -q --verify "v$UPGRADE_FROM^{commit}" >/dev/null; then
+        # A shallow clone, or one without tags: fetch them from where it was cloned.
+        say "9/9 fetching v$UPGRADE_FROM and its history from the clone's origin"
+        git -C "$REPO_ROOT" fetch --quiet --tags --unshallow 2>/dev/null ||
+            git -C "$REPO_ROOT" fetch --quiet --tags 2>/dev/null || true
+    fi
     if ! commit=$(git -C "$REPO_ROOT" rev-parse -q --verify "v$UPGRADE_FROM^{commit}"); then
         echo "step 9 needs the tag v$UPGRADE_FROM and its history: git fetch --tags (a clone with --depth cannot run it)" >&2
         exit 1
