@@ -244,13 +244,15 @@ INI
     return 1
 }
 
-pgbouncer_stop() {
-    local pidfile=$PG_ONCE_WORK/$1/pgbouncer.pid
-    if [ -s "$pidfile" ]; then
-        kill "$(cat "$pidfile")" 2>/dev/null || true
-        rm -f "$pidfile"
+# kill_pidfile FILE: stop the process whose pid FILE holds, if any, and forget it.
+kill_pidfile() {
+    if [ -s "$1" ]; then
+        kill "$(cat "$1")" 2>/dev/null || true
+        rm -f "$1"
     fi
 }
+
+pgbouncer_stop() { kill_pidfile "$PG_ONCE_WORK/$1/pgbouncer.pid"; }
 
 # exporter_start NAME PORT SERVER_PORT [ROLE]: Debian's prometheus-postgres-exporter in
 # $PG_ONCE_WORK/NAME on 127.0.0.1:PORT, reading the database postgres of the cluster on
@@ -277,10 +279,4 @@ exporter_start() {
     return 1
 }
 
-exporter_stop() {
-    local pidfile=$PG_ONCE_WORK/$1/exporter.pid
-    if [ -s "$pidfile" ]; then
-        kill "$(cat "$pidfile")" 2>/dev/null || true
-        rm -f "$pidfile"
-    fi
-}
+exporter_stop() { kill_pidfile "$PG_ONCE_WORK/$1/exporter.pid"; }
