@@ -6,8 +6,8 @@ signature, while the SQL declaration is hand-written: this check is what makes t
 agree, so that a reordered or retyped argument fails here instead of reading the wrong
 datum at run time.
 
-It also checks that a C symbol keeps the SQL signature it had in every release (each git
-tag v*): a package upgrade replaces the library before ALTER EXTENSION UPDATE replaces
+It also checks that a C symbol keeps the SQL signature it had in every release (each line
+of RELEASES, read from its commit): a package upgrade replaces the library before ALTER EXTENSION UPDATE replaces
 the declarations, so an old declaration may call the new library by symbol name. A
 function whose arguments or result change gets a new Rust name, <sql name>_<major>_<minor>
 for the release of its signature, and with it a new symbol (CONTRIBUTING.md, "Upgrades").
@@ -100,21 +100,36 @@ def sql_functions():
     return found
 
 
+def release_commits():
+    """(version, commit) for each line of RELEASES, each commit present in this clone."""
+    lines = [line.split() for line in (root / "RELEASES").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    for version, commit in lines:
+        if not has_commit(commit):
+            # A shallow clone: its history comes from where it was cloned.
+            subprocess.run(["git", "-C", str(root), "fetch", "--quiet", "--unshallow"],
+                           capture_output=True)
+        if not has_commit(commit):
+            print(f"check-boundary: release {version} is commit {commit}, which this clone "
+                  "lacks: run `git fetch --unshallow` (a clone with --depth has no history)")
+            sys.exit(1)
+        yield version, commit
+
+
+def has_commit(commit):
+    return subprocess.run(["git", "-C", str(root), "cat-file", "-e", f"{commit}^{{commit}}"],
+                          capture_output=True).returncode == 0
+
+
 def released_symbols():
-    """(release tag, symbol, signature) for each C function of each tagged release."""
-    try:
-        tags = subprocess.run(["git", "-C", str(root), "tag", "--list", "v*"], check=True,
-                              capture_output=True, text=True).stdout.split()
-    except (OSError, subprocess.CalledProcessError) as e:
-        print(f"check-boundary: cannot list the releases (git tag): {e}")
-        sys.exit(1)
-    for tag in tags:
+    """(release, symbol, signature) for each C function of each release."""
+    for version, commit in release_commits():
         for file in SQL_FILES:
-            shown = subprocess.run(["git", "-C", str(root), "show", f"{tag}:{file}"],
+            shown = subprocess.run(["git", "-C", str(root), "show", f"{commit}:{file}"],
                                    capture_output=True, text=True)
             if shown.returncode == 0:
                 for symbol, (_, args, result) in declarations(shown.stdout).items():
-                    yield tag, symbol, ([t for _, t in args], result)
+                    yield version, symbol, ([t for _, t in args], result)
 
 
 def rust_functions():
@@ -168,15 +183,16 @@ now = {}
 for file in SQL_FILES:
     for symbol, (_, args, result) in declarations((root / file).read_text()).items():
         now[symbol] = ([t for _, t in args], result)
-for tag, symbol, signature in released_symbols():
+releases = list(released_symbols())
+for version, symbol, signature in releases:
     if symbol in now and now[symbol] != signature:
-        problems.append(f"{symbol}: {tag} declared it {signature}, now {now[symbol]}: a changed "
-                        "signature needs a new Rust name, <sql name>_<major>_<minor>")
+        problems.append(f"{symbol}: {version} declared it {signature}, now {now[symbol]}: "
+                        "a changed signature needs a new Rust name, <sql name>_<major>_<minor>")
 # Each symbol a release declared and the current SQL no longer does stays in the library
 # as a stub in src/api/retired.rs, refusing with the version check's message.
 retired_text = (root / "src/api/retired.rs").read_text()
 retired = set(re.findall(r"#\[pg_extern\(sql = false\)\]\s*fn (\w+)\(", retired_text))
-released = {symbol for _, symbol, _ in released_symbols()}
+released = {symbol for _, symbol, _ in releases}
 for symbol in sorted(released - set(now)):
     if symbol.removesuffix("_wrapper") not in retired:
         problems.append(f"{symbol}: declared by a release, gone now: add a stub for it to "

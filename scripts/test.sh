@@ -36,8 +36,9 @@
 #                                   installed into the system PostgreSQL 15 with dpkg, a
 #                                   clean preloaded cluster of it, pg_regress against it,
 #                                   then dpkg -r; the PGXN distribution's META.json
-#   9. upgrade from the last release  0.1.0 built from its tag, filled, upgraded in place
-#                                   with ALTER EXTENSION UPDATE: refusals while library
+#   9. upgrade from the last release  RELEASES' last line built from its commit, filled,
+#                                   upgraded in place with ALTER EXTENSION UPDATE:
+#                                   refusals while library
 #                                   and SQL differ, schema equal to a fresh install, rows
 #                                   and tokens kept, step 4's tests on the upgraded
 #                                   database (scripts/upgrade-test.sh)
@@ -111,6 +112,24 @@ else
 fi
 SERVERS=${SERVERS:-plain preloaded}
 step() { [[ " $STEPS " == *" $1 "* ]]; }
+
+# package_cleanup: undo test_package (step 8), also on exit, so that a failed step 8 leaves
+# no package or cluster behind. Defined before the trap that calls it: a run that fails
+# earlier still runs the trap.
+package_pg=
+package_cleanup() {
+    [ -n "$package_pg" ] || return 0
+    local pg=$package_pg saved=$PG_ONCE_WORK/package-saved root=
+    package_pg=
+    [ "$pg" = 15 ] || root=$(pg_env_root "$pg")
+    (if [ "$pg" = 15 ]; then PG_BIN=/usr/lib/postgresql/15/bin; fi; cluster_stop package)
+    if pg_build dpkg-query -W "postgresql-$pg-pg-once" >/dev/null 2>&1; then
+        pg_build dpkg -r "postgresql-$pg-pg-once" >>"$PG_ONCE_WORK/package-dpkg.log" 2>&1
+    fi
+    cp -a "$saved"/lib/. "$root/usr/lib/postgresql/$pg/lib/"
+    cp -a "$saved"/extension/. "$root/usr/share/postgresql/$pg/extension/"
+    rm -rf "$saved"
+}
 
 # Stop what a run started, even when it fails; then unmount the chroot (for 17 and 18).
 trap 'pgbouncer_stop plain-bouncer; pgbouncer_stop preloaded-bouncer; exporter_stop plain-exporter; exporter_stop preloaded-exporter; cluster_stop preloaded-standby; cluster_stop plain; cluster_stop preloaded; package_cleanup; pg_env_umount' EXIT
@@ -257,7 +276,6 @@ fi
 # a clean preloaded cluster of that installation, run pg_regress against it, stop it and
 # remove the package. pg_once files that were there before, not from a package (`cargo
 # pgrx install`), are put back after.
-package_pg=
 test_package() {
     package_pg=$1
     local deb=$2 root=
@@ -292,20 +310,6 @@ test_package() {
     )
     [ "$got" = "$version|t" ] || { echo "the installed package says $got, not $version|t" >&2; exit 1; }
     package_cleanup
-}
-# Also run on exit, so that a failed step 8 leaves no package or cluster behind.
-package_cleanup() {
-    [ -n "$package_pg" ] || return 0
-    local pg=$package_pg saved=$PG_ONCE_WORK/package-saved root=
-    package_pg=
-    [ "$pg" = 15 ] || root=$(pg_env_root "$pg")
-    (if [ "$pg" = 15 ]; then PG_BIN=/usr/lib/postgresql/15/bin; fi; cluster_stop package)
-    if pg_build dpkg-query -W "postgresql-$pg-pg-once" >/dev/null 2>&1; then
-        pg_build dpkg -r "postgresql-$pg-pg-once" >>"$PG_ONCE_WORK/package-dpkg.log" 2>&1
-    fi
-    cp -a "$saved"/lib/. "$root/usr/lib/postgresql/$pg/lib/"
-    cp -a "$saved"/extension/. "$root/usr/share/postgresql/$pg/extension/"
-    rm -rf "$saved"
 }
 
 servers=false

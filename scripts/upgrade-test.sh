@@ -2,8 +2,8 @@
 # test.sh after lib.sh, with the current tree already built (install_extension debug).
 #
 # On a copy of the PostgreSQL installation of $PG_BIN (so that nothing installed for the
-# other steps changes), a preloaded server runs the release exactly as it was tagged
-# (v$UPGRADE_FROM, built from git), and a database is filled through that release's own
+# other steps changes), a preloaded server runs the last release exactly as it was cut
+# (the last line of RELEASES: its version and commit, built from git), and a database is filled through that release's own
 # functions (pg_test/upgrade/fill.sql). Then the current build is installed the way a
 # package manager does it (new files, new inodes, the server still running), and:
 #   (d) ALTER EXTENSION pg_once UPDATE, with the old library still loaded, is refused
@@ -16,7 +16,7 @@
 #   (b) every row and the token sequence are as before (pg_test/upgrade/snapshot.sql);
 #   (c) the multi-connection suite passes on the upgraded database.
 
-UPGRADE_FROM=0.1.0
+read -r UPGRADE_FROM UPGRADE_COMMIT < <(grep -v -e '^#' -e '^$' "$REPO_ROOT/RELEASES" | tail -n 1)
 
 # upgrade_copy_installation DIR: copy the PostgreSQL installation of $PG_CONFIG (its
 # bin/lib tree and its share tree) into DIR at the same relative places, without
@@ -63,15 +63,14 @@ upgrade_install() {
 # upgrade_build_release: the release's files, built once per commit, toolchain and
 # PostgreSQL version, and kept in $PG_ONCE_WORK/releases/ (a stale key means a rebuild).
 upgrade_build_release() {
-    local commit
-    if ! git -C "$REPO_ROOT" rev-parse -q --verify "v$UPGRADE_FROM^{commit}" >/dev/null; then
-        # A shallow clone, or one without tags: fetch them from where it was cloned.
-        say "9/9 fetching v$UPGRADE_FROM and its history from the clone's origin"
-        git -C "$REPO_ROOT" fetch --quiet --tags --unshallow 2>/dev/null ||
-            git -C "$REPO_ROOT" fetch --quiet --tags 2>/dev/null || true
+    local commit=$UPGRADE_COMMIT
+    if ! git -C "$REPO_ROOT" cat-file -e "$commit^{commit}" 2>/dev/null; then
+        # A shallow clone: fetch its history from where it was cloned.
+        say "9/9 fetching the history of release $UPGRADE_FROM from the clone's origin"
+        git -C "$REPO_ROOT" fetch --quiet --unshallow 2>/dev/null || true
     fi
-    if ! commit=$(git -C "$REPO_ROOT" rev-parse -q --verify "v$UPGRADE_FROM^{commit}"); then
-        echo "step 9 needs the tag v$UPGRADE_FROM and its history: git fetch --tags (a clone with --depth cannot run it)" >&2
+    if ! git -C "$REPO_ROOT" cat-file -e "$commit^{commit}" 2>/dev/null; then
+        echo "step 9 needs release $UPGRADE_FROM's commit $commit: git fetch --unshallow (a clone with --depth has no history)" >&2
         exit 1
     fi
     local key
@@ -79,7 +78,7 @@ upgrade_build_release() {
         sha256sum | cut -c1-16)
     release_files=$PG_ONCE_WORK/releases/pg_once-$UPGRADE_FROM-$key
     if [ ! -f "$release_files.done" ]; then
-        say "9/9 building pg_once $UPGRADE_FROM from v$UPGRADE_FROM (${commit:0:9})"
+        say "9/9 building pg_once $UPGRADE_FROM from its commit ${commit:0:9}"
         local src=$PG_ONCE_WORK/releases/src-$UPGRADE_FROM
         rm -rf "$src" && mkdir -p "$src"
         git -C "$REPO_ROOT" archive "$commit" | tar -x -C "$src"
