@@ -38,10 +38,9 @@
 #                                   then dpkg -r; the PGXN distribution's META.json
 #   9. upgrade from the last release  RELEASES' last line built from its commit, filled,
 #                                   upgraded in place with ALTER EXTENSION UPDATE:
-#                                   refusals while library
-#                                   and SQL differ, schema equal to a fresh install, rows
-#                                   and tokens kept, step 4's tests on the upgraded
-#                                   database (scripts/upgrade-test.sh)
+#                                   refusals while library and SQL differ, schema equal
+#                                   to a fresh install, rows and tokens kept, step 4's
+#                                   tests on the upgraded database (scripts/upgrade-test.sh)
 #
 # STEPS="2 4" (for example) runs only those steps, and SERVERS="preloaded" only that
 # server's run of steps 3 to 7; by default everything runs on 15, and steps 1 to 4 and 8
