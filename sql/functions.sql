@@ -448,7 +448,7 @@ SELECT k.queued, k.running, k.done, k.failed, k.running_past_lease, k.expired_un
                count(*) FILTER (WHERE state = 'failed')  AS failed,
                count(*) FILTER (WHERE state = 'running' AND lease_expires_at <= clock_timestamp())
                    AS running_past_lease,
-               count(*) FILTER (WHERE state = 'done' AND expires_at <= clock_timestamp())
+               count(*) FILTER (WHERE state = 'done' AND coalesce(stale_until, expires_at) <= clock_timestamp())
                    AS expired_unpurged,
                min(claimed_at) FILTER (WHERE state = 'running') AS oldest_claimed_at,
                coalesce(sum(errors), 0) AS errors,
@@ -471,7 +471,7 @@ COMMENT ON COLUMN once.stats.failed IS
 COMMENT ON COLUMN once.stats.running_past_lease IS
     'Running keys whose lease has run out: taken over at the next call, or reaped by reap_stale. Growing: nothing runs reap_stale (preload pg_once, or schedule it).';
 COMMENT ON COLUMN once.stats.expired_unpurged IS
-    'Results past their expires_at, no longer served, waiting for reap_stale to delete them.';
+    'Results past their expires_at and stale window, no longer served, waiting for reap_stale to delete them.';
 COMMENT ON COLUMN once.stats.oldest_claimed_at IS
     'When the oldest running claim was made: a long-running computation, or an owner that stopped heartbeating.';
 COMMENT ON COLUMN once.stats.errors IS

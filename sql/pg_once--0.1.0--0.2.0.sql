@@ -75,6 +75,15 @@ SELECT pg_catalog.pg_extension_config_dump('once_internal.namespace_owners', '')
 
 -- How an attempt ended is now said by the statement that ends it (last_outcome).
 ALTER TABLE once.entries ADD COLUMN last_outcome text;
+
+-- Freshness (docs/sql-reference.md, "Freshness"): the columns, last (schema.sql).
+ALTER TABLE once.entries
+    ADD COLUMN stale_until timestamptz,
+    ADD COLUMN beta double precision,
+    ADD COLUMN compute_time interval,
+    ADD COLUMN rerun text,
+    ADD COLUMN rerun_stale interval;
+
 CREATE OR REPLACE FUNCTION once_internal.record_attempt() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp
@@ -160,7 +169,7 @@ SELECT k.queued, k.running, k.done, k.failed, k.running_past_lease, k.expired_un
                count(*) FILTER (WHERE state = 'failed')  AS failed,
                count(*) FILTER (WHERE state = 'running' AND lease_expires_at <= clock_timestamp())
                    AS running_past_lease,
-               count(*) FILTER (WHERE state = 'done' AND expires_at <= clock_timestamp())
+               count(*) FILTER (WHERE state = 'done' AND coalesce(stale_until, expires_at) <= clock_timestamp())
                    AS expired_unpurged,
                min(claimed_at) FILTER (WHERE state = 'running') AS oldest_claimed_at,
                coalesce(sum(errors), 0) AS errors,
@@ -201,18 +210,15 @@ CREATE VIEW once.namespaces AS
 SELECT prefix, owner, notify, created_at, once_internal.may_use_key(prefix) AS member
   FROM once_internal.namespace_owners;
 
--- Freshness (docs/sql-reference.md, "Freshness"): the columns, last (schema.sql).
-ALTER TABLE once.entries
-    ADD COLUMN stale_until timestamptz,
-    ADD COLUMN beta double precision,
-    ADD COLUMN compute_time interval,
-    ADD COLUMN rerun text,
-    ADD COLUMN rerun_stale interval;
-
 -- claim_key gains serve_stale, complete_key and complete_keys gain stale, beta and jitter:
 -- new signatures, so new functions with new symbols. Dropping a function drops what was
 -- granted on it, so each new one gets the old one's grants: a role that could claim and
--- complete keys before the update still can after it.
+-- complete keys before the update still can after it. A grant made while an extension
+-- script runs is recorded as one of the extension's own initial privileges
+-- (pg_init_privs), which pg_dump leaves out: so the initial privileges are set back to a
+-- fresh install's afterwards, and the grants stay the administrator's, dumped and
+-- restored like any other. (Updating pg_init_privs needs a superuser, as does running
+-- this script: pg_once.control says superuser = true.)
 CREATE FUNCTION once_internal.replace_function(old regprocedure, new_signature text,
                                                create_new text)
 RETURNS void
@@ -223,17 +229,24 @@ DECLARE
     acl aclitem[] := (SELECT coalesce(proacl, acldefault('f', proowner)) FROM pg_proc
                        WHERE oid = old);
     owner oid := (SELECT proowner FROM pg_proc WHERE oid = old);
+    initial aclitem[];
     g record;
 BEGIN
     EXECUTE format('DROP FUNCTION %s', old);
     EXECUTE create_new;
     EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', new_signature);
+    initial := (SELECT initprivs FROM pg_init_privs
+                 WHERE objoid = new_signature::regprocedure
+                   AND classoid = 'pg_proc'::regclass AND objsubid = 0);
     FOR g IN SELECT a.grantee, a.is_grantable FROM aclexplode(acl) a
               WHERE a.privilege_type = 'EXECUTE' AND a.grantee <> owner LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s%s', new_signature,
                        CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE g.grantee::regrole::text END,
                        CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
     END LOOP;
+    UPDATE pg_init_privs SET initprivs = initial
+     WHERE objoid = new_signature::regprocedure
+       AND classoid = 'pg_proc'::regclass AND objsubid = 0;
 END
 $replace$;
 
@@ -656,7 +669,7 @@ COMMENT ON COLUMN once.stats.failed IS
 COMMENT ON COLUMN once.stats.running_past_lease IS
     'Running keys whose lease has run out: taken over at the next call, or reaped by reap_stale. Growing: nothing runs reap_stale (preload pg_once, or schedule it).';
 COMMENT ON COLUMN once.stats.expired_unpurged IS
-    'Results past their expires_at, no longer served, waiting for reap_stale to delete them.';
+    'Results past their expires_at and stale window, no longer served, waiting for reap_stale to delete them.';
 COMMENT ON COLUMN once.stats.oldest_claimed_at IS
     'When the oldest running claim was made: a long-running computation, or an owner that stopped heartbeating.';
 COMMENT ON COLUMN once.stats.errors IS

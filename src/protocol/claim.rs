@@ -283,10 +283,13 @@ static PURGE_HISTORY: Statement = Statement::new(
              LIMIT $batch))",
 );
 
+// A result in its stale window is still served: it goes when the window does. (stale_until
+// is never before expires_at, so the index on expires_at still finds the candidates.)
 static PURGE_EXPIRED: Statement = Statement::new(
     "WITH expired AS (
          SELECT key_hash FROM once.entries
           WHERE expires_at <= clock_timestamp() AND state = 'done'
+            AND (stale_until IS NULL OR stale_until <= clock_timestamp())
           ORDER BY expires_at
           LIMIT $batch
             FOR UPDATE SKIP LOCKED)

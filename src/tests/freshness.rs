@@ -148,6 +148,22 @@ mod tests {
     }
 
     #[pg_test]
+    fn reap_stale_purges_a_result_only_once_its_stale_window_is_over() {
+        stale_key("in-window");
+        let (_, token) = outcome_and_token("expired");
+        assert!(complete("expired", token, "1", ", ttl => '1 ms'"));
+        Spi::run("SELECT pg_sleep(0.01)").unwrap();
+        assert_eq!(one::<i64>("SELECT expired FROM once.reap_stale()"), Some(1));
+        assert_eq!(state_of("expired"), None);
+        assert_eq!(state_of("in-window").as_deref(), Some("done"));
+        assert_eq!(
+            one::<i64>("SELECT expired_unpurged FROM once.stats"),
+            Some(0),
+            "a result in its stale window is still served"
+        );
+    }
+
+    #[pg_test]
     fn hits_draw_early_refreshes_with_beta_and_only_one_runs() {
         // delta (claim to completion) is ~50 ms; with beta 100, beta * delta = 5 s against
         // a ttl of 1 s: each hit draws a refresh with probability above 0.8.
