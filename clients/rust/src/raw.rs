@@ -579,27 +579,24 @@ pub struct CachedSql {
     pub wait: Option<Duration>,
     /// Lease of the computation (server default 5 min).
     pub lease: Option<Duration>,
-    /// How long a failure of the query is served before it is run again (server default 0).
-    pub retry_after: Option<Duration>,
 }
 
-/// `once.cached(key, query, ttl, stale, beta, jitter, wait, lease, retry_after)` (pg_once
-/// 0.2): the cached result of `query` (its rows as a JSON array of objects), or run it as
-/// the calling role, store it and return it, with the same single-flight, waiting and
-/// freshness rules as `claim_key`.
+/// `once.cached(key, query, ttl, stale, beta, jitter, wait, lease)` (pg_once 0.2): the
+/// cached rows of `query` (a JSON array of one object per row), or run it as the calling
+/// role, in the calling transaction, store them and return them. Other callers wait for
+/// the first (at most `wait`, in the call, holding their connection) or, within `stale`,
+/// get the previous rows. A query that fails raises its error and records nothing.
 pub async fn cached(client: &Client, key: &str, query: &str, options: &CachedSql) -> Result<Value> {
     let f = FreshnessArgs::from(&options.freshness);
     let wait = options.wait.map(secs);
     let lease = options.lease.map(secs);
-    let retry_after = options.retry_after.map(secs);
     let mut call = Call::new("SELECT once.cached(");
     call.value(&key, Type::TEXT)
         .value(&query, Type::TEXT)
         .named_interval("ttl", &f.ttl);
     f.add_to(&mut call);
     call.named_interval("wait", &wait)
-        .named_interval("lease", &lease)
-        .named_interval("retry_after", &retry_after);
+        .named_interval("lease", &lease);
     Ok(call.one(client).await?.try_get(0)?)
 }
 
