@@ -284,9 +284,14 @@ async fn beta_refreshes_early_before_the_expiry() {
             )
         });
         until_refreshed(&clients, Duration::from_secs(10)).await;
+        // (This hit may draw the next early refresh already: the value is the one stored.)
         let (value, _) = timed(&clients[0], &key, &runs, COMPUTE_MS, &opts).await;
-        assert_eq!(value, json!({ "run": 2 }), "[{}]", setup.name);
-        assert_eq!(runs.count(), 2, "[{}] one early refresh", setup.name);
+        assert_eq!(
+            value,
+            json!({ "run": 2 }),
+            "[{}] the refresh's result",
+            setup.name
+        );
         eprintln!(
             "[{}] early refresh {early:?} before the expiry, after {calls} hits",
             setup.name
