@@ -107,8 +107,8 @@ pub(crate) struct Resolved {
     pub retry_after: Duration,
 }
 
-/// The `complete_key` arguments for a ttl and the freshness options as the client and
-/// worker options give them (zero: none, i.e. NULL). Options that cannot work without a
+/// The `complete_key` arguments for a ttl and the freshness options as [`Options`] and
+/// [`CallOptions`] give them (zero: none, i.e. NULL). Options that cannot work without a
 /// ttl are refused before any key is claimed, rather than by `complete_key` after the
 /// computation.
 pub(crate) fn freshness(
