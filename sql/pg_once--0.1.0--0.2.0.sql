@@ -75,6 +75,15 @@ SELECT pg_catalog.pg_extension_config_dump('once_internal.namespace_owners', '')
 
 -- How an attempt ended is now said by the statement that ends it (last_outcome).
 ALTER TABLE once.entries ADD COLUMN last_outcome text;
+
+-- Freshness (docs/sql-reference.md, "Freshness"): the columns, last (schema.sql).
+ALTER TABLE once.entries
+    ADD COLUMN stale_until timestamptz,
+    ADD COLUMN beta double precision,
+    ADD COLUMN compute_time interval,
+    ADD COLUMN rerun text,
+    ADD COLUMN rerun_stale interval;
+
 CREATE OR REPLACE FUNCTION once_internal.record_attempt() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp
@@ -153,14 +162,16 @@ SELECT k.queued, k.running, k.done, k.failed, k.running_past_lease, k.expired_un
        (r.counters->>'reaped')::bigint AS reaped,
        (r.counters->>'purged')::bigint AS purged,
        (r.counters->>'notified_direct')::bigint AS notified_direct,
-       (r.counters->>'notified_relayed')::bigint AS notified_relayed
+       (r.counters->>'notified_relayed')::bigint AS notified_relayed,
+       (r.counters->>'stale')::bigint AS stale,
+       (r.counters->>'refreshes')::bigint AS refreshes
   FROM (SELECT count(*) FILTER (WHERE state = 'queued')  AS queued,
                count(*) FILTER (WHERE state = 'running') AS running,
                count(*) FILTER (WHERE state = 'done')    AS done,
                count(*) FILTER (WHERE state = 'failed')  AS failed,
                count(*) FILTER (WHERE state = 'running' AND lease_expires_at <= clock_timestamp())
                    AS running_past_lease,
-               count(*) FILTER (WHERE state = 'done' AND expires_at <= clock_timestamp())
+               count(*) FILTER (WHERE state = 'done' AND coalesce(stale_until, expires_at) <= clock_timestamp())
                    AS expired_unpurged,
                min(claimed_at) FILTER (WHERE state = 'running') AS oldest_claimed_at,
                coalesce(sum(errors), 0) AS errors,
@@ -201,18 +212,15 @@ CREATE VIEW once.namespaces AS
 SELECT prefix, owner, notify, created_at, once_internal.may_use_key(prefix) AS member
   FROM once_internal.namespace_owners;
 
--- Freshness (docs/sql-reference.md, "Freshness"): the columns, last (schema.sql).
-ALTER TABLE once.entries
-    ADD COLUMN stale_until timestamptz,
-    ADD COLUMN beta double precision,
-    ADD COLUMN compute_time interval,
-    ADD COLUMN rerun text,
-    ADD COLUMN rerun_stale interval;
-
 -- claim_key gains serve_stale, complete_key and complete_keys gain stale, beta and jitter:
 -- new signatures, so new functions with new symbols. Dropping a function drops what was
 -- granted on it, so each new one gets the old one's grants: a role that could claim and
--- complete keys before the update still can after it.
+-- complete keys before the update still can after it. A grant made while an extension
+-- script runs is recorded as one of the extension's own initial privileges
+-- (pg_init_privs), which pg_dump leaves out: so the initial privileges are set back to a
+-- fresh install's afterwards, and the grants stay the administrator's, dumped and
+-- restored like any other. (Updating pg_init_privs needs a superuser, as does running
+-- this script: pg_once.control says superuser = true.)
 CREATE FUNCTION once_internal.replace_function(old regprocedure, new_signature text,
                                                create_new text)
 RETURNS void
@@ -223,17 +231,24 @@ DECLARE
     acl aclitem[] := (SELECT coalesce(proacl, acldefault('f', proowner)) FROM pg_proc
                        WHERE oid = old);
     owner oid := (SELECT proowner FROM pg_proc WHERE oid = old);
+    initial aclitem[];
     g record;
 BEGIN
     EXECUTE format('DROP FUNCTION %s', old);
     EXECUTE create_new;
     EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', new_signature);
+    initial := (SELECT initprivs FROM pg_init_privs
+                 WHERE objoid = new_signature::regprocedure
+                   AND classoid = 'pg_proc'::regclass AND objsubid = 0);
     FOR g IN SELECT a.grantee, a.is_grantable FROM aclexplode(acl) a
               WHERE a.privilege_type = 'EXECUTE' AND a.grantee <> owner LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s%s', new_signature,
                        CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE g.grantee::regrole::text END,
                        CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
     END LOOP;
+    UPDATE pg_init_privs SET initprivs = initial
+     WHERE objoid = new_signature::regprocedure
+       AND classoid = 'pg_proc'::regclass AND objsubid = 0;
 END
 $replace$;
 
@@ -656,7 +671,7 @@ COMMENT ON COLUMN once.stats.failed IS
 COMMENT ON COLUMN once.stats.running_past_lease IS
     'Running keys whose lease has run out: taken over at the next call, or reaped by reap_stale. Growing: nothing runs reap_stale (preload pg_once, or schedule it).';
 COMMENT ON COLUMN once.stats.expired_unpurged IS
-    'Results past their expires_at, no longer served, waiting for reap_stale to delete them.';
+    'Results past their expires_at and stale window, no longer served, waiting for reap_stale to delete them.';
 COMMENT ON COLUMN once.stats.oldest_claimed_at IS
     'When the oldest running claim was made: a long-running computation, or an owner that stopped heartbeating.';
 COMMENT ON COLUMN once.stats.errors IS
@@ -674,7 +689,7 @@ COMMENT ON COLUMN once.stats.workers IS
 COMMENT ON COLUMN once.stats.claims IS
     'Since server start: claims made (claim_key and claim_next). NULL unless preloaded.';
 COMMENT ON COLUMN once.stats.hits IS
-    'Since server start: claim_key calls answered with a cached result. NULL unless preloaded.';
+    'Since server start: claim_key calls answered with a fresh cached result (hit). NULL unless preloaded.';
 COMMENT ON COLUMN once.stats.waits IS
     'Since server start: calls with wait (claim_key, claim_next) that went to sleep at least once. NULL unless preloaded.';
 COMMENT ON COLUMN once.stats.wakeups IS
@@ -697,6 +712,10 @@ COMMENT ON COLUMN once.stats.notified_direct IS
     'Since server start: keys announced by the committing transaction''s own NOTIFY (no worker, or its relay queue full). NULL unless preloaded.';
 COMMENT ON COLUMN once.stats.notified_relayed IS
     'Since server start: keys announced through the pg_once worker''s relay. NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.stale IS
+    'Since server start: claim_key calls answered stale (a result past its ttl, served while it is refreshed). NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.refreshes IS
+    'Since server start: claims that kept a result to serve meanwhile (refresh: in a stale window, an early refresh drawn by a hit, a refresh taken over). Also counted in claims. NULL unless preloaded.';
 COMMENT ON VIEW once.queue_stats IS
     'Per queue the reader may use: depth (queued), due (queued and due now), running, dead (failed for good), the oldest due key''s wait, and attempts that completed or did not in the last minute / hour.';
 COMMENT ON COLUMN once.queue_stats.queue IS

@@ -283,10 +283,13 @@ static PURGE_HISTORY: Statement = Statement::new(
              LIMIT $batch))",
 );
 
+// A result in its stale window is still served: it goes when the window does. (stale_until
+// is never before expires_at, so the index on expires_at still finds the candidates.)
 static PURGE_EXPIRED: Statement = Statement::new(
     "WITH expired AS (
          SELECT key_hash FROM once.entries
           WHERE expires_at <= clock_timestamp() AND state = 'done'
+            AND (stale_until IS NULL OR stale_until <= clock_timestamp())
           ORDER BY expires_at
           LIMIT $batch
             FOR UPDATE SKIP LOCKED)
@@ -405,6 +408,7 @@ pub fn attempt(
 
 /// A claim that kept `entry`'s result.
 fn refreshing(claimed: Claim, entry: Entry) -> Claim {
+    shmem::count(Counter::Refreshes);
     Claim::Refresh {
         claimed: Box::new(claimed),
         result: entry.result.expect("a refresh keeps a result"),
@@ -414,7 +418,7 @@ fn refreshing(claimed: Claim, entry: Entry) -> Claim {
 
 /// `entry`'s result served as stale; `refreshing`: its owner is refreshing it.
 fn stale_result(entry: Entry, refreshing: bool) -> Claim {
-    shmem::count(Counter::Hits);
+    shmem::count(Counter::Stale);
     Claim::Stale {
         token: refreshing.then_some(entry.token),
         owner: entry.owner.filter(|_| refreshing),

@@ -71,6 +71,18 @@ mod tests {
     }
 
     #[pg_test]
+    fn once_stats_counts_stale_answers_and_refreshes() {
+        // Preloaded (pg_test::postgresql_conf_options); other tests count too.
+        let count = |column: &str| one::<i64>(&format!("SELECT {column} FROM once.stats")).unwrap();
+        let (stale, refreshes) = (count("stale"), count("refreshes"));
+        stale_key("k");
+        assert_eq!(ask("k", true).0, "refresh");
+        assert_eq!(ask("k", true).0, "stale");
+        assert!(count("refreshes") > refreshes);
+        assert!(count("stale") > stale);
+    }
+
+    #[pg_test]
     fn a_refresh_is_claimed_with_the_old_result_for_a_caller_without_serve_stale() {
         stale_key("k");
         let (outcome, token, result, _) = ask("k", false);
@@ -145,6 +157,22 @@ mod tests {
         let (outcome, _, result, _) = ask("k", true);
         assert_eq!((outcome.as_str(), result), ("claimed", None));
         assert_eq!(ask("k", true).0, "wait");
+    }
+
+    #[pg_test]
+    fn reap_stale_purges_a_result_only_once_its_stale_window_is_over() {
+        stale_key("in-window");
+        let (_, token) = outcome_and_token("expired");
+        assert!(complete("expired", token, "1", ", ttl => '1 ms'"));
+        Spi::run("SELECT pg_sleep(0.01)").unwrap();
+        assert_eq!(one::<i64>("SELECT expired FROM once.reap_stale()"), Some(1));
+        assert_eq!(state_of("expired"), None);
+        assert_eq!(state_of("in-window").as_deref(), Some("done"));
+        assert_eq!(
+            one::<i64>("SELECT expired_unpurged FROM once.stats"),
+            Some(0),
+            "a result in its stale window is still served"
+        );
     }
 
     #[pg_test]
