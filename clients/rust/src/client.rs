@@ -13,7 +13,6 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 use tokio_postgres::NoTls;
@@ -173,9 +172,6 @@ pub(crate) struct Inner {
     inflight: Mutex<HashMap<String, Outcome>>,
     /// The refreshes this process runs in the background.
     pub refreshes: Refreshes,
-    /// Whether the server takes `claim_key(..., serve_stale => true)`; false once a server
-    /// that predates it (pg_once 0.1, which never serves stale) refused it.
-    serve_stale: AtomicBool,
 }
 
 /// Held by every clone of a [`Client`] and by nothing else (the client's own tasks hold
@@ -260,7 +256,6 @@ impl Client {
             listener,
             inflight: Mutex::new(HashMap::new()),
             refreshes: Refreshes::default(),
-            serve_stale: AtomicBool::new(true),
         });
         Ok(Client {
             _last: Arc::new(LastClone(inner.clone())),
@@ -301,9 +296,10 @@ impl Client {
     /// across every process recomputes the key in the background of its process (see
     /// [`Client::shutdown`]). With `beta`, a hit may likewise return the result and refresh
     /// it in the background before it expires. A background refresh that fails keeps the
-    /// previous result served (its error is not returned to anyone: the next caller
-    /// refreshes again). The key is claimed with `serve_stale => true` whatever the
-    /// options: how a key is served is set by whoever completed it.
+    /// previous result served (its error is not returned to anyone: after `retry_after`
+    /// the next caller refreshes again). Only calls with `stale` or `beta` are answered
+    /// this way (`serve_stale => true`); a call without them behaves as before 0.2, and
+    /// waits for a refresh someone else runs.
     ///
     /// Errors: the compute
     /// function's ([`Error::Compute`], after failing the key with its text), a failure
@@ -504,32 +500,24 @@ impl Inner {
         })
     }
 
-    /// `claim_key(key, lease, wait => 0, owner_pid => owner, serve_stale => true)`, or
-    /// without `serve_stale` on a server that predates it (its keys are never stale).
-    async fn claim(
-        &self,
-        c: &tokio_postgres::Client,
-        key: &str,
-        lease: Duration,
-        owner: Owner,
-    ) -> Result<Claim> {
-        if self.serve_stale.load(Ordering::Relaxed) {
-            match raw::claim_key_serving_stale(c, key, lease, Duration::ZERO, owner).await {
-                Err(e) if e.sqlstate() == Some("42883") => {
-                    self.serve_stale.store(false, Ordering::Relaxed)
-                }
-                answered => return answered,
-            }
-        }
-        raw::claim_key(c, key, lease, Duration::ZERO, owner).await
-    }
-
     /// The owner to claim as: the LISTEN connection's pid, or the lease alone.
     pub(crate) async fn owner(&self, patience: Duration) -> Result<Owner> {
         match &self.listener {
             Some(l) => l.owner(patience.max(Duration::from_secs(5))).await,
             None => Ok(Owner::LeaseOnly),
         }
+    }
+}
+
+/// `claim_key(key, lease, wait => 0, owner_pid => owner)`, with `serve_stale => true` when
+/// the call asks for stale or early-refreshed answers (`stale` or `beta`). Without them
+/// the call is the one pg_once 0.1 took, and is answered as it was: it waits for a refresh
+/// another caller runs rather than be served the old result.
+async fn claim(c: &tokio_postgres::Client, key: &str, s: &Resolved, owner: Owner) -> Result<Claim> {
+    if s.freshness.stale.is_some() || s.freshness.beta.is_some() {
+        raw::claim_key_serving_stale(c, key, s.lease, Duration::ZERO, owner).await
+    } else {
+        raw::claim_key(c, key, s.lease, Duration::ZERO, owner).await
     }
 }
 
@@ -545,7 +533,7 @@ async fn resolve(inner: &Arc<Inner>, key: &str, compute: Compute, s: &Resolved) 
         let owner = inner
             .owner(deadline.saturating_duration_since(Instant::now()))
             .await?;
-        let claim = with_conn!(inner, |c| inner.claim(c, key, s.lease, owner))?;
+        let claim = with_conn!(inner, |c| claim(c, key, s, owner))?;
         match claim.outcome.as_str() {
             // `stale`: the previous result, while another caller refreshes it; answered at
             // once, never waited on.

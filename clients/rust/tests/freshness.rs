@@ -299,6 +299,43 @@ async fn beta_refreshes_early_before_the_expiry() {
     }
 }
 
+/// A call without `stale` or `beta` is answered as before 0.2 (the contract of
+/// docs/clients.md): on a key in its stale window that another process refreshes, it
+/// waits for the refresh and gets its result, not the old value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_call_without_the_options_waits_for_the_refresh() {
+    const COMPUTE_MS: u64 = 1500;
+    for setup in setups() {
+        let clients = clients(&setup, "swr-plain", 2).await;
+        let key = fresh("swr-plain");
+        let runs = Runs::default();
+        let opts = stale_window(500);
+        timed(&clients[0], &key, &runs, 10, &opts).await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let (value, _) = timed(&clients[0], &key, &runs, COMPUTE_MS, &opts).await;
+        assert_eq!(value, json!({ "run": 1 }), "[{}]", setup.name);
+        assert_eq!(
+            clients[0].refreshing(),
+            vec![key.clone()],
+            "[{}]",
+            setup.name
+        );
+        let (value, took) = timed(&clients[1], &key, &runs, 10, &CallOptions::default()).await;
+        assert_eq!(
+            value,
+            json!({ "run": 2 }),
+            "[{}] the refresh's result",
+            setup.name
+        );
+        assert!(
+            took > Duration::from_millis(COMPUTE_MS / 2),
+            "[{}] answered after {took:?}: it did not wait",
+            setup.name
+        );
+        assert_eq!(runs.count(), 2, "[{}]", setup.name);
+    }
+}
+
 /// The claim on the key, as another process sees it: `refresh` if it is free to
 /// refresh, `stale` while someone holds it. A `refresh` is given back.
 async fn probe(admin: &tokio_postgres::Client, key: &str) -> String {
@@ -386,8 +423,8 @@ async fn shutdown_and_drop_give_back_running_refreshes() {
     }
 }
 
-/// refresh_key with a stale window: the next caller gets the old value at once and
-/// refreshes the key in the background.
+/// refresh_key with a stale window: the next caller that takes stale answers gets the old
+/// value at once and refreshes the key in the background.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refresh_with_stale_serves_the_old_value_while_recomputing() {
     for setup in setups() {
@@ -404,6 +441,7 @@ async fn refresh_with_stale_serves_the_old_value_while_recomputing() {
         );
         let opts = CallOptions {
             ttl: Some(Some(Duration::from_secs(3600))),
+            stale: Some(Duration::from_secs(60)),
             ..CallOptions::default()
         };
         timed(&client, &key, &runs, 10, &opts).await;
