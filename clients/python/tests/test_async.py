@@ -108,7 +108,7 @@ def test_async_lost_claim_cancels_the_computation(setup, key, admin):
 
             async def compute():
                 await asyncio.sleep(0.2)
-                admin.execute("SELECT once.invalidate_key(%s)", (key,))
+                admin.execute("SELECT once.invalidate_keys(prefix => %s)", (key,))   # cancels our claim
                 await asyncio.sleep(5)
                 finished.append(1)
                 return "stale"
