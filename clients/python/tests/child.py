@@ -5,6 +5,9 @@
 Modes print JSON lines on stdout:
   callers   many threads call get_or_compute on some keys; prints what they got and how
             many computations and claim_key calls this process made
+  stale     at wall-clock time start_at, many threads ask for a key with stale=...; prints
+            what each got and how long it took, and how many refreshes this process ran
+            (after close() has waited for them)
   owner     claims a key and "computes" until killed; prints {"computing": true} first
   worker    runs the queue worker loop until SIGTERM; prints its counts
   aworker   the same with AsyncClient
@@ -55,6 +58,32 @@ def callers(a):
     client.close()
 
 
+def stale(a):
+    client = make_client(a)
+    computed, answers, lock = [], [], threading.Lock()
+
+    def compute():
+        with lock:
+            computed.append(1)
+        time.sleep(a["compute_seconds"])
+        return {"by": os.getpid()}
+
+    def caller():
+        time.sleep(max(0.0, a["start_at"] - time.time()))
+        t0 = time.monotonic()
+        value = client.get_or_compute(a["key"], compute, ttl=a["ttl"], stale=a["stale"])
+        with lock:
+            answers.append({"value": value, "seconds": time.monotonic() - t0})
+
+    threads = [threading.Thread(target=caller) for _ in range(a["threads"])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    client.close(refresh_timeout=30)   # lets a background refresh finish and store
+    print(json.dumps({"computed": len(computed), "answers": answers}), flush=True)
+
+
 def owner(a):
     client = make_client(a)
 
@@ -98,4 +127,4 @@ def aworker(a):
 
 
 if __name__ == "__main__":
-    {"callers": callers, "owner": owner, "worker": worker, "aworker": aworker}[sys.argv[1]](json.loads(sys.argv[2]))
+    {"callers": callers, "stale": stale, "owner": owner, "worker": worker, "aworker": aworker}[sys.argv[1]](json.loads(sys.argv[2]))

@@ -27,12 +27,27 @@ SECS = "make_interval(secs => %s::float8)"
 CLAIM_KEY = (
     "SELECT outcome, token, result, error, lease_expires_at, retry_at"
     f" FROM once.claim_key(%s, lease => {SECS}, wait => '0', owner_pid => %s::integer)")
+# A caller that asked for stale/beta also takes the outcomes 'refresh' (ours to recompute,
+# with the previous result to serve meanwhile) and 'stale' (the previous result, at once).
+# Without them it sends exactly what pre-0.2 clients send, so nothing changes for it.
+CLAIM_KEY_SERVE_STALE = (
+    "SELECT outcome, token, result, error, lease_expires_at, retry_at"
+    f" FROM once.claim_key(%s, lease => {SECS}, wait => '0', owner_pid => %s::integer,"
+    " serve_stale => true)")
 # For servers that predate owner_pid (no once.owner_session()): the claim then belongs to
 # the pooled server connection that made it, as before.
 CLAIM_KEY_LEGACY = (
     "SELECT outcome, token, result, error, lease_expires_at, retry_at"
     f" FROM once.claim_key(%s, lease => {SECS}, wait => '0')")
+NO_FRESHNESS_SERVER = (
+    "stale, beta and jitter need pg_once 0.2.0 or later on the server "
+    "(ALTER EXTENSION pg_once UPDATE)")
 COMPLETE_KEY = f"SELECT once.complete_key(%s, %s, %s::jsonb, ttl => {SECS})"
+# With any of stale/beta/jitter (pg_once 0.2.0): the plain form stays for the others, so that
+# a caller without them still works with a pre-0.2 server.
+COMPLETE_KEY_FRESHNESS = (
+    f"SELECT once.complete_key(%s, %s, %s::jsonb, ttl => {SECS}, stale => {SECS},"
+    " beta => %s::float8, jitter => %s::float8)")
 FAIL_KEY = f"SELECT once.fail_key(%s, %s, %s, retry_after => {SECS})"
 HEARTBEAT_KEY = f"SELECT once.heartbeat_key(%s, %s, lease => {SECS})"
 RELEASE_KEY = "SELECT once.release_key(%s, %s)"
@@ -80,6 +95,52 @@ def seconds(value: Optional[Duration], name: str) -> Optional[float]:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be seconds (int or float) or a timedelta, got {value!r}")
     return float(value)
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """How a result stays servable past its ttl (pg_once 0.2.0), passed to complete_key:
+    `stale` seconds of stale-while-revalidate, XFetch's `beta`, ttl `jitter`."""
+
+    stale: Optional[float] = None
+    beta: Optional[float] = None
+    jitter: Optional[float] = None
+
+    @property
+    def serve_stale(self) -> bool:
+        """Whether the caller takes stale answers: it asked for a stale window or for early
+        refreshes, both of which answer with the previous result while one caller refreshes."""
+        return self.stale is not None or bool(self.beta)
+
+    @property
+    def given(self) -> bool:
+        return self.stale is not None or self.beta is not None or self.jitter is not None
+
+
+NO_FRESHNESS = Freshness()
+
+
+def freshness(ttl: Optional[float], stale: Optional[Duration], beta: Optional[float],
+              jitter: Optional[float]) -> Freshness:
+    """The freshness options of a call, checked before anything is claimed. The server
+    checks the same rules (22023) in complete_key, but only after the computation: a typo
+    found there would cost a computation and leave the key failed for retry_after."""
+    stale_s = seconds(stale, "stale")
+    for name, value in (("beta", beta), ("jitter", jitter)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise TypeError(f"{name} must be a number, got {value!r}")
+    if stale_s is not None and stale_s < 0:
+        raise ValueError(f"stale must be at least 0 seconds, got {stale_s:g}")
+    if beta is not None and not 0 <= beta <= 100:
+        raise ValueError(f"beta must be between 0 (off) and 100, got {beta!r}; 1.0 is XFetch's usual value")
+    if jitter is not None and not 0 <= jitter < 1:
+        raise ValueError(f"jitter must be at least 0 and below 1 (a share of ttl), got {jitter!r}")
+    fresh = Freshness(stale_s, None if beta is None else float(beta),
+                      None if jitter is None else float(jitter))
+    if fresh.given and ttl is None:
+        raise ValueError("stale, beta and jitter need a ttl: they say what happens around the "
+                         "result's expiry, and without a ttl it never expires")
+    return fresh
 
 
 def jittered(base: float) -> float:

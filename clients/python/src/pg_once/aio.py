@@ -169,6 +169,9 @@ class AsyncClient:
             self._listen_conninfo, connect_timeout) if listen else None
         self.calls = C.Calls()
         self._flights: Dict[str, asyncio.Task] = {}
+        # Background refreshes (outcome 'refresh'), at most one per key: key -> (task, token).
+        self._refreshes: Dict[str, asyncio.Task] = {}
+        self._closing = False
         self._opened = False
         self._open_lock: Optional[asyncio.Lock] = None
 
@@ -189,7 +192,21 @@ class AsyncClient:
             self._opened = True
         return self
 
-    async def close(self) -> None:
+    async def close(self, refresh_timeout: Duration = 10) -> None:
+        """Wait up to `refresh_timeout` seconds for background refreshes to store their
+        results, cancel those still running (each gives its claim back, so another caller
+        refreshes at once), then close as before."""
+        timeout = seconds(refresh_timeout, "refresh_timeout")
+        self._closing = True
+        refreshes = list(self._refreshes.values())
+        if refreshes:
+            _, running = await asyncio.wait(refreshes, timeout=timeout)
+            for task in running:
+                log.warning("pg_once: closing: a refresh is still running after %g s; its "
+                            "claim is given back", timeout)
+                task.cancel()
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
         for task in list(self._flights.values()):
             task.cancel()
         if self._listener is not None:
@@ -213,12 +230,16 @@ class AsyncClient:
 
     async def get_or_compute(self, key: str, compute: Callable[[], Awaitable[Any]], *,
                              ttl: Optional[Duration] = None, lease: Duration = 30,
-                             wait: Duration = 30, retry_after: Duration = 5) -> Any:
-        """See Client.get_or_compute; `compute` is a coroutine function."""
+                             wait: Duration = 30, retry_after: Duration = 5,
+                             stale: Optional[Duration] = None, beta: Optional[float] = None,
+                             jitter: Optional[float] = None) -> Any:
+        """See Client.get_or_compute; `compute` is a coroutine function, and a background
+        refresh is a task of this event loop."""
         if not isinstance(key, str):
             raise TypeError(f"key must be a str, got {type(key).__name__}")
         opts = (seconds(ttl, "ttl"), seconds(lease, "lease"), seconds(wait, "wait"),
                 seconds(retry_after, "retry_after"))
+        opts += (C.freshness(opts[0], stale, beta, jitter),)
         if not self._opened:
             await self.open()
         flight = self._flights.get(key)
@@ -241,14 +262,19 @@ class AsyncClient:
             task.exception()   # retrieved: no "never retrieved" warning if every caller left
 
     def cached(self, key: Optional[Callable[..., str]] = None, *, ttl: Optional[Duration] = None,
-               lease: Duration = 30, wait: Duration = 30, retry_after: Duration = 5):
+               lease: Duration = 30, wait: Duration = 30, retry_after: Duration = 5,
+               stale: Optional[Duration] = None, beta: Optional[float] = None,
+               jitter: Optional[float] = None):
         """Decorator for coroutine functions; see Client.cached."""
+        C.freshness(seconds(ttl, "ttl"), stale, beta, jitter)   # refuse bad options now
+
         def decorate(fn):
             @functools.wraps(fn)
             async def wrapper(*args, **kwargs):
                 k = key(*args, **kwargs) if key else f"{fn.__module__}.{fn.__qualname__}:{args!r}:{kwargs!r}"
                 return await self.get_or_compute(k, lambda: fn(*args, **kwargs), ttl=ttl,
-                                                 lease=lease, wait=wait, retry_after=retry_after)
+                                                 lease=lease, wait=wait, retry_after=retry_after,
+                                                 stale=stale, beta=beta, jitter=jitter)
             return wrapper
         return decorate
 
@@ -261,7 +287,7 @@ class AsyncClient:
 
     # -- the protocol ---------------------------------------------------------------------
 
-    async def _resolve(self, key, compute, ttl, lease, wait, retry_after):
+    async def _resolve(self, key, compute, ttl, lease, wait, retry_after, fresh):
         deadline = time.monotonic() + wait
         delays = C.poll_delays()
         listener = self._listener
@@ -270,7 +296,7 @@ class AsyncClient:
             try:
                 owner = await self.owner_pid()
                 try:
-                    row = await self._claim(key, lease, owner)
+                    row = await self._claim(key, lease, owner, fresh.serve_stale)
                 except psycopg.errors.InvalidParameterValue:
                     if listener is None or await listener.owner_pid() == owner:
                         raise
@@ -282,6 +308,12 @@ class AsyncClient:
                     raise OnceFailed(key, error, retry_at)
                 if outcome == "claimed":
                     break
+                if outcome == "stale":   # see Client._resolve
+                    return result
+                if outcome == "refresh":
+                    await self._refresh_in_background(key, token, compute, ttl, lease,
+                                                      retry_after, fresh)
+                    return result
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise OnceTimeout(key, wait)
@@ -297,9 +329,34 @@ class AsyncClient:
             finally:
                 if event is not None:
                     listener.unwatch(key, event)
-        return await self._compute(key, token, compute, ttl, lease, retry_after)
+        return await self._compute(key, token, compute, ttl, lease, retry_after, fresh)
 
-    async def _compute(self, key, token, compute, ttl, lease, retry_after):
+    async def _refresh_in_background(self, key, token, compute, ttl, lease, retry_after, fresh):
+        running = self._refreshes.get(key)
+        if self._closing or (running is not None and not running.done()):
+            # See Client._refresh_in_background.
+            await self._quietly(self._release, key, token)
+            return
+        task = asyncio.create_task(self._run_refresh(key, token, compute, ttl, lease,
+                                                     retry_after, fresh),
+                                   name=f"pg_once-refresh {key}")
+        self._refreshes[key] = task
+        task.add_done_callback(functools.partial(self._refreshed, key))
+
+    def _refreshed(self, key: str, task: asyncio.Task) -> None:
+        if self._refreshes.get(key) is task:
+            del self._refreshes[key]
+
+    async def _run_refresh(self, key, token, compute, ttl, lease, retry_after, fresh) -> None:
+        try:
+            await self._compute(key, token, compute, ttl, lease, retry_after, fresh)
+        except ClaimLost:
+            log.warning("pg_once: the refresh of %r lost its claim; its result was not stored", key)
+        except Exception as exc:
+            log.warning("pg_once: refreshing %r failed (%s); the previous result is still "
+                        "served until its stale window ends", key, C.error_text(exc))
+
+    async def _compute(self, key, token, compute, ttl, lease, retry_after, fresh):
         work = asyncio.ensure_future(_call(compute))
         lost = []
         beat = asyncio.create_task(self._beat(key, token, lease, lambda: (lost.append(1), work.cancel())))
@@ -320,7 +377,17 @@ class AsyncClient:
                 await self._quietly(self._fail, key, token, str(exc), retry_after)
                 raise
             beat.cancel()
-            if lost or not await self._complete(key, token, text, ttl):
+            if lost:
+                raise ClaimLost(key, value)
+            try:
+                stored = await self._complete(key, token, text, ttl, fresh)
+            except psycopg.Error as exc:
+                if isinstance(exc, psycopg.OperationalError):
+                    raise
+                # See Client._compute.
+                await self._quietly(self._fail, key, token, C.error_text(exc), retry_after)
+                raise
+            if not stored:
                 raise ClaimLost(key, value)
             return value
         finally:
@@ -369,13 +436,24 @@ class AsyncClient:
                     await conn.close()
             log.info("pg_once: %s retried on a fresh connection", name)
 
-    async def _claim(self, key, lease, owner):
+    async def _claim(self, key, lease, owner, serve_stale=False):
+        if serve_stale:
+            if owner is None:
+                raise ConfigurationError(C.NO_FRESHNESS_SERVER)
+            try:
+                return await self._execute("claim_key", C.CLAIM_KEY_SERVE_STALE, (key, lease, owner))
+            except psycopg.errors.UndefinedFunction as exc:   # no serve_stale argument
+                raise ConfigurationError(C.NO_FRESHNESS_SERVER) from exc
         if owner is None:
             return await self._execute("claim_key", C.CLAIM_KEY_LEGACY, (key, lease))
         return await self._execute("claim_key", C.CLAIM_KEY, (key, lease, owner))
 
-    async def _complete(self, key, token, text, ttl) -> bool:
-        return (await self._execute("complete_key", C.COMPLETE_KEY, (key, token, text, ttl)))[0]
+    async def _complete(self, key, token, text, ttl, fresh=C.NO_FRESHNESS) -> bool:
+        if not fresh.given:
+            return (await self._execute("complete_key", C.COMPLETE_KEY, (key, token, text, ttl)))[0]
+        return (await self._execute("complete_key", C.COMPLETE_KEY_FRESHNESS,
+                                    (key, token, text, ttl, fresh.stale, fresh.beta,
+                                     fresh.jitter)))[0]
 
     async def _fail(self, key, token, error, retry_after) -> bool:
         return (await self._execute("fail_key", C.FAIL_KEY, (key, token, error, retry_after)))[0]

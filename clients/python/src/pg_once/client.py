@@ -40,6 +40,17 @@ class _Flight:
         return self.value
 
 
+class _Refresh:
+    """A refresh this process runs in the background (outcome 'refresh'): a thread
+    computing under `token` while callers are served the previous result."""
+
+    def __init__(self, key: str, token: int) -> None:
+        self.key, self.token = key, token
+        self.done = threading.Event()
+        # Set by close() when it gave the claim back: the thread then stores nothing.
+        self.abandoned = False
+
+
 def check_connection(conn: psycopg.Connection) -> None:
     """pg_once calls must commit on their own: a claim is only visible to other callers
     once committed, and a transaction block would hold it back and keep its row locked."""
@@ -76,6 +87,8 @@ class Client:
         self.calls = C.Calls()   # database calls through the pool, by function
         self._flights: Dict[str, _Flight] = {}
         self._flights_lock = threading.Lock()
+        self._refreshes: Dict[str, _Refresh] = {}   # at most one per key; under _flights_lock
+        self._closing = False
         self._heartbeats = Heartbeats(self._heartbeat)
         self._listener: Optional[Listener] = None
         if listen:
@@ -89,7 +102,25 @@ class Client:
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    def close(self) -> None:
+    def close(self, refresh_timeout: Duration = 10) -> None:
+        """Wait up to `refresh_timeout` seconds for background refreshes to store their
+        results, give back the claims of those still running (another caller refreshes
+        at once), then close the LISTEN connection and the pool if it is the client's."""
+        timeout = seconds(refresh_timeout, "refresh_timeout")
+        with self._flights_lock:
+            self._closing = True
+            refreshes = list(self._refreshes.values())
+        deadline = time.monotonic() + timeout
+        for refresh in refreshes:
+            refresh.done.wait(max(0.0, deadline - time.monotonic()))
+        for refresh in refreshes:
+            with self._flights_lock:
+                if refresh.done.is_set():
+                    continue
+                refresh.abandoned = True
+            log.warning("pg_once: closing: the refresh of %r is still running after %g s; "
+                        "its claim is given back", refresh.key, timeout)
+            self._quietly(self._release, refresh.key, refresh.token)
         self._heartbeats.close()
         if self._listener is not None:
             self._listener.close()
@@ -112,18 +143,26 @@ class Client:
 
     def get_or_compute(self, key: str, compute: Callable[[], Any], *, ttl: Optional[Duration] = None,
                        lease: Duration = 30, wait: Duration = 30,
-                       retry_after: Duration = 5) -> Any:
+                       retry_after: Duration = 5, stale: Optional[Duration] = None,
+                       beta: Optional[float] = None, jitter: Optional[float] = None) -> Any:
         """The cached result of `key`; computes it with `compute()` if no one has, once
         across every process. `ttl`: how long the result is served (None: until
         invalidated). `lease`: how long a claim lives without a heartbeat (heartbeats come
         every lease/3). `wait`: how long to wait for someone else's computation before
         OnceTimeout. `retry_after`: how long a failure is shared before the key is computed
         again. Raises OnceFailed for a shared failure, ClaimLost, NotSerializable, or
-        whatever compute() raised (after recording it with fail_key)."""
+        whatever compute() raised (after recording it with fail_key).
+
+        Freshness (pg_once 0.2.0; each needs a ttl): `stale`: for this long after ttl the
+        old result is still returned at once while one caller refreshes it in a
+        background thread; `beta`: XFetch early refresh (1.0 is the usual value): a hit
+        may draw a background refresh before expiry; `jitter`: the ttl actually used is
+        ttl * (1 - jitter * random()), so that keys filled together expire apart."""
         if not isinstance(key, str):
             raise TypeError(f"key must be a str, got {type(key).__name__}")
         opts = (seconds(ttl, "ttl"), seconds(lease, "lease"), seconds(wait, "wait"),
                 seconds(retry_after, "retry_after"))
+        opts += (C.freshness(opts[0], stale, beta, jitter),)
         with self._flights_lock:
             flight = self._flights.get(key)
             leader = flight is None
@@ -143,15 +182,21 @@ class Client:
             flight.done.set()
 
     def cached(self, key: Optional[Callable[..., str]] = None, *, ttl: Optional[Duration] = None,
-               lease: Duration = 30, wait: Duration = 30, retry_after: Duration = 5):
+               lease: Duration = 30, wait: Duration = 30, retry_after: Duration = 5,
+               stale: Optional[Duration] = None, beta: Optional[float] = None,
+               jitter: Optional[float] = None):
         """Decorator: cache a function's result under key(*args, **kwargs) (default: the
-        function's qualified name and the repr of its arguments)."""
+        function's qualified name and the repr of its arguments). Options as for
+        get_or_compute."""
+        C.freshness(seconds(ttl, "ttl"), stale, beta, jitter)   # refuse bad options now
+
         def decorate(fn):
             @functools.wraps(fn)
             def wrapper(*args, **kwargs):
                 k = key(*args, **kwargs) if key else f"{fn.__module__}.{fn.__qualname__}:{args!r}:{kwargs!r}"
                 return self.get_or_compute(k, lambda: fn(*args, **kwargs), ttl=ttl, lease=lease,
-                                           wait=wait, retry_after=retry_after)
+                                           wait=wait, retry_after=retry_after, stale=stale,
+                                           beta=beta, jitter=jitter)
             return wrapper
         return decorate
 
@@ -167,7 +212,7 @@ class Client:
 
     # -- the protocol ---------------------------------------------------------------------
 
-    def _resolve(self, key, compute, ttl, lease, wait, retry_after):
+    def _resolve(self, key, compute, ttl, lease, wait, retry_after, fresh):
         deadline = time.monotonic() + wait
         delays = C.poll_delays()
         listener = self._listener
@@ -177,7 +222,7 @@ class Client:
             try:
                 owner = self.owner_pid
                 try:
-                    row = self._claim(key, lease, owner)
+                    row = self._claim(key, lease, owner, fresh.serve_stale)
                 except psycopg.errors.InvalidParameterValue:
                     # owner_pid refused (22023): our LISTEN backend went away between reading
                     # P and the claim. Ask again with the new P once the listener is back.
@@ -191,6 +236,14 @@ class Client:
                     raise OnceFailed(key, error, retry_at)
                 if outcome == "claimed":
                     break
+                if outcome == "stale":
+                    # Someone refreshes it (or its last refresh failed): the previous result,
+                    # never a wait.
+                    return result
+                if outcome == "refresh":
+                    # Ours to recompute; the previous result is the answer meanwhile.
+                    self._refresh_in_background(key, token, compute, ttl, lease, retry_after, fresh)
+                    return result
                 # "wait": someone else computes it. Sleep holding no connection until the
                 # key's notification, the owner's lease expiry, or a jittered recheck.
                 remaining = deadline - time.monotonic()
@@ -205,15 +258,48 @@ class Client:
             finally:
                 if event is not None:
                     listener.unwatch(key, event)
-        return self._compute(key, token, compute, ttl, lease, retry_after)
+        return self._compute(key, token, compute, ttl, lease, retry_after, fresh)
 
-    def _compute(self, key, token, compute, ttl, lease, retry_after):
+    def _refresh_in_background(self, key, token, compute, ttl, lease, retry_after, fresh) -> None:
+        with self._flights_lock:
+            # A refresh of this key still running here means the server no longer counts
+            # its claim (it would have answered 'stale' otherwise): its result will be
+            # refused. Starting a second one would break "one background refresh per key
+            # per process", so this claim goes back; so does one drawn while closing.
+            give_back = self._closing or key in self._refreshes
+            if not give_back:
+                refresh = self._refreshes[key] = _Refresh(key, token)
+        if give_back:
+            self._quietly(self._release, key, token)
+            return
+        threading.Thread(target=self._run_refresh, name=f"pg_once-refresh {key}", daemon=True,
+                         args=(refresh, compute, ttl, lease, retry_after, fresh)).start()
+
+    def _run_refresh(self, refresh, compute, ttl, lease, retry_after, fresh) -> None:
+        key = refresh.key
+        try:
+            self._compute(key, refresh.token, compute, ttl, lease, retry_after, fresh, refresh)
+        except ClaimLost:
+            if not refresh.abandoned:
+                log.warning("pg_once: the refresh of %r lost its claim; its result was not stored", key)
+        except Exception as exc:
+            if not refresh.abandoned:
+                log.warning("pg_once: refreshing %r failed (%s); the previous result is still "
+                            "served until its stale window ends", key, C.error_text(exc))
+        finally:
+            with self._flights_lock:
+                if self._refreshes.get(key) is refresh:
+                    del self._refreshes[key]
+            refresh.done.set()
+
+    def _compute(self, key, token, compute, ttl, lease, retry_after, fresh, refresh=None):
         beat = self._heartbeats.add(key, token, lease)
         try:
             try:
                 value = compute()
             except Exception as exc:
-                self._quietly(self._fail, key, token, C.error_text(exc), retry_after)
+                if refresh is None or not refresh.abandoned:
+                    self._quietly(self._fail, key, token, C.error_text(exc), retry_after)
                 raise
             except BaseException:
                 # KeyboardInterrupt, SystemExit: not the computation's fault; give the
@@ -226,7 +312,18 @@ class Client:
                 self._quietly(self._fail, key, token, str(exc), retry_after)
                 raise
             self._heartbeats.remove(beat)
-            if beat.lost or not self._complete(key, token, text, ttl):
+            if beat.lost or (refresh is not None and refresh.abandoned):
+                raise ClaimLost(key, value)
+            try:
+                stored = self._complete(key, token, text, ttl, fresh)
+            except psycopg.Error as exc:
+                if isinstance(exc, psycopg.OperationalError):
+                    raise   # nothing can be written: the claim ends with its owner or lease
+                # The server refused the result (54000: over once.max_result_size): fail
+                # the key with the reason, rather than leave it claimed until the lease ends.
+                self._quietly(self._fail, key, token, C.error_text(exc), retry_after)
+                raise
+            if not stored:
                 raise ClaimLost(key, value)
             return value
         finally:
@@ -262,13 +359,23 @@ class Client:
                     conn.close()   # so that the pool drops it rather than lend it again
             log.info("pg_once: %s retried on a fresh connection", name)
 
-    def _claim(self, key, lease, owner):
+    def _claim(self, key, lease, owner, serve_stale=False):
+        if serve_stale:
+            if owner is None:
+                raise ConfigurationError(C.NO_FRESHNESS_SERVER)
+            try:
+                return self._execute("claim_key", C.CLAIM_KEY_SERVE_STALE, (key, lease, owner))
+            except psycopg.errors.UndefinedFunction as exc:   # no serve_stale argument
+                raise ConfigurationError(C.NO_FRESHNESS_SERVER) from exc
         if owner is None:
             return self._execute("claim_key", C.CLAIM_KEY_LEGACY, (key, lease))
         return self._execute("claim_key", C.CLAIM_KEY, (key, lease, owner))
 
-    def _complete(self, key, token, text, ttl) -> bool:
-        return self._execute("complete_key", C.COMPLETE_KEY, (key, token, text, ttl))[0]
+    def _complete(self, key, token, text, ttl, fresh=C.NO_FRESHNESS) -> bool:
+        if not fresh.given:
+            return self._execute("complete_key", C.COMPLETE_KEY, (key, token, text, ttl))[0]
+        return self._execute("complete_key", C.COMPLETE_KEY_FRESHNESS,
+                             (key, token, text, ttl, fresh.stale, fresh.beta, fresh.jitter))[0]
 
     def _fail(self, key, token, error, retry_after) -> bool:
         return self._execute("fail_key", C.FAIL_KEY, (key, token, error, retry_after))[0]
