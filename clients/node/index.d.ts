@@ -16,6 +16,20 @@ export interface CallOptions {
   retryAfter?: number;
   /** How often a waiting call asks the server again without a notification (default 1 s, jittered). */
   recheck?: number;
+  /**
+   * Stale-while-revalidate (pg_once 0.2.0; needs ttl): for this many seconds after ttl the
+   * old result is still returned at once, while one caller (in one process) recomputes it
+   * in the background. A failed refresh keeps the old result served until the window ends.
+   */
+  stale?: number | null;
+  /**
+   * XFetch early refresh (pg_once 0.2.0; needs ttl), 0 (off) to 100; 1 is the usual value: a hit
+   * may draw a background refresh before expiry, the likelier the closer to expiry and the
+   * longer the last computation took.
+   */
+  beta?: number | null;
+  /** 0 to below 1 (needs ttl): the ttl used is ttl * (1 - jitter * random()), so keys filled together expire apart. */
+  jitter?: number | null;
 }
 
 export interface OnceClientOptions extends CallOptions {
@@ -120,8 +134,12 @@ export declare class OnceClient {
   cached<A extends unknown[], T>(fn: (...args: A) => T | Promise<T>, options?: CachedOptions<A>): (...args: A) => Promise<Awaited<T>>;
   /** Work a queue until stopped; the handler's result completes the job, a throw fails it. */
   work<P = Json>(queue: string, handler: (job: Job<P>) => unknown, options?: WorkOptions): Worker;
-  /** Stop workers, close the listener, and the pool if connect() made it. */
-  end(): Promise<void>;
+  /**
+   * Stop workers, let background refreshes finish for up to `refreshTimeout` seconds (default
+   * 10) and give back the claims of those still running, close the listener, and the pool if
+   * connect() made it.
+   */
+  end(options?: { refreshTimeout?: number }): Promise<void>;
 }
 
 export declare class OnceError extends Error {}

@@ -11,9 +11,13 @@
 import pg from 'pg';
 import { Listener } from './listener.js';
 import { OnceFailed, OnceTimeout, OnceError } from './errors.js';
-import { describeError, isConnectionError, jitter, seconds, sleep, toJson } from './util.js';
+import {
+  describeError, freshness, isConnectionError, jitter, seconds, sleep, toJson,
+} from './util.js';
 import { Worker } from './worker.js';
-import { COMPLETE_SQL, FAIL_SQL, Heartbeat } from './protocol.js';
+import {
+  COMPLETE_FRESHNESS_SQL, COMPLETE_SQL, FAIL_SQL, Heartbeat, RELEASE_SQL,
+} from './protocol.js';
 
 // What the connected server supports. Servers from before owner_session() (and the
 // owner_pid / claim_next wait arguments) still work: claims are then owned by the pooled
@@ -27,11 +31,17 @@ SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = 'once') AS installed,
                   AND 'owner_pid' = ANY (p.proargnames)) AS claim_owner,
        EXISTS (SELECT FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
                 WHERE n.nspname = 'once' AND p.proname = 'claim_next'
-                  AND 'wait' = ANY (p.proargnames)) AS claim_next_wait`;
+                  AND 'wait' = ANY (p.proargnames)) AS claim_next_wait,
+       EXISTS (SELECT FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                WHERE n.nspname = 'once' AND p.proname = 'claim_key'
+                  AND 'serve_stale' = ANY (p.proargnames)) AS freshness`;
 
-const claimSql = (withOwner) => `
+// serveStale: the caller asked for stale/beta, so it also takes the outcomes 'refresh' (ours
+// to recompute, with the previous result to answer meanwhile) and 'stale' (the previous
+// result, at once). Without them it sends exactly what pre-0.2 clients send.
+const claimSql = (withOwner, serveStale) => `
 SELECT outcome, token, result, error, lease_expires_at, retry_at
-  FROM once.claim_key($1, lease => make_interval(secs => $2), wait => '0'${withOwner ? ', owner_pid => $3' : ''})`;
+  FROM once.claim_key($1, lease => make_interval(secs => $2), wait => '0'${withOwner ? ', owner_pid => $3' : ''}${serveStale ? ', serve_stale => true' : ''})`;
 /** Marks "nothing computed yet" (null and undefined are results). */
 const NOTHING = Symbol('nothing');
 
@@ -46,6 +56,7 @@ export class OnceClient {
   #capabilities = null; // Promise of the row of CAPABILITIES_SQL
   #caps = null; // the row, once known
   #inflight = new Map(); // key -> the promise every caller in this process awaits
+  #refreshes = new Map(); // key -> the background refresh running here (at most one per key)
   #workers = new Set();
   #closed = false;
 
@@ -61,12 +72,15 @@ export class OnceClient {
    */
   constructor({
     pool, connectionString, listenConnectionString, listen = true,
-    lease = 30, wait = 30, ttl = null, retryAfter = 5, recheck = 1, connectTimeout = 10, onError = defaultOnError,
+    lease = 30, wait = 30, ttl = null, retryAfter = 5, recheck = 1, stale = null, beta = null, jitter = null,
+    connectTimeout = 10, onError = defaultOnError,
   } = {}) {
     if (!pool) throw new TypeError('pg-once: new OnceClient({ pool }) needs a pg.Pool (or use OnceClient.connect(url))');
     this.#pool = pool;
     this.#onError = onError;
-    this.#defaults = this.#options({ lease, wait, ttl, retryAfter, recheck }, {});
+    this.#defaults = this.#options({
+      lease, wait, ttl, retryAfter, recheck, stale, beta, jitter,
+    }, {});
     if (listen) {
       const config = listenConnectionString ? { connectionString: listenConnectionString }
         : connectionString ? { connectionString }
@@ -185,11 +199,16 @@ export class OnceClient {
     return worker;
   }
 
-  /** Stop the workers (finishing or releasing their jobs), close the listener, and the pool if it is ours. */
-  async end() {
+  /**
+   * Stop the workers (finishing or releasing their jobs), let background refreshes store
+   * their results for up to `refreshTimeout` seconds and give back the claims of those still
+   * running, then close the listener, and the pool if it is ours.
+   */
+  async end({ refreshTimeout = 10 } = {}) {
     if (this.#closed) return;
+    seconds('refreshTimeout', refreshTimeout, { allowZero: true });
     this.#closed = true;
-    await Promise.all([...this.#workers].map((w) => w.stop()));
+    await Promise.all([...[...this.#workers].map((w) => w.stop()), this.#endRefreshes(refreshTimeout)]);
     await this.#listener?.close();
     if (this.#ownsPool) await this.#pool.end();
   }
@@ -198,13 +217,18 @@ export class OnceClient {
 
   #options(o, d) {
     const pick = (name) => (o[name] === undefined ? d[name] : o[name]);
-    return {
+    const opts = {
       lease: seconds('lease', pick('lease')),
       wait: seconds('wait', pick('wait'), { allowZero: true }),
       ttl: seconds('ttl', pick('ttl'), { allowNull: true }),
       retryAfter: seconds('retryAfter', pick('retryAfter'), { allowZero: true }),
       recheck: seconds('recheck', pick('recheck')),
+      ...freshness(pick('stale'), pick('beta'), pick('jitter')),
     };
+    if (opts.freshness && opts.ttl === null) {
+      throw new TypeError('pg-once: stale, beta and jitter need a ttl: they say what happens around the result\'s expiry, and without a ttl it never expires');
+    }
+    return opts;
   }
 
   #loadCapabilities() {
@@ -248,13 +272,13 @@ export class OnceClient {
     }
   }
 
-  async #claim(key, lease) {
+  async #claim(key, lease, serveStale) {
     for (let retried = false; ; retried = true) {
       const owner = await this.#owner();
       try {
         const { rows: [claim] } = owner === null
-          ? await this.#query(claimSql(false), [key, lease])
-          : await this.#query(claimSql(true), [key, lease, owner]);
+          ? await this.#query(claimSql(false, false), [key, lease])
+          : await this.#query(claimSql(true, serveStale), [key, lease, owner]);
         return claim;
       } catch (err) {
         // 22023 naming our owner pid: the listener connection died a moment ago and we
@@ -267,7 +291,10 @@ export class OnceClient {
 
   async #getOrCompute(key, compute, o) {
     const deadline = Date.now() + o.wait * 1000;
-    await this.#loadCapabilities();
+    const caps = await this.#loadCapabilities();
+    if (o.freshness && !(caps.freshness && caps.claim_owner)) {
+      throw new OnceError('pg-once: stale, beta and jitter need pg_once 0.2.0 or later on the server (ALTER EXTENSION pg_once UPDATE)');
+    }
     // Interest first, claim second: a completion notified in between is not lost.
     const interest = this.#listener?.interest(key);
     let pollDelay = 50; // listen: false — 50 ms doubling to 1 s
@@ -275,9 +302,16 @@ export class OnceClient {
     try {
       for (;;) {
         interest?.arm();
-        const claim = await this.#claim(key, o.lease);
+        const claim = await this.#claim(key, o.lease, o.serveStale);
         switch (claim.outcome) {
           case 'hit':
+            return claim.result;
+          case 'stale':
+            // Someone refreshes it (or its last refresh failed): the previous result, never a wait.
+            return claim.result;
+          case 'refresh':
+            // Ours to recompute; the previous result is the answer meanwhile.
+            this.#refreshInBackground(key, claim.token, compute, o);
             return claim.result;
           case 'failed':
             throw new OnceFailed(key, claim.error, claim.retry_at);
@@ -318,11 +352,61 @@ export class OnceClient {
   }
 
   /**
+   * Recompute `key` under the 'refresh' claim `token` in a detached promise while callers
+   * are answered with the previous result. At most one runs per key in this process: a
+   * refresh of this key still running here means the server no longer counts its claim (it
+   * would have answered 'stale'), so its result will be refused; this claim then goes
+   * back, as does one drawn while ending.
+   */
+  #refreshInBackground(key, token, compute, o) {
+    if (this.#closed || this.#refreshes.has(key)) {
+      this.#release(key, token);
+      return;
+    }
+    const refresh = { key, token, abandoned: false, heartbeat: null };
+    refresh.done = (async () => {
+      try {
+        const done = await this.#computeClaimed(key, token, compute, o, NOTHING, refresh);
+        if (!done.stored && !refresh.abandoned) {
+          this.#onError(new OnceError(`pg-once: the refresh of ${key} lost its claim; its result was not stored`));
+        }
+      } catch (err) {
+        if (!refresh.abandoned) {
+          this.#onError(new OnceError(`pg-once: refreshing ${key} failed; the previous result is still served until its stale window ends: ${err?.message ?? err}`, { cause: err }));
+        }
+      } finally {
+        if (this.#refreshes.get(key) === refresh) this.#refreshes.delete(key);
+      }
+    })();
+    this.#refreshes.set(key, refresh);
+  }
+
+  /** end(): wait up to `timeout` seconds for the refreshes running here, give back the rest. */
+  async #endRefreshes(timeout) {
+    const running = [...this.#refreshes.values()];
+    if (running.length === 0) return;
+    let timer;
+    await Promise.race([
+      Promise.all(running.map((r) => r.done)),
+      new Promise((resolve) => { timer = setTimeout(resolve, timeout * 1000); }),
+    ]);
+    clearTimeout(timer);
+    await Promise.all(running.filter((r) => this.#refreshes.get(r.key) === r).map((r) => {
+      this.#onError(new OnceError(`pg-once: ending: the refresh of ${r.key} is still running after ${timeout} s; its claim is given back`));
+      r.abandoned = true;
+      r.heartbeat?.stop();
+      return this.#release(r.key, r.token);
+    }));
+  }
+
+  /**
    * Run `compute` under the claim `token`, heartbeating, and store its result.
    * Returns { stored: true, value } or, when the claim was lost, { stored: false, json }.
+   * `refresh`: the background refresh this is, whose claim end() may give back meanwhile.
    */
-  async #computeClaimed(key, token, compute, o, precomputed) {
+  async #computeClaimed(key, token, compute, o, precomputed, refresh = null) {
     const heartbeat = new Heartbeat((sql, params) => this.#query(sql, params), (err) => this.#onError(err), key, token, o.lease);
+    if (refresh) refresh.heartbeat = heartbeat;
     let json = precomputed;
     try {
       if (json === NOTHING) {
@@ -330,7 +414,7 @@ export class OnceClient {
         try {
           value = await compute();
         } catch (err) {
-          await this.#fail(key, token, describeError(err), o.retryAfter);
+          if (!refresh?.abandoned) await this.#fail(key, token, describeError(err), o.retryAfter);
           throw err;
         }
         try {
@@ -345,10 +429,12 @@ export class OnceClient {
     } finally {
       heartbeat.stop();
     }
-    if (heartbeat.lost) return { stored: false, json };
+    if (heartbeat.lost || refresh?.abandoned) return { stored: false, json };
     let stored;
     try {
-      ({ rows: [{ stored }] } = await this.#query(COMPLETE_SQL, [key, token, json, o.ttl]));
+      ({ rows: [{ stored }] } = o.freshness
+        ? await this.#query(COMPLETE_FRESHNESS_SQL, [key, token, json, o.ttl, o.stale, o.beta, o.jitter])
+        : await this.#query(COMPLETE_SQL, [key, token, json, o.ttl]));
     } catch (err) {
       if (isConnectionError(err)) throw err; // nothing we can write: the lease ends the claim
       // The server refused the value (e.g. a \u0000 in a string, which jsonb cannot hold):
@@ -360,6 +446,15 @@ export class OnceClient {
     if (!stored) return { stored: false, json };
     // Everyone else gets the result back from jsonb; the owner gets the same thing.
     return { stored: true, value: JSON.parse(json) };
+  }
+
+  /** Give a claim back (background refreshes only): the next caller takes the key at once. */
+  async #release(key, token) {
+    try {
+      await this.#query(RELEASE_SQL, [key, token]);
+    } catch (err) {
+      this.#onError(new OnceError(`pg-once: could not give back the claim on ${key}: ${err.message}`, { cause: err }));
+    }
   }
 
   async #fail(key, token, text, retryAfter) {

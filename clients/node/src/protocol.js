@@ -6,6 +6,10 @@ import { OnceError } from './errors.js';
 
 export const HEARTBEAT_SQL = 'SELECT once.heartbeat_key($1, $2, lease => make_interval(secs => $3)) AS expires';
 export const COMPLETE_SQL = 'SELECT once.complete_key($1, $2, $3::jsonb, ttl => make_interval(secs => $4)) AS stored';
+// With stale/beta/jitter (pg_once 0.2.0); calls without them send COMPLETE_SQL, which
+// older servers also take.
+export const COMPLETE_FRESHNESS_SQL = `SELECT once.complete_key($1, $2, $3::jsonb, ttl => make_interval(secs => $4),
+  stale => make_interval(secs => $5), beta => $6::float8, jitter => $7::float8) AS stored`;
 export const FAIL_SQL = 'SELECT once.fail_key($1, $2, $3, retry_after => make_interval(secs => $4)) AS failed';
 export const RELEASE_SQL = 'SELECT once.release_key($1, $2) AS released';
 

@@ -60,3 +60,30 @@ export function seconds(name, value, { allowZero = false, allowNull = false } = 
   }
   return value;
 }
+
+/**
+ * The freshness options of a call (pg_once 0.2.0), checked before anything is claimed: the
+ * server checks the same ranges (22023) in complete_key, but only after the computation,
+ * which a typo would then cost, leaving the key failed for retryAfter.
+ */
+export function freshness(stale, beta, jitter) {
+  const number = (name, value, ok, range) => {
+    if (value === null || value === undefined) return null;
+    if (typeof value !== 'number' || !ok(value)) {
+      throw new TypeError(`pg-once: ${name} must be ${range}, got ${value}`);
+    }
+    return value;
+  };
+  const opts = {
+    stale: seconds('stale', stale, { allowZero: true, allowNull: true }),
+    beta: number('beta', beta, (b) => b >= 0 && b <= 100, 'a number from 0 (off) to 100 (1 is XFetch\'s usual value)'),
+    jitter: number('jitter', jitter, (j) => j >= 0 && j < 1, 'a number at least 0 and below 1 (a share of ttl)'),
+  };
+  return {
+    ...opts,
+    // Any of them given: complete_key gets them (else the pre-0.2 statement).
+    freshness: opts.stale !== null || opts.beta !== null || opts.jitter !== null,
+    // A stale window or early refreshes: the caller takes stale answers.
+    serveStale: opts.stale !== null || Boolean(opts.beta),
+  };
+}

@@ -32,6 +32,23 @@ if (mode === 'callers') {
     return mine;
   }));
   say({ computed, answers: answers.flat() });
+} else if (mode === 'stale') {
+  // args.callers concurrent callers ask for args.key at wall-clock time args.startAt, with a
+  // stale window; each reports what it got and how long that took. end() then lets a
+  // background refresh store its result.
+  let computed = 0;
+  await sleep(Math.max(0, args.startAt - Date.now()));
+  const answers = await Promise.all(Array.from({ length: args.callers }, async () => {
+    const started = Date.now();
+    const value = await client.getOrCompute(args.key, async () => {
+      computed += 1;
+      await sleep(args.computeMs);
+      return { by: process.pid };
+    }, { ttl: 60, stale: 60 });
+    return { value, ms: Date.now() - started };
+  }));
+  await client.end({ refreshTimeout: 30 });
+  say({ computed, answers });
 } else if (mode === 'hang') {
   // Claim args.key and never finish: the parent kills us mid-compute.
   await client.getOrCompute(args.key, () => {
