@@ -132,6 +132,23 @@ for (const setup of setups) {
       }
     });
 
+    test('a call without stale or beta waits for the refresh, as before', LIMIT, async () => {
+      const key = freshKey('plain-waits');
+      await expireIntoStaleWindow(key);
+      const refresher = makeClient(setup);
+      const plain = makeClient(setup);
+      try {
+        assert.equal(await refresher.getOrCompute(key, async () => { await sleep(1000); return 'v2'; }, { ttl: 60, stale: 60 }), 'v1');
+        // No stale answer for a caller that did not ask for one: it waits for the refresh.
+        const answer = await timed(plain.getOrCompute(key, () => assert.fail('computed beside the refresh'), { ttl: 60 }));
+        assert.equal(answer.value, 'v2');
+        assert.ok(answer.ms > 500, `answered in ${answer.ms} ms`);
+      } finally {
+        await closeClient(refresher);
+        await closeClient(plain);
+      }
+    });
+
     test('beta: a refresh starts before expiry, and nobody waits for it', LIMIT, async () => {
       const key = freshKey('beta');
       const client = makeClient(setup);

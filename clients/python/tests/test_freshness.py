@@ -121,6 +121,16 @@ def test_a_failed_refresh_keeps_the_old_value_served_and_the_next_caller_refresh
     assert later.get_or_compute(key, lambda: pytest.fail("recomputed"), ttl=60, stale=60) == "v2"
 
 
+def test_a_call_without_stale_or_beta_waits_for_the_refresh_as_before(clients, key):
+    expire_into_stale_window(clients(), key)
+    refresher, plain = clients(), clients()
+    assert refresher.get_or_compute(key, lambda: time.sleep(1.0) or "v2", ttl=60, stale=60) == "v1"
+    # No stale answer for a caller that did not ask for one: it waits for the refresh.
+    t0 = time.monotonic()
+    assert plain.get_or_compute(key, lambda: pytest.fail("computed beside the refresh"), ttl=60) == "v2"
+    assert time.monotonic() - t0 > 0.5
+
+
 def test_beta_refreshes_early_before_expiry(clients, key):
     client = clients()
     starts = []
