@@ -148,11 +148,14 @@ for (const setup of setups) {
         const mine = Array.from({ length: 4 }, () => client.getOrCompute(key, compute, { retryAfter: 2 }));
         await sleep(50); // the claim is ours
         const theirs = Array.from({ length: 4 }, () => other.getOrCompute(key, compute, { retryAfter: 2 }));
-        for (const outcome of await Promise.allSettled(mine)) {
+        // Both settled at once: the other process may see the shared failure before the
+        // owner's calls reject, and a rejection with no handler yet fails the test run.
+        const [mineSettled, theirsSettled] = await Promise.all([Promise.allSettled(mine), Promise.allSettled(theirs)]);
+        for (const outcome of mineSettled) {
           assert.equal(outcome.status, 'rejected');
           assert.equal(outcome.reason, boom, 'the owner process gets the compute error itself');
         }
-        for (const outcome of await Promise.allSettled(theirs)) {
+        for (const outcome of theirsSettled) {
           assert.equal(outcome.status, 'rejected');
           assert.ok(outcome.reason instanceof OnceFailed, String(outcome.reason));
           assert.equal(outcome.reason.key, key);
