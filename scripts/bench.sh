@@ -15,6 +15,9 @@
 #   6. pooled callers: 100 and 1,000 callers on 3 keys with the Python client, directly,
 #      through PgBouncer (transaction mode, pool 6) and psycopg_pool, vs the raw SQL loop
 #      on a connection per caller; takeover of a killed pooled owner.
+#   7. freshness: open-loop Poisson traffic on 100 keys whose results expire, for today's
+#      expiry with waiting, stale-while-revalidate, XFetch and a plain table cache:
+#      computations per expiry, latency, stale answers; XFetch against its model.
 #
 # SECTIONS="6" (for example) runs only those sections: their tables replace the same
 # sections of BENCHMARKS.md and their rows in bench/results/results.jsonl, each marked
@@ -22,8 +25,8 @@
 #
 # Comparisons alternate (A B A B ...) so both sides see the same machine state; figures
 # are the median and the range over ROUNDS. Settings: ROUNDS (3), QUEUE_ROUNDS (5),
-# SECONDS_PER_RUN (10), RTT_US (500), BLOAT_CYCLES (1000000). A full run takes about 35
-# minutes.
+# SECONDS_PER_RUN (10), RTT_US (500), BLOAT_CYCLES (1000000), FRESHNESS_SECONDS (60 per
+# mode of section 7). A full run takes about 40 minutes.
 source "$(dirname "$0")/lib.sh"
 PORT=${PG_ONCE_BENCH_PORT:-25534}
 PLAIN_PORT=$((PORT + 1))
@@ -36,19 +39,23 @@ POOL=$((2 * $(nproc)))
 RTT_US=${RTT_US:-500}
 BLOAT_CYCLES=${BLOAT_CYCLES:-1000000}
 SQL=$REPO_ROOT/bench/pgbench
-BIN=$REPO_ROOT/target/release
+BIN=${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release
 OUT=$REPO_ROOT/bench/results
 REPORT=$REPO_ROOT/BENCHMARKS.md
 RESULTS=$OUT/results.jsonl
-SECTIONS=${SECTIONS:-1 2 3 4 5 6}
+SECTIONS=${SECTIONS:-1 2 3 4 5 6 7}
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 ALL_SECTIONS=no
-[ "$SECTIONS" = "1 2 3 4 5 6" ] && ALL_SECTIONS=yes
+[ "$SECTIONS" = "1 2 3 4 5 6 7" ] && ALL_SECTIONS=yes
+FRESHNESS_SECONDS=${FRESHNESS_SECONDS:-60}
 
 ensure_toolchain
 install_extension release
-say "building the benchmark tools"
-(cd "$REPO_ROOT" && cargo build --release --quiet -p pg_once_tools --bin bench --bin latency_proxy)
+# Sections 1 to 5 use the Rust tools (6 and 7 are Python): build them only for those.
+if want 1 || want 2 || want 3 || want 4 || want 5; then
+    say "building the benchmark tools"
+    (cd "$REPO_ROOT" && cargo build --release --quiet -p pg_once_tools --bin bench --bin latency_proxy)
+fi
 # Huge pages. With 4 kB pages a backend takes a page fault the first time it touches each
 # shared buffer; 64 freshly connected queue workers spent 10% of all CPU there, a cost a
 # long-lived connection pool pays once. Servers with large shared_buffers run on huge
@@ -74,10 +81,13 @@ say "starting throwaway clusters on 127.0.0.1:$PORT (preloaded) and :$PLAIN_PORT
 cluster_start bench "$PORT" "shared_preload_libraries = 'pg_once'" "once.databases = 'postgres'" \
     "huge_pages = $HUGE_PAGES"
 cluster_start bench-plain "$PLAIN_PORT" "huge_pages = $HUGE_PAGES"
-"$BIN/latency_proxy" --listen "127.0.0.1:$PROXY_PORT" --upstream "127.0.0.1:$PORT" \
-    --delay-us $((RTT_US / 2)) &
-proxy=$!
-trap 'kill $proxy 2>/dev/null; pgbouncer_stop bench-bouncer; cluster_stop bench; cluster_stop bench-plain; restore_huge_pages' EXIT
+proxy=""
+if want 1; then
+    "$BIN/latency_proxy" --listen "127.0.0.1:$PROXY_PORT" --upstream "127.0.0.1:$PORT" \
+        --delay-us $((RTT_US / 2)) &
+    proxy=$!
+fi
+trap '[ -z "$proxy" ] || kill $proxy 2>/dev/null; pgbouncer_stop bench-bouncer; cluster_stop bench; cluster_stop bench-plain; restore_huge_pages' EXIT
 cluster_psql bench "$PORT" -q -c "CREATE EXTENSION pg_once" \
     -f "$SQL/handmade_setup.sql" -f "$SQL/hot_setup.sql" >/dev/null
 cluster_psql bench-plain "$PLAIN_PORT" -q -c "CREATE EXTENSION pg_once" >/dev/null
@@ -88,7 +98,7 @@ mkdir -p "$OUT"
 section_rows() {
     case $1 in
     1) echo pgbench ;; 2) echo stampede ;; 3) echo takeover ;; 4) echo listeners ;;
-    5) echo queue bloat ;; 6) echo pooled ;;
+    5) echo queue bloat ;; 6) echo pooled ;; 7) echo freshness ;;
     esac
 }
 if [ "$ALL_SECTIONS" = yes ]; then
@@ -153,7 +163,7 @@ harness() { "$BIN/bench" --rounds "${HARNESS_ROUNDS:-$ROUNDS}" --json-out "$RESU
 # Section 6: the Python client's benchmark (bench/pooled.py) on the preloaded cluster,
 # directly and through a PgBouncer in transaction mode with 6 server connections.
 pooled_section() {
-    say "6/6 pooled callers"
+    say "6/7 pooled callers"
     local venv=$PG_ONCE_WORK/bench-py-venv
     rm -rf "$venv"
     python3 -m venv "$venv"
@@ -211,13 +221,56 @@ print()
 PY
 }
 
+# Section 7: bench/freshness.py on the preloaded cluster, modes (a) to (d) one after the
+# other, FRESHNESS_SECONDS each.
+freshness_section() {
+    say "7/7 freshness ($FRESHNESS_SECONDS s per mode)"
+    local venv=$PG_ONCE_WORK/freshness-venv rows=$PG_ONCE_WORK/freshness.jsonl
+    [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check asyncpg uvloop
+    "$venv/bin/python" "$REPO_ROOT/bench/freshness.py" run --dsn "$DSN" \
+        --duration "$FRESHNESS_SECONDS" >"$rows"
+    sed 's/^{/{"bench":"freshness",/' "$rows" >>"$RESULTS"
+    echo "## 7. Freshness: 100 keys expiring under steady traffic"
+    echo
+    echo "Simulated traffic (\`bench/freshness.py\`, asyncpg): 100 keys, 2,000 requests/s in all"
+    echo "with Poisson arrivals (2 client processes, 100 pooled connections each), results"
+    echo "that live 2 s (ttl) and take 300 ms to compute, $FRESHNESS_SECONDS s per mode, the four modes one"
+    echo "after the other on the preloaded cluster. The computation is a sleep holding no"
+    echo "connection: the caller claims on a pooled connection, gives it back, sleeps, and"
+    echo "completes on one. Open loop: a request's latency counts from its scheduled arrival, so"
+    echo "time spent behind a computation, a busy pool or a late client loop all shows. Each mode"
+    echo "starts from filled keys whose first expiries are spread evenly over one ttl."
+    echo
+    echo "- (a) today's expiry: \`claim_key(wait => '5 s')\`; the claimant computes and"
+    echo "  completes with \`ttl => '2 s'\`, every other caller of that key waits inside claim_key."
+    echo "- (b) stale-while-revalidate: \`claim_key(serve_stale => true)\`,"
+    echo "  \`complete_key(ttl => '2 s', stale => '10 s')\`; \`refresh\` answers the old result at"
+    echo "  once and recomputes in the background, \`stale\` answers it at once."
+    echo "- (c) XFetch: \`claim_key(serve_stale => true)\`, \`complete_key(ttl => '2 s', beta => 1.0)\`;"
+    echo "  \`refresh\` (drawn early by the server) answers the still-fresh result at once and"
+    echo "  recomputes in the background. No stale window: past its expiry a key waits as in (a)."
+    echo "- (d) no coordination: a plain table; \`SELECT\`, and on a missing or expired row"
+    echo "  every such caller computes and upserts (\`INSERT ... ON CONFLICT DO UPDATE\`)."
+    echo
+    echo "Computations per key per ttl: computations / (100 keys x duration / 2 s). Computations per"
+    echo "expiry: computations over expiries, an expiry being a run of overlapping computations of"
+    echo "one key. Stale: a result served past its expiry; largest staleness: how far past. Ratios"
+    echo "divide a mode's p99 and computations by those of (a) and (d) in the same run. One run."
+    echo
+    "$venv/bin/python" "$REPO_ROOT/bench/freshness.py" table "$rows"
+    echo
+    echo "![XFetch early refreshes against the model](bench/results/freshness.png)"
+    echo
+}
+
 report() {
 cat <<EOF
 # pg_once benchmarks
 
 Written by \`scripts/bench.sh\` on $(date -u +%Y-%m-%d): $(nproc) cores, $(free -g | awk '/Mem/ {print $2}') GiB,
 PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}') (fsync off, shared_buffers 256MB, huge pages $HUGE_PAGES), pg_once $(grep -m1 '^version' "$REPO_ROOT/Cargo.toml" | cut -d'"' -f2) release build,
-clients on the same machine. Every figure is the median of $ROUNDS runs ($QUEUE_ROUNDS in section 5; one in section 6), with the range in
+clients on the same machine. Every figure is the median of $ROUNDS runs ($QUEUE_ROUNDS in section 5; one in sections 6 and 7), with the range in
 parentheses; ratios compare medians from the same run. Comparisons (sections 1, 4 and 5)
 alternate their two sides run by run; stampede and failover rows run their rounds back to
 back. Raw figures:
@@ -230,7 +283,7 @@ back. Raw figures:
 EOF
 
 if want 1; then
-say "1/6 cycles and hits"
+say "1/7 cycles and hits"
 echo "## 1. Cycles and hits"
 echo
 echo "pgbench, prepared statements, ${SECONDS_PER_RUN} s runs. A claim+complete cycle is two round trips"
@@ -258,7 +311,7 @@ echo
 fi
 
 if want 2; then
-say "2/6 stampede"
+say "2/7 stampede"
 echo "## 2. Stampede: callers on one cold key, 500 ms computation"
 echo
 echo "Milliseconds by the server's clock from the owner's complete_key to each other caller's"
@@ -294,7 +347,7 @@ echo
 fi
 
 if want 3; then
-say "3/6 failover"
+say "3/7 failover"
 echo "## 3. Failover: a killed owner"
 echo
 echo "Milliseconds from pg_terminate_backend of the owner to a waiting caller holding the claim."
@@ -317,7 +370,7 @@ echo
 fi
 
 if want 4; then
-say "4/6 listeners"
+say "4/7 listeners"
 echo "## 4. Commits with 100 LISTEN connections, by once.notify"
 echo
 echo "claim+complete cycles/s, 8 clients. Idle listeners LISTEN and then never read (the server"
@@ -355,7 +408,7 @@ echo
 fi
 
 if want 5; then
-say "5/6 queue"
+say "5/7 queue"
 echo "## 5. Queue"
 echo
 echo "Jobs/s for workers taking jobs with claim_next (n jobs at a time) and completing them"
@@ -450,6 +503,10 @@ fi
 
 if want 6; then
 pooled_section
+fi
+
+if want 7; then
+freshness_section
 fi
 }
 
