@@ -28,6 +28,7 @@ RUST_TO_SQL = {
     "i32": "integer",
     "i64": "bigint",
     "bool": "boolean",
+    "f64": "float8",
     "Interval": "interval",
     "TimestampWithTimeZone": "timestamptz",
     "Jsonb": "jsonb",

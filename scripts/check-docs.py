@@ -5,7 +5,9 @@
   checks against the server: change either, and scripts/test.sh fails until both agree;
 - every function sql/functions.sql creates has its signature on that page: one of schema
   once also a row in the README's SQL reference table, one of schema once_internal a
-  line under "Internal functions".
+  line under "Internal functions";
+- the state diagram of that page and of the README is docs/states.mmd, verbatim (GitHub
+  draws a ```mermaid block; the file is its one source).
 """
 
 import re
@@ -41,7 +43,12 @@ for f in unlisted:
     where = ("under \"Internal functions\" in docs/sql-reference.md" if f.startswith("once_internal.")
              else "in the README's SQL reference table")
     print(f"{f} is not listed {where}")
-if missing or undocumented or unlisted:
+states = (root / "docs/states.mmd").read_text()
+drawn = [name for name, text in (("docs/sql-reference.md", page), ("README.md", readme))
+         if f"```mermaid\n{states}```" not in text]
+for name in drawn:
+    print(f"{name}: its ```mermaid block is not docs/states.mmd verbatim: paste the file in")
+if missing or undocumented or unlisted or drawn:
     sys.exit(1)
 print(f"docs/sql-reference.md: all {len(blocks)} psql transcripts match the server; "
       f"all {len(functions)} functions documented")

@@ -9,21 +9,26 @@
 -- EXECUTE is revoked from PUBLIC at the end; see README "Granting access".
 
 CREATE FUNCTION once.claim_key(
-    key       text,
-    lease     interval DEFAULT '30 seconds',
-    wait      interval DEFAULT '0',
-    owner_pid integer DEFAULT NULL)
+    key         text,
+    lease       interval DEFAULT '30 seconds',
+    wait        interval DEFAULT '0',
+    owner_pid   integer DEFAULT NULL,
+    serve_stale boolean DEFAULT false)
 RETURNS once.claim
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'claim_key_wrapper';
+AS 'MODULE_PATHNAME', 'claim_key_0_2_wrapper';
 
-COMMENT ON FUNCTION once.claim_key(text, interval, interval, integer) IS
+COMMENT ON FUNCTION once.claim_key(text, interval, interval, integer, boolean) IS
 $$Claim a key or get its cached result, in one round trip. outcome is:
 hit (result is set), claimed (you own the key: compute, then complete_key with token),
 failed (the last attempt failed and retry_at is in the future: error is set), or
 wait (someone else is computing it: owner, lease_expires_at are set; all NULL while
 another transaction's claim is not committed yet).
+With serve_stale => true, also refresh (you own the key and result is the previous one:
+serve it, recompute, complete_key) and stale (result is the previous one, served at once
+while someone refreshes it); without it a refresh is answered claimed and a stale result
+wait (or failed), as before pg_once 0.2.
 With wait > 0 the call blocks, holding no lock, until the key resolves, its owner is gone
 (then you are given the claim) or wait elapses (then it returns wait), whatever other
 transactions hold; wait => 0 never waits for a lock.
@@ -49,16 +54,22 @@ CREATE FUNCTION once.complete_key(
     key    text,
     token  bigint,
     result jsonb,
-    ttl    interval DEFAULT NULL)
+    ttl    interval DEFAULT NULL,
+    stale  interval DEFAULT NULL,
+    beta   float8 DEFAULT NULL,
+    jitter float8 DEFAULT NULL)
 RETURNS boolean
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'complete_key_wrapper';
+AS 'MODULE_PATHNAME', 'complete_key_0_2_wrapper';
 
-COMMENT ON FUNCTION once.complete_key(text, bigint, jsonb, interval) IS
-$$Store the result of your claim (served for ttl, or until invalidated if ttl is NULL) and
-wake everyone waiting for the key. Returns false, changing nothing, if token is no longer
-the key's current claim (taken over, reaped, released or invalidated).$$;
+COMMENT ON FUNCTION once.complete_key(text, bigint, jsonb, interval, interval, double precision, double precision) IS
+$$Store the result of your claim and wake everyone waiting for the key. It is fresh for
+ttl (NULL: until invalidated), shortened by up to jitter of it (0 to 1, drawn per key:
+keys filled together do not expire together), then served as stale for stale more while
+one caller refreshes it. beta > 0: hits refresh it early, the more likely the nearer its
+expiry and the longer it took to compute (XFetch). Returns false, changing nothing, if
+token is no longer the key's current claim (taken over, reaped or released).$$;
 
 CREATE FUNCTION once.fail_key(
     key         text,
@@ -108,9 +119,22 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'invalidate_key_wrapper';
 
 COMMENT ON FUNCTION once.invalidate_key(text) IS
-$$Forget a key in any state: drop its cached result or failure, or cancel its claim (the
-owner's later complete_key returns false; waiters are woken and one claims it anew).
-Returns false if the key was absent.$$;
+$$Forget a key: drop its cached result or failure. A running key keeps its claim (a second
+computation never starts beside it): no result of it is served, and when its run ends
+the key is computed once more. Returns false if the key was absent.$$;
+
+CREATE FUNCTION once.refresh_key(key text, stale interval DEFAULT NULL)
+RETURNS text
+LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'refresh_key_wrapper';
+
+COMMENT ON FUNCTION once.refresh_key(text, interval) IS
+$$Have a key computed again, its current result served as stale for stale meanwhile
+(NULL: not served). Returns expired (its result expires now; a queued key goes back to
+its queue), rerun (it is running: when the run ends it is computed exactly once more,
+however many requests arrive, and the run's result is served as stale for stale),
+pending (queued: it runs anyway) or absent.$$;
 
 CREATE FUNCTION once.reap_stale()
 RETURNS TABLE (reclaimed bigint, expired bigint, history bigint)
@@ -240,26 +264,94 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'invalidate_keys_wrapper';
 
 COMMENT ON FUNCTION once.invalidate_keys(text, text) IS
-$$Forget every key of a queue and/or whose key starts with prefix, like invalidate_key
-each. Locks keys in key_hash order, so it never deadlocks with workers or other batches,
-and waits only for keys other transactions are writing at that moment. Returns how many.$$;
+$$Forget every key of a queue and/or whose key starts with prefix, running ones included
+(their claims are cancelled: their owners' writes return false), e.g. to empty a queue.
+Locks keys in key_hash order, so it never deadlocks with workers or other batches, and
+waits only for keys other transactions are writing at that moment. Returns how many.$$;
 
 -- plan_cache_mode: see claim_next.
 CREATE FUNCTION once.complete_keys(
     keys    text[],
     tokens  bigint[],
     results jsonb[],
-    ttl     interval DEFAULT NULL)
+    ttl     interval DEFAULT NULL,
+    stale   interval DEFAULT NULL,
+    beta    float8 DEFAULT NULL,
+    jitter  float8 DEFAULT NULL)
 RETURNS TABLE (key text)
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
-AS 'MODULE_PATHNAME', 'complete_keys_wrapper';
+AS 'MODULE_PATHNAME', 'complete_keys_0_2_wrapper';
 
-COMMENT ON FUNCTION once.complete_keys(text[], bigint[], jsonb[], interval) IS
+COMMENT ON FUNCTION once.complete_keys(text[], bigint[], jsonb[], interval, interval, double precision, double precision) IS
 $$complete_key for many claims in one statement (e.g. what one claim_next(n => 10) call
-handed out). Locks keys in key_hash order, so it cannot deadlock with another batch.
-Returns the keys that were completed; the others' claims were lost.$$;
+handed out), each key's jitter drawn on its own. Locks keys in key_hash order, so it
+cannot deadlock with another batch. Returns the keys that were completed; the others'
+claims were lost.$$;
+
+-- once.cached runs the caller's query as the caller: SECURITY INVOKER, and no pinned
+-- search_path, so that the query's names resolve as they would in the caller's own
+-- statement. Everything it names itself is schema-qualified. It calls the other
+-- functions, which check the caller's rights to the key as any call does.
+CREATE FUNCTION once.cached(
+    key         text,
+    query       text,
+    ttl         interval DEFAULT NULL,
+    stale       interval DEFAULT NULL,
+    beta        float8 DEFAULT NULL,
+    jitter      float8 DEFAULT NULL,
+    wait        interval DEFAULT '30 seconds',
+    lease       interval DEFAULT '5 minutes')
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT SECURITY INVOKER PARALLEL UNSAFE
+AS $cached$
+DECLARE
+    answer once.claim;
+    computed jsonb;
+BEGIN
+    IF query IS NULL THEN
+        RAISE EXCEPTION 'query must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed',
+                  HINT = 'Pass the query whose rows are to be cached, e.g. ''SELECT ... FROM ...''.';
+    END IF;
+    -- Bad options (ttl, stale, beta, jitter) are refused by complete_key, after the query
+    -- has run: the statement fails and changes nothing. (A check before it would need a
+    -- function of once_internal, which the caller, running this as itself, cannot reach.)
+    answer := once.claim_key(key, lease => lease, wait => wait, serve_stale => true);
+    IF answer.outcome IN ('hit', 'stale') THEN
+        -- A cached result is served only to a role that could run the query itself:
+        -- planning it checks the role's privileges on every table it reads (row-level
+        -- security is not: put keys whose rows differ by role in their own namespace).
+        EXECUTE 'EXPLAIN (COSTS OFF) ' || query;
+        RETURN answer.result;
+    ELSIF answer.outcome IN ('claimed', 'refresh') THEN
+        EXECUTE pg_catalog.format(
+            'SELECT COALESCE(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(r)), ''[]''::jsonb) FROM (%s) r',
+            query) INTO computed;
+        PERFORM once.complete_key(key, answer.token, computed, ttl => ttl, stale => stale,
+                                  beta => beta, jitter => jitter);
+        RETURN computed;
+    ELSIF answer.outcome = 'failed' THEN
+        RAISE EXCEPTION 'the last computation of key "%" failed: %', key, answer.error
+            USING ERRCODE = 'external_routine_exception',
+                  HINT = pg_catalog.format('It may be retried after %s.', answer.retry_at);
+    ELSE
+        RAISE EXCEPTION 'key "%" is still being computed by % after waiting %', key,
+                        COALESCE(answer.owner, 'another transaction'), wait
+            USING ERRCODE = 'lock_not_available',
+                  HINT = 'Pass a longer wait, e.g. wait => ''2 minutes''.';
+    END IF;
+END
+$cached$;
+
+COMMENT ON FUNCTION once.cached(text, text, interval, interval, double precision, double precision, interval, interval) IS
+$$The cached rows of query (a jsonb array of one object per row), computed once by the
+first caller, as that caller's role, while the others wait (at most wait) or, within
+stale, are served the previous rows. ttl, stale, beta and jitter as for complete_key.
+A cached result is served only to a role that may run query itself. Everything runs in
+the caller's transaction: if query fails, its error is raised and nothing is recorded,
+so the next caller tries it again.$$;
 
 CREATE FUNCTION once_internal.backend_alive(pid integer, started timestamptz)
 RETURNS boolean
@@ -356,7 +448,7 @@ SELECT k.queued, k.running, k.done, k.failed, k.running_past_lease, k.expired_un
                count(*) FILTER (WHERE state = 'failed')  AS failed,
                count(*) FILTER (WHERE state = 'running' AND lease_expires_at <= clock_timestamp())
                    AS running_past_lease,
-               count(*) FILTER (WHERE state = 'done' AND expires_at <= clock_timestamp())
+               count(*) FILTER (WHERE state = 'done' AND coalesce(stale_until, expires_at) <= clock_timestamp())
                    AS expired_unpurged,
                min(claimed_at) FILTER (WHERE state = 'running') AS oldest_claimed_at,
                coalesce(sum(errors), 0) AS errors,
@@ -379,7 +471,7 @@ COMMENT ON COLUMN once.stats.failed IS
 COMMENT ON COLUMN once.stats.running_past_lease IS
     'Running keys whose lease has run out: taken over at the next call, or reaped by reap_stale. Growing: nothing runs reap_stale (preload pg_once, or schedule it).';
 COMMENT ON COLUMN once.stats.expired_unpurged IS
-    'Results past their expires_at, no longer served, waiting for reap_stale to delete them.';
+    'Results past their expires_at and stale window, no longer served, waiting for reap_stale to delete them.';
 COMMENT ON COLUMN once.stats.oldest_claimed_at IS
     'When the oldest running claim was made: a long-running computation, or an owner that stopped heartbeating.';
 COMMENT ON COLUMN once.stats.errors IS

@@ -75,6 +75,15 @@ SELECT pg_catalog.pg_extension_config_dump('once_internal.namespace_owners', '')
 
 -- How an attempt ended is now said by the statement that ends it (last_outcome).
 ALTER TABLE once.entries ADD COLUMN last_outcome text;
+
+-- Freshness (docs/sql-reference.md, "Freshness"): the columns, last (schema.sql).
+ALTER TABLE once.entries
+    ADD COLUMN stale_until timestamptz,
+    ADD COLUMN beta double precision,
+    ADD COLUMN compute_time interval,
+    ADD COLUMN rerun text,
+    ADD COLUMN rerun_stale interval;
+
 CREATE OR REPLACE FUNCTION once_internal.record_attempt() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp
@@ -160,7 +169,7 @@ SELECT k.queued, k.running, k.done, k.failed, k.running_past_lease, k.expired_un
                count(*) FILTER (WHERE state = 'failed')  AS failed,
                count(*) FILTER (WHERE state = 'running' AND lease_expires_at <= clock_timestamp())
                    AS running_past_lease,
-               count(*) FILTER (WHERE state = 'done' AND expires_at <= clock_timestamp())
+               count(*) FILTER (WHERE state = 'done' AND coalesce(stale_until, expires_at) <= clock_timestamp())
                    AS expired_unpurged,
                min(claimed_at) FILTER (WHERE state = 'running') AS oldest_claimed_at,
                coalesce(sum(errors), 0) AS errors,
@@ -201,12 +210,169 @@ CREATE VIEW once.namespaces AS
 SELECT prefix, owner, notify, created_at, once_internal.may_use_key(prefix) AS member
   FROM once_internal.namespace_owners;
 
+-- claim_key gains serve_stale, complete_key and complete_keys gain stale, beta and jitter:
+-- new signatures, so new functions with new symbols. Dropping a function drops what was
+-- granted on it, so each new one gets the old one's grants: a role that could claim and
+-- complete keys before the update still can after it. A grant made while an extension
+-- script runs is recorded as one of the extension's own initial privileges
+-- (pg_init_privs), which pg_dump leaves out: so the initial privileges are set back to a
+-- fresh install's afterwards, and the grants stay the administrator's, dumped and
+-- restored like any other. (Updating pg_init_privs needs a superuser, as does running
+-- this script: pg_once.control says superuser = true.)
+CREATE FUNCTION once_internal.replace_function(old regprocedure, new_signature text,
+                                               create_new text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $replace$
+DECLARE
+    acl aclitem[] := (SELECT coalesce(proacl, acldefault('f', proowner)) FROM pg_proc
+                       WHERE oid = old);
+    owner oid := (SELECT proowner FROM pg_proc WHERE oid = old);
+    initial aclitem[];
+    g record;
+BEGIN
+    EXECUTE format('DROP FUNCTION %s', old);
+    EXECUTE create_new;
+    EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', new_signature);
+    initial := (SELECT initprivs FROM pg_init_privs
+                 WHERE objoid = new_signature::regprocedure
+                   AND classoid = 'pg_proc'::regclass AND objsubid = 0);
+    FOR g IN SELECT a.grantee, a.is_grantable FROM aclexplode(acl) a
+              WHERE a.privilege_type = 'EXECUTE' AND a.grantee <> owner LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s%s', new_signature,
+                       CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE g.grantee::regrole::text END,
+                       CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+    END LOOP;
+    UPDATE pg_init_privs SET initprivs = initial
+     WHERE objoid = new_signature::regprocedure
+       AND classoid = 'pg_proc'::regclass AND objsubid = 0;
+END
+$replace$;
+
+SELECT once_internal.replace_function(
+    'once.claim_key(text, interval, interval, integer)',
+    'once.claim_key(text, interval, interval, integer, boolean)',
+    $create$
+CREATE FUNCTION once.claim_key(
+    key         text,
+    lease       interval DEFAULT '30 seconds',
+    wait        interval DEFAULT '0',
+    owner_pid   integer DEFAULT NULL,
+    serve_stale boolean DEFAULT false)
+RETURNS once.claim
+LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'claim_key_0_2_wrapper'
+$create$);
+
+SELECT once_internal.replace_function(
+    'once.complete_key(text, bigint, jsonb, interval)',
+    'once.complete_key(text, bigint, jsonb, interval, interval, double precision, double precision)',
+    $create$
+CREATE FUNCTION once.complete_key(
+    key    text,
+    token  bigint,
+    result jsonb,
+    ttl    interval DEFAULT NULL,
+    stale  interval DEFAULT NULL,
+    beta   float8 DEFAULT NULL,
+    jitter float8 DEFAULT NULL)
+RETURNS boolean
+LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'complete_key_0_2_wrapper'
+$create$);
+
+SELECT once_internal.replace_function(
+    'once.complete_keys(text[], bigint[], jsonb[], interval)',
+    'once.complete_keys(text[], bigint[], jsonb[], interval, interval, double precision, double precision)',
+    $create$
+CREATE FUNCTION once.complete_keys(
+    keys    text[],
+    tokens  bigint[],
+    results jsonb[],
+    ttl     interval DEFAULT NULL,
+    stale   interval DEFAULT NULL,
+    beta    float8 DEFAULT NULL,
+    jitter  float8 DEFAULT NULL)
+RETURNS TABLE (key text)
+LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS 'MODULE_PATHNAME', 'complete_keys_0_2_wrapper'
+$create$);
+
+DROP FUNCTION once_internal.replace_function(regprocedure, text, text);
+
+CREATE FUNCTION once.refresh_key(key text, stale interval DEFAULT NULL)
+RETURNS text
+LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'refresh_key_wrapper';
+
+-- once.cached runs the caller's query as the caller: SECURITY INVOKER, and no pinned
+-- search_path, so that the query's names resolve as they would in the caller's own
+-- statement. Everything it names itself is schema-qualified. It calls the other
+-- functions, which check the caller's rights to the key as any call does.
+CREATE FUNCTION once.cached(
+    key         text,
+    query       text,
+    ttl         interval DEFAULT NULL,
+    stale       interval DEFAULT NULL,
+    beta        float8 DEFAULT NULL,
+    jitter      float8 DEFAULT NULL,
+    wait        interval DEFAULT '30 seconds',
+    lease       interval DEFAULT '5 minutes')
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT SECURITY INVOKER PARALLEL UNSAFE
+AS $cached$
+DECLARE
+    answer once.claim;
+    computed jsonb;
+BEGIN
+    IF query IS NULL THEN
+        RAISE EXCEPTION 'query must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed',
+                  HINT = 'Pass the query whose rows are to be cached, e.g. ''SELECT ... FROM ...''.';
+    END IF;
+    -- Bad options (ttl, stale, beta, jitter) are refused by complete_key, after the query
+    -- has run: the statement fails and changes nothing. (A check before it would need a
+    -- function of once_internal, which the caller, running this as itself, cannot reach.)
+    answer := once.claim_key(key, lease => lease, wait => wait, serve_stale => true);
+    IF answer.outcome IN ('hit', 'stale') THEN
+        -- A cached result is served only to a role that could run the query itself:
+        -- planning it checks the role's privileges on every table it reads (row-level
+        -- security is not: put keys whose rows differ by role in their own namespace).
+        EXECUTE 'EXPLAIN (COSTS OFF) ' || query;
+        RETURN answer.result;
+    ELSIF answer.outcome IN ('claimed', 'refresh') THEN
+        EXECUTE pg_catalog.format(
+            'SELECT COALESCE(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(r)), ''[]''::jsonb) FROM (%s) r',
+            query) INTO computed;
+        PERFORM once.complete_key(key, answer.token, computed, ttl => ttl, stale => stale,
+                                  beta => beta, jitter => jitter);
+        RETURN computed;
+    ELSIF answer.outcome = 'failed' THEN
+        RAISE EXCEPTION 'the last computation of key "%" failed: %', key, answer.error
+            USING ERRCODE = 'external_routine_exception',
+                  HINT = pg_catalog.format('It may be retried after %s.', answer.retry_at);
+    ELSE
+        RAISE EXCEPTION 'key "%" is still being computed by % after waiting %', key,
+                        COALESCE(answer.owner, 'another transaction'), wait
+            USING ERRCODE = 'lock_not_available',
+                  HINT = 'Pass a longer wait, e.g. wait => ''2 minutes''.';
+    END IF;
+END
+$cached$;
+
 -- Privileges of the new objects, as a fresh install sets them (end of functions.sql).
 REVOKE ALL ON FUNCTION once_internal.library_version(), once.create_namespace(text, regrole, text),
     once.drop_namespace(text), once_internal.key_namespace(text),
     once.create_queue(text, integer, interval, interval, text), once_internal.runtime(),
     once_internal.may_use_key(text), once_internal.namespaces_changed(),
-    once_internal.next_token()
+    once_internal.next_token(), once.refresh_key(text, interval),
+    once.cached(text, text, interval, interval, double precision, double precision, interval, interval)
     FROM PUBLIC;
 REVOKE ALL ON once_internal.namespace_owners, once.stats, once.namespaces FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION once_internal.may_use_key(text) TO PUBLIC;
@@ -222,23 +388,23 @@ COMMENT ON FUNCTION once_internal.library_version() IS
 COMMENT ON TYPE once.claim IS
     'What one once.claim_key call decided (outcome) and what goes with it.';
 COMMENT ON COLUMN once.claim.outcome IS
-    'What the call decided: hit (result is set), claimed (you own the key: compute, then complete_key with token), failed (error is set, until retry_at) or wait (someone else computes it).';
+    'What the call decided: hit (result is set), claimed (you own the key: compute, then complete_key with token), failed (error is set, until retry_at) or wait (someone else computes it). With serve_stale => true also refresh (you own the key and result is the previous one: serve it, recompute, complete_key) and stale (result is the previous one, served while someone refreshes it).';
 COMMENT ON COLUMN once.claim.token IS
-    'claimed: your fencing token, to pass to complete_key, fail_key, heartbeat_key or release_key. wait: the owner''s token. NULL otherwise.';
+    'claimed or refresh: your fencing token, to pass to complete_key, fail_key, heartbeat_key or release_key. wait or stale: the owner''s token (stale: NULL when nobody refreshes right now). NULL otherwise.';
 COMMENT ON COLUMN once.claim.result IS
-    'hit: the cached result. NULL otherwise.';
+    'hit: the cached result; refresh and stale: the previous result, served while it is recomputed; claimed: the previous result when a refresh is handed to a caller that did not ask for serve_stale. NULL otherwise.';
 COMMENT ON COLUMN once.claim.error IS
-    'failed: the error the last attempt recorded with fail_key (or why its owner was judged gone). NULL otherwise.';
+    'failed: the error the last attempt recorded with fail_key (or why its owner was judged gone); stale: the same, when the last refresh failed. NULL otherwise.';
 COMMENT ON COLUMN once.claim.owner IS
-    'claimed or wait: who holds the claim (application name, user and pid of the claiming session). NULL while another transaction''s claim is not committed yet.';
+    'claimed, refresh, wait or stale: who holds the claim (application name, user and pid of the claiming session). NULL while another transaction''s claim is not committed yet.';
 COMMENT ON COLUMN once.claim.lease_expires_at IS
-    'claimed or wait: when the owner''s lease runs out unless it heartbeats; a LISTEN client waits at most until then before asking again.';
+    'claimed, refresh, wait or stale: when the owner''s lease runs out unless it heartbeats; a LISTEN client waits at most until then before asking again.';
 COMMENT ON COLUMN once.claim.attempts IS
     'Claims of this key since its last result (a takeover counts).';
 COMMENT ON COLUMN once.claim.retry_at IS
     'failed: when the key may be claimed again. NULL otherwise.';
 COMMENT ON COLUMN once.claim.expires_at IS
-    'hit: when the result stops being served (NULL: until invalidated).';
+    'hit: when the result stops being fresh (NULL: never); refresh and stale: when the previous result stopped (or stops) being fresh.';
 COMMENT ON FUNCTION once.key_hash(text) IS
     'SHA-256 digest of a key: the primary key of once.entries. Look a key up with WHERE key_hash = once.key_hash(''...'').';
 COMMENT ON COLUMN once.queues.name IS
@@ -290,7 +456,7 @@ COMMENT ON COLUMN once.entries.lease_expires_at IS
 COMMENT ON COLUMN once.entries.result IS
     'done: the result complete_key stored (kept while a refresh recomputes it).';
 COMMENT ON COLUMN once.entries.expires_at IS
-    'When the result stops being served and may be purged (NULL: until invalidated).';
+    'When the result stops being fresh: after it, it is served as stale until stale_until, if set, and then purged (NULL: fresh until invalidated).';
 COMMENT ON COLUMN once.entries.error IS
     'The last failed attempt''s error.';
 COMMENT ON COLUMN once.entries.errors IS
@@ -301,6 +467,16 @@ COMMENT ON COLUMN once.entries.retry_at IS
     'failed: when the key may be claimed (or, queued, is due) again.';
 COMMENT ON COLUMN once.entries.last_outcome IS
     'How the last attempt ended: completed, failed, released, abandoned (its owner was gone and a reaper took the claim back) or taken_over (its owner was gone and a caller took the claim); NULL until an attempt ended.';
+COMMENT ON COLUMN once.entries.stale_until IS
+    'Until when an expired result is still served, as stale, while one caller refreshes it (complete_key''s stale); NULL: not served past expires_at.';
+COMMENT ON COLUMN once.entries.beta IS
+    'complete_key''s beta: how eagerly a hit refreshes the result before it expires (XFetch); NULL: never early.';
+COMMENT ON COLUMN once.entries.compute_time IS
+    'How long the computation of the current result took, from its claim to complete_key: the delta of early refreshes.';
+COMMENT ON COLUMN once.entries.rerun IS
+    'A recompute requested while the key ran (refresh_key, invalidate_key, enqueue_key with refresh), carried out when the run ends: the key is computed once more, and the run''s result is meanwhile served as completed (keep), as stale for rerun_stale (stale) or not at all (discard). NULL: none.';
+COMMENT ON COLUMN once.entries.rerun_stale IS
+    'With rerun stale: how long the result of the run in progress is served as stale after it ends.';
 COMMENT ON COLUMN once.entries.created_at IS
     'When the key''s row was created.';
 COMMENT ON COLUMN once.entries.claimed_at IS
@@ -347,12 +523,16 @@ COMMENT ON FUNCTION once_internal.wake_queue() IS
     'Trigger function: wake the workers waiting for work in the queue a key went back to.';
 COMMENT ON FUNCTION once_internal.record_attempt() IS
     'Trigger function: append to once.attempts when an attempt at a queued key ends.';
-COMMENT ON FUNCTION once.claim_key(text, interval, interval, integer) IS
+COMMENT ON FUNCTION once.claim_key(text, interval, interval, integer, boolean) IS
 $$Claim a key or get its cached result, in one round trip. outcome is:
 hit (result is set), claimed (you own the key: compute, then complete_key with token),
 failed (the last attempt failed and retry_at is in the future: error is set), or
 wait (someone else is computing it: owner, lease_expires_at are set; all NULL while
 another transaction's claim is not committed yet).
+With serve_stale => true, also refresh (you own the key and result is the previous one:
+serve it, recompute, complete_key) and stale (result is the previous one, served at once
+while someone refreshes it); without it a refresh is answered claimed and a stale result
+wait (or failed), as before pg_once 0.2.
 With wait > 0 the call blocks, holding no lock, until the key resolves, its owner is gone
 (then you are given the claim) or wait elapses (then it returns wait), whatever other
 transactions hold; wait => 0 never waits for a lock.
@@ -366,10 +546,13 @@ connections (through a pool) with claim_key(..., owner_pid => that pid) or claim
 when this connection closes, as if made on it; when pg_once is preloaded, the pg_once
 worker takes them back at once. Call it on a connection your process keeps open for its
 lifetime, such as its LISTEN connection (direct or session-pooled).$$;
-COMMENT ON FUNCTION once.complete_key(text, bigint, jsonb, interval) IS
-$$Store the result of your claim (served for ttl, or until invalidated if ttl is NULL) and
-wake everyone waiting for the key. Returns false, changing nothing, if token is no longer
-the key's current claim (taken over, reaped, released or invalidated).$$;
+COMMENT ON FUNCTION once.complete_key(text, bigint, jsonb, interval, interval, double precision, double precision) IS
+$$Store the result of your claim and wake everyone waiting for the key. It is fresh for
+ttl (NULL: until invalidated), shortened by up to jitter of it (0 to 1, drawn per key:
+keys filled together do not expire together), then served as stale for stale more while
+one caller refreshes it. beta > 0: hits refresh it early, the more likely the nearer its
+expiry and the longer it took to compute (XFetch). Returns false, changing nothing, if
+token is no longer the key's current claim (taken over, reaped or released).$$;
 COMMENT ON FUNCTION once.fail_key(text, bigint, text, interval) IS
 $$Record that your claim failed with error, and wake waiters. Until retry_after has passed,
 claim_key returns outcome failed with this error (callers share the failure instead of
@@ -382,9 +565,15 @@ COMMENT ON FUNCTION once.release_key(text, bigint) IS
 $$Give your claim back without recording a failure (e.g. on shutdown); the key becomes
 absent and one waiter claims it at once. Returns false if token is no longer current.$$;
 COMMENT ON FUNCTION once.invalidate_key(text) IS
-$$Forget a key in any state: drop its cached result or failure, or cancel its claim (the
-owner's later complete_key returns false; waiters are woken and one claims it anew).
-Returns false if the key was absent.$$;
+$$Forget a key: drop its cached result or failure. A running key keeps its claim (a second
+computation never starts beside it): no result of it is served, and when its run ends
+the key is computed once more. Returns false if the key was absent.$$;
+COMMENT ON FUNCTION once.refresh_key(text, interval) IS
+$$Have a key computed again, its current result served as stale for stale meanwhile
+(NULL: not served). Returns expired (its result expires now; a queued key goes back to
+its queue), rerun (it is running: when the run ends it is computed exactly once more,
+however many requests arrive, and the run's result is served as stale for stale),
+pending (queued: it runs anyway) or absent.$$;
 COMMENT ON FUNCTION once.reap_stale() IS
 $$Take back claims whose owner is gone (lease expired, or backend exited) as failures that
 may be retried at once, waking their waiters (queued keys go back to their queue after a
@@ -428,13 +617,22 @@ With wait > 0 an empty queue is waited on, holding no lock, until a key becomes 
 (enqueued, a backoff ends, a key is sent back) or wait elapses (then no rows).
 owner_pid: as for claim_key.$$;
 COMMENT ON FUNCTION once.invalidate_keys(text, text) IS
-$$Forget every key of a queue and/or whose key starts with prefix, like invalidate_key
-each. Locks keys in key_hash order, so it never deadlocks with workers or other batches,
-and waits only for keys other transactions are writing at that moment. Returns how many.$$;
-COMMENT ON FUNCTION once.complete_keys(text[], bigint[], jsonb[], interval) IS
+$$Forget every key of a queue and/or whose key starts with prefix, running ones included
+(their claims are cancelled: their owners' writes return false), e.g. to empty a queue.
+Locks keys in key_hash order, so it never deadlocks with workers or other batches, and
+waits only for keys other transactions are writing at that moment. Returns how many.$$;
+COMMENT ON FUNCTION once.complete_keys(text[], bigint[], jsonb[], interval, interval, double precision, double precision) IS
 $$complete_key for many claims in one statement (e.g. what one claim_next(n => 10) call
-handed out). Locks keys in key_hash order, so it cannot deadlock with another batch.
-Returns the keys that were completed; the others' claims were lost.$$;
+handed out), each key's jitter drawn on its own. Locks keys in key_hash order, so it
+cannot deadlock with another batch. Returns the keys that were completed; the others'
+claims were lost.$$;
+COMMENT ON FUNCTION once.cached(text, text, interval, interval, double precision, double precision, interval, interval) IS
+$$The cached rows of query (a jsonb array of one object per row), computed once by the
+first caller, as that caller's role, while the others wait (at most wait) or, within
+stale, are served the previous rows. ttl, stale, beta and jitter as for complete_key.
+A cached result is served only to a role that may run query itself. Everything runs in
+the caller's transaction: if query fails, its error is raised and nothing is recorded,
+so the next caller tries it again.$$;
 COMMENT ON FUNCTION once_internal.backend_alive(integer, timestamptz) IS
 $$Whether the backend with this pid that started at this time is still running (the
 pid alone could have been reused). NULL if either argument is NULL.$$;
@@ -471,7 +669,7 @@ COMMENT ON COLUMN once.stats.failed IS
 COMMENT ON COLUMN once.stats.running_past_lease IS
     'Running keys whose lease has run out: taken over at the next call, or reaped by reap_stale. Growing: nothing runs reap_stale (preload pg_once, or schedule it).';
 COMMENT ON COLUMN once.stats.expired_unpurged IS
-    'Results past their expires_at, no longer served, waiting for reap_stale to delete them.';
+    'Results past their expires_at and stale window, no longer served, waiting for reap_stale to delete them.';
 COMMENT ON COLUMN once.stats.oldest_claimed_at IS
     'When the oldest running claim was made: a long-running computation, or an owner that stopped heartbeating.';
 COMMENT ON COLUMN once.stats.errors IS

@@ -50,38 +50,39 @@ COMMENT ON FUNCTION once_internal.library_version() IS
 -- The four states of a key. A key with no row is "absent".
 CREATE TYPE once.key_state AS ENUM ('queued', 'running', 'done', 'failed');
 
--- What one claim_key call decided. outcome is one of hit | claimed | wait | failed.
+-- What one claim_key call decided. outcome is one of hit | claimed | wait | failed, and,
+-- for a caller that passes serve_stale => true, refresh | stale.
 CREATE TYPE once.claim AS (
-    outcome          text,         -- hit | claimed | wait | failed
-    token            bigint,       -- claimed: your fencing token; wait: the owner's
-    result           jsonb,        -- hit: the cached result
-    error            text,         -- failed: the last attempt's error
-    owner            text,         -- wait/claimed: who holds the claim
-    lease_expires_at timestamptz,  -- wait/claimed: when the owner's lease runs out
+    outcome          text,         -- hit | claimed | wait | failed | refresh | stale
+    token            bigint,       -- claimed/refresh: your fencing token; wait/stale: the owner's
+    result           jsonb,        -- hit, refresh, stale: the (previous) result
+    error            text,         -- failed: the last attempt's error; stale: a failed refresh's
+    owner            text,         -- wait/claimed/refresh/stale: who holds the claim
+    lease_expires_at timestamptz,  -- wait/claimed/refresh/stale: when the owner's lease runs out
     attempts         integer,      -- claims of this key since its last result
     retry_at         timestamptz,  -- failed: when the key may be claimed again
-    expires_at       timestamptz   -- hit: when the result stops being served (NULL: never)
+    expires_at       timestamptz   -- hit, refresh, stale: when result stops/stopped being fresh
 );
 COMMENT ON TYPE once.claim IS
     'What one once.claim_key call decided (outcome) and what goes with it.';
 COMMENT ON COLUMN once.claim.outcome IS
-    'What the call decided: hit (result is set), claimed (you own the key: compute, then complete_key with token), failed (error is set, until retry_at) or wait (someone else computes it).';
+    'What the call decided: hit (result is set), claimed (you own the key: compute, then complete_key with token), failed (error is set, until retry_at) or wait (someone else computes it). With serve_stale => true also refresh (you own the key and result is the previous one: serve it, recompute, complete_key) and stale (result is the previous one, served while someone refreshes it).';
 COMMENT ON COLUMN once.claim.token IS
-    'claimed: your fencing token, to pass to complete_key, fail_key, heartbeat_key or release_key. wait: the owner''s token. NULL otherwise.';
+    'claimed or refresh: your fencing token, to pass to complete_key, fail_key, heartbeat_key or release_key. wait or stale: the owner''s token (stale: NULL when nobody refreshes right now). NULL otherwise.';
 COMMENT ON COLUMN once.claim.result IS
-    'hit: the cached result. NULL otherwise.';
+    'hit: the cached result; refresh and stale: the previous result, served while it is recomputed; claimed: the previous result when a refresh is handed to a caller that did not ask for serve_stale. NULL otherwise.';
 COMMENT ON COLUMN once.claim.error IS
-    'failed: the error the last attempt recorded with fail_key (or why its owner was judged gone). NULL otherwise.';
+    'failed: the error the last attempt recorded with fail_key (or why its owner was judged gone); stale: the same, when the last refresh failed. NULL otherwise.';
 COMMENT ON COLUMN once.claim.owner IS
-    'claimed or wait: who holds the claim (application name, user and pid of the claiming session). NULL while another transaction''s claim is not committed yet.';
+    'claimed, refresh, wait or stale: who holds the claim (application name, user and pid of the claiming session). NULL while another transaction''s claim is not committed yet.';
 COMMENT ON COLUMN once.claim.lease_expires_at IS
-    'claimed or wait: when the owner''s lease runs out unless it heartbeats; a LISTEN client waits at most until then before asking again.';
+    'claimed, refresh, wait or stale: when the owner''s lease runs out unless it heartbeats; a LISTEN client waits at most until then before asking again.';
 COMMENT ON COLUMN once.claim.attempts IS
     'Claims of this key since its last result (a takeover counts).';
 COMMENT ON COLUMN once.claim.retry_at IS
     'failed: when the key may be claimed again. NULL otherwise.';
 COMMENT ON COLUMN once.claim.expires_at IS
-    'hit: when the result stops being served (NULL: until invalidated).';
+    'hit: when the result stops being fresh (NULL: never); refresh and stale: when the previous result stopped (or stops) being fresh.';
 
 -- Fencing tokens come from one sequence, not from a per-key counter, so that a key whose row
 -- is deleted (invalidated, released, purged after expiry) can never hand out a token that a
@@ -219,6 +220,16 @@ CREATE TABLE once.entries (
     -- (its owner was gone and a reaper took the claim back) | taken_over (its owner was
     -- gone and a caller took the claim); NULL until an attempt has ended
     last_outcome     text,
+    -- 0.2.0, freshness (docs/sql-reference.md, "Freshness"): after expires_at the result
+    -- is still served, as stale, until stale_until while one caller refreshes it; beta
+    -- and compute_time drive early refreshes (XFetch); rerun is a recompute requested
+    -- while the key ran, carried out when the run ends: keep | stale | discard, what
+    -- becomes of the run's result meanwhile (rerun_stale: how long it is served as stale)
+    stale_until      timestamptz,
+    beta             double precision,
+    compute_time     interval,
+    rerun            text,
+    rerun_stale      interval,
     CONSTRAINT entries_pkey PRIMARY KEY (key_hash)
 )
 -- No CHECK constraints and no generated column, on purpose: PostgreSQL re-reads and
@@ -267,7 +278,7 @@ COMMENT ON COLUMN once.entries.lease_expires_at IS
 COMMENT ON COLUMN once.entries.result IS
     'done: the result complete_key stored (kept while a refresh recomputes it).';
 COMMENT ON COLUMN once.entries.expires_at IS
-    'When the result stops being served and may be purged (NULL: until invalidated).';
+    'When the result stops being fresh: after it, it is served as stale until stale_until, if set, and then purged (NULL: fresh until invalidated).';
 COMMENT ON COLUMN once.entries.error IS
     'The last failed attempt''s error.';
 COMMENT ON COLUMN once.entries.errors IS
@@ -278,6 +289,16 @@ COMMENT ON COLUMN once.entries.retry_at IS
     'failed: when the key may be claimed (or, queued, is due) again.';
 COMMENT ON COLUMN once.entries.last_outcome IS
     'How the last attempt ended: completed, failed, released, abandoned (its owner was gone and a reaper took the claim back) or taken_over (its owner was gone and a caller took the claim); NULL until an attempt ended.';
+COMMENT ON COLUMN once.entries.stale_until IS
+    'Until when an expired result is still served, as stale, while one caller refreshes it (complete_key''s stale); NULL: not served past expires_at.';
+COMMENT ON COLUMN once.entries.beta IS
+    'complete_key''s beta: how eagerly a hit refreshes the result before it expires (XFetch); NULL: never early.';
+COMMENT ON COLUMN once.entries.compute_time IS
+    'How long the computation of the current result took, from its claim to complete_key: the delta of early refreshes.';
+COMMENT ON COLUMN once.entries.rerun IS
+    'A recompute requested while the key ran (refresh_key, invalidate_key, enqueue_key with refresh), carried out when the run ends: the key is computed once more, and the run''s result is meanwhile served as completed (keep), as stale for rerun_stale (stale) or not at all (discard). NULL: none.';
+COMMENT ON COLUMN once.entries.rerun_stale IS
+    'With rerun stale: how long the result of the run in progress is served as stale after it ends.';
 COMMENT ON COLUMN once.entries.created_at IS
     'When the key''s row was created.';
 COMMENT ON COLUMN once.entries.claimed_at IS

@@ -40,6 +40,15 @@ pub fn too_long(message: String, hint: &str) -> ! {
     )
 }
 
+/// 54000: a value is larger than a documented limit (a result past once.max_result_size).
+pub fn limit_exceeded(message: String, hint: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+        message,
+        hint,
+    )
+}
+
 /// 0A000: the call cannot work in the caller's transaction.
 pub fn not_supported(message: String, hint: &str) -> ! {
     raise(PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED, message, hint)

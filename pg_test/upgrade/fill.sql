@@ -27,3 +27,14 @@ SELECT once.fail_key(c.key, c.token, 'bounced', retry_after => '0')
 -- One job claimed and completed: history.
 SELECT once.complete_key(c.key, c.token, '"sent"')
   FROM once.claim_next('default', owner_pid => 0) AS c;
+
+-- An application role granted what it uses: the update replaces claim_key, complete_key
+-- and complete_keys (new signatures), and must carry these grants over (upgrade-test.sh
+-- gives a fresh install the same grants, pg_test/upgrade/grants.sql, and compares).
+CREATE ROLE up_app;
+GRANT USAGE ON SCHEMA once TO up_app;
+GRANT EXECUTE ON FUNCTION once.claim_key(text, interval, interval, integer),
+                          once.complete_key(text, bigint, jsonb, interval),
+                          once.complete_keys(text[], bigint[], jsonb[], interval),
+                          once.fail_key(text, bigint, text, interval)
+    TO up_app;

@@ -5,6 +5,7 @@
 //! asked of the protocol by the API layer.)
 
 use crate::errors;
+use crate::protocol::freshness::Policy;
 use crate::protocol::namespace::Payload;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 
@@ -97,6 +98,87 @@ pub fn ttl(ttl: Option<Interval>) -> Option<Interval> {
         errors::invalid_argument(format!("ttl must be at most 100 years, got {ttl}"), hint);
     }
     Some(ttl)
+}
+
+/// How a result stays servable (complete_key, complete_keys, cached): a ttl as `ttl`
+/// checks it; `stale` more than zero, at most 100 years; `beta` more than zero, at most
+/// 100 (0 or NULL: no early refreshes); `jitter` from 0 to less than 1. Each of the three
+/// only means something for a result that expires, so each needs a ttl.
+pub fn policy(
+    ttl: Option<Interval>,
+    stale: Option<Interval>,
+    beta: Option<f64>,
+    jitter: Option<f64>,
+) -> Policy {
+    let ttl = self::ttl(ttl);
+    let stale = self::stale(stale);
+    let beta = beta.filter(|b| *b != 0.0);
+    if let Some(beta) = beta {
+        if !(beta > 0.0 && beta <= 100.0) {
+            errors::invalid_argument(
+                format!("beta must be between 0 and 100, got {beta}"),
+                "Use 1.0 for the early refreshes of the XFetch paper, more to refresh earlier, 0 or NULL for none.",
+            );
+        }
+    }
+    if let Some(jitter) = jitter {
+        if !(0.0..1.0).contains(&jitter) {
+            errors::invalid_argument(
+                format!("jitter must be at least 0 and less than 1, got {jitter}"),
+                "Use the fraction of the ttl by which expiries may be brought forward, e.g. 0.1 for up to 10%.",
+            );
+        }
+    }
+    if ttl.is_none() {
+        let given = [
+            (stale.is_some(), "stale"),
+            (beta.is_some(), "beta"),
+            (jitter.is_some_and(|j| j > 0.0), "jitter"),
+        ];
+        if let Some((_, name)) = given.iter().find(|(set, _)| *set) {
+            errors::invalid_argument(
+                format!("{name} needs a ttl: a result without one never expires"),
+                "Pass a ttl as well, e.g. ttl => '1 hour', or leave the option out.",
+            );
+        }
+    }
+    Policy {
+        ttl,
+        jitter,
+        stale,
+        beta,
+    }
+}
+
+/// How long a result may be served as stale (refresh_key): NULL (not at all) or more than
+/// zero, at most 100 years.
+pub fn stale(stale: Option<Interval>) -> Option<Interval> {
+    let stale = stale?;
+    let micros = stale.as_micros();
+    let hint = "Use how long the result may still be served while it is recomputed, e.g. stale => '1 minute'; NULL: not at all.";
+    if micros <= 0 {
+        errors::invalid_argument(format!("stale must be positive or NULL, got {stale}"), hint);
+    }
+    if micros > 100 * YEAR {
+        errors::invalid_argument(
+            format!("stale must be at most 100 years, got {stale}"),
+            hint,
+        );
+    }
+    Some(stale)
+}
+
+/// A result no larger than once.max_result_size; `size` in bytes.
+pub fn result_size(size: usize, what: &str) {
+    let limit_kb = crate::runtime::guc::MAX_RESULT_SIZE_KB.get() as usize;
+    if size > limit_kb * 1024 {
+        errors::limit_exceeded(
+            format!(
+                "{what} is {size} bytes, more than once.max_result_size ({limit_kb} kB)"
+            ),
+            "Store a smaller result (a reference to where a large one is kept, e.g. an object's URL), or ask an administrator to raise once.max_result_size.",
+        );
+    }
 }
 
 /// How long a failure is served to callers before the key may be retried: 0 up to 1 year.

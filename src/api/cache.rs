@@ -14,12 +14,15 @@ use pgrx::prelude::*;
 use pgrx::PgTupleDesc;
 use std::cell::RefCell;
 
+/// Named for the release of its signature: 0.2.0 added `serve_stale` to 0.1.0's
+/// claim_key (symbol claim_key_wrapper; CONTRIBUTING.md, "Upgrades").
 #[pg_extern(sql = false)]
-fn claim_key(
+fn claim_key_0_2(
     key: Option<&str>,
     lease: Option<Interval>,
     wait: Option<Interval>,
     owner_pid: Option<i32>,
+    serve_stale: Option<bool>,
     fcinfo: pg_sys::FunctionCallInfo,
 ) -> pgrx::composite_type!('static, "claim") {
     body(|| {
@@ -27,9 +30,14 @@ fn claim_key(
         let lease = args::lease(lease);
         let wait_micros = args::wait(wait);
         let owner = claim_owner(owner_pid);
+        let serve_stale = args::required(
+            serve_stale,
+            "serve_stale",
+            "Pass true to be answered refresh and stale (see Freshness), false for the four outcomes of pg_once 0.1.",
+        );
         let claim = if wait_micros > 0 {
             refuse_wait_under_snapshot_isolation("claim_key");
-            waiting::claim_key(&key, lease, owner, wait_micros)
+            waiting::claim_key(&key, lease, owner, wait_micros, serve_stale)
         } else {
             // wait => 0 never waits for a lock: an uncommitted claim answers `wait` at once.
             claim::attempt(
@@ -38,9 +46,10 @@ fn claim_key(
                 owner,
                 &mut OwnerWatch::default(),
                 LockBudget(1),
+                serve_stale,
             )
         };
-        claim_row(fcinfo, claim)
+        claim_row(fcinfo, claim, serve_stale)
     })
 }
 
@@ -50,12 +59,17 @@ fn owner_session() -> i32 {
     body(liveness::become_owner_session)
 }
 
+/// Named for the release of its signature: 0.2.0 added `stale`, `beta` and `jitter` to
+/// 0.1.0's complete_key (symbol complete_key_wrapper).
 #[pg_extern(sql = false)]
-fn complete_key(
+fn complete_key_0_2(
     key: Option<&str>,
     token: Option<i64>,
     result: Option<Jsonb>,
     ttl: Option<Interval>,
+    stale: Option<Interval>,
+    beta: Option<f64>,
+    jitter: Option<f64>,
 ) -> bool {
     body(|| {
         let (key, token) = claim_of(key, token, "complete_key");
@@ -64,8 +78,9 @@ fn complete_key(
             "result",
             "Pass the computed value as jsonb; to cache \"nothing\", pass 'null'::jsonb.",
         );
-        let ttl = args::ttl(ttl);
-        claim::complete(&key, token, result, ttl)
+        args::result_size(result.size(), "result");
+        let policy = args::policy(ttl, stale, beta, jitter);
+        claim::complete(&key, token, result, &policy)
     })
 }
 
@@ -115,6 +130,20 @@ fn invalidate_key(key: Option<&str>) -> bool {
 }
 
 #[pg_extern(sql = false)]
+fn refresh_key(key: Option<&str>, stale: Option<Interval>) -> &'static str {
+    body(|| {
+        let key = usable_key(key, "refresh_key");
+        let stale = args::stale(stale);
+        match claim::request_refresh(&key, stale) {
+            claim::Refreshed::Absent => "absent",
+            claim::Refreshed::Expired => "expired",
+            claim::Refreshed::Rerun => "rerun",
+            claim::Refreshed::Pending => "pending",
+        }
+    })
+}
+
+#[pg_extern(sql = false)]
 fn reap_stale() -> TableIterator<
     'static,
     (
@@ -134,12 +163,26 @@ fn claim_of<'a>(key: Option<&'a str>, token: Option<i64>, function: &str) -> (Ke
     (usable_key(key, function), args::token(token))
 }
 
-/// The once.claim row this call returns, each value set by its column's name.
+/// The once.claim row this call returns, each value set by its column's name. A refresh
+/// is answered `claimed` (with the result it kept) to a caller without `serve_stale`.
 fn claim_row(
     fcinfo: pg_sys::FunctionCallInfo,
     claim: Claim,
+    serve_stale: bool,
 ) -> PgHeapTuple<'static, AllocatedByRust> {
     let mut row = ClaimRow::for_call(fcinfo);
+    let (claim, kept) = match claim {
+        Claim::Refresh {
+            claimed,
+            result,
+            expires_at,
+        } => (*claimed, Some((result, expires_at))),
+        other => (other, None),
+    };
+    if let Some((result, expires_at)) = kept {
+        row.set("result", result);
+        row.set("expires_at", expires_at);
+    }
     let (outcome, token, attempts) = match claim {
         Claim::Hit {
             token,
@@ -159,7 +202,12 @@ fn claim_row(
         } => {
             row.set("owner", owner);
             row.set("lease_expires_at", lease_expires_at);
-            ("claimed", Some(token), Some(attempts))
+            let outcome = if kept.is_some() && serve_stale {
+                "refresh"
+            } else {
+                "claimed"
+            };
+            (outcome, Some(token), Some(attempts))
         }
         Claim::Wait {
             token,
@@ -182,6 +230,23 @@ fn claim_row(
             row.set("retry_at", retry_at);
             ("failed", Some(token), Some(attempts))
         }
+        Claim::Stale {
+            token,
+            owner,
+            lease_expires_at,
+            result,
+            expires_at,
+            error,
+            attempts,
+        } => {
+            row.set("owner", owner);
+            row.set("lease_expires_at", lease_expires_at);
+            row.set("result", result);
+            row.set("expires_at", expires_at);
+            row.set("error", error);
+            ("stale", token, Some(attempts))
+        }
+        Claim::Refresh { .. } => unreachable!("unwrapped above"),
     };
     row.set("outcome", outcome);
     row.set("token", token);

@@ -141,6 +141,7 @@ fn printed_type(written: &str) -> String {
         "int" | "int4" => "integer",
         "int8" => "bigint",
         "bool" => "boolean",
+        "float8" => "double precision",
         other => other,
     }
     .to_string()
@@ -345,7 +346,7 @@ mod tests {
     fn the_install_script_gives_every_api_function_its_parameters() {
         let claim_key = api().iter().find(|f| f.name == "claim_key").unwrap();
         let names: Vec<_> = claim_key.params.iter().map(|p| p.name.as_str()).collect();
-        assert_eq!(names, ["key", "lease", "wait", "owner_pid"]);
+        assert_eq!(names, ["key", "lease", "wait", "owner_pid", "serve_stale"]);
         assert!(!claim_key.params[0].has_default && claim_key.params[2].has_default);
         assert_eq!(claim_key.params[2].type_name, "interval");
         assert!(api().iter().any(|f| f.name == "key_hash"));

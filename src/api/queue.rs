@@ -140,19 +140,25 @@ fn invalidate_keys(queue: Option<&str>, prefix: Option<&str>) -> i64 {
     })
 }
 
+/// Named for the release of its signature: 0.2.0 added `stale`, `beta` and `jitter` to
+/// 0.1.0's complete_keys (symbol complete_keys_wrapper).
 #[pg_extern(sql = false)]
-fn complete_keys(
+fn complete_keys_0_2(
     keys: Option<Vec<Option<String>>>,
     tokens: Option<Vec<Option<i64>>>,
     results: Option<JsonbArray>,
     ttl: Option<Interval>,
+    stale: Option<Interval>,
+    beta: Option<f64>,
+    jitter: Option<f64>,
 ) -> TableIterator<'static, (name!(key, String),)> {
     body(|| {
         let hint = "Pass three arrays of the same length: keys, their tokens, their results.";
         let keys = args::required(keys, "keys", hint);
         let tokens = args::required(tokens, "tokens", hint);
         let results = args::required(results, "results", hint);
-        let (length, has_null) = results.shape();
+        let shape = results.shape();
+        let length = shape.length;
         if keys.len() != tokens.len() || keys.len() != length {
             errors::invalid_argument(
                 format!(
@@ -163,9 +169,10 @@ fn complete_keys(
                 hint,
             );
         }
-        if has_null {
+        if shape.has_null {
             errors::null_argument("results[i]", hint);
         }
+        args::result_size(shape.largest, "a result");
         let keys: Vec<String> = keys
             .into_iter()
             .map(|k| args::required(k, "keys[i]", hint))
@@ -175,8 +182,8 @@ fn complete_keys(
             .map(|k| usable_key(Some(k), "complete_keys"))
             .collect();
         let tokens: Vec<i64> = tokens.into_iter().map(args::token).collect();
-        let ttl = args::ttl(ttl);
-        let done = queue::complete_many(&keys, tokens, results, ttl);
+        let policy = args::policy(ttl, stale, beta, jitter);
+        let done = queue::complete_many(&keys, tokens, results, &policy);
         TableIterator::new(done.into_iter().map(|k| (k,)))
     })
 }

@@ -29,3 +29,21 @@ fn runtime() -> bool {
 fn create_queue() -> bool {
     retired("create_queue_wrapper")
 }
+
+/// 0.1.0's once.claim_key(text, interval, interval, integer) (now claim_key_0_2).
+#[pg_extern(sql = false)]
+fn claim_key() -> bool {
+    retired("claim_key_wrapper")
+}
+
+/// 0.1.0's once.complete_key(text, bigint, jsonb, interval) (now complete_key_0_2).
+#[pg_extern(sql = false)]
+fn complete_key() -> bool {
+    retired("complete_key_wrapper")
+}
+
+/// 0.1.0's once.complete_keys(text[], bigint[], jsonb[], interval) (now complete_keys_0_2).
+#[pg_extern(sql = false)]
+fn complete_keys() -> bool {
+    retired("complete_keys_wrapper")
+}

@@ -20,6 +20,7 @@
 //! answered `wait` without judging its owner (see protocol::standby).
 
 use crate::key::Key;
+use crate::protocol::freshness::{self, Policy};
 use crate::protocol::namespace;
 use crate::protocol::rules::*;
 use crate::protocol::standby;
@@ -65,6 +66,26 @@ pub enum Claim {
         retry_at: Option<TimestampWithTimeZone>,
         attempts: i32,
     },
+    /// A claim that keeps the previous result, served to others while it is recomputed:
+    /// a result in its stale window, a fresh one that drew an early refresh, or one whose
+    /// refresher failed or is gone. (Answered `claimed`, result set, to a caller that did
+    /// not ask for serve_stale.)
+    Refresh {
+        claimed: Box<Claim>,
+        result: Jsonb,
+        expires_at: Option<TimestampWithTimeZone>,
+    },
+    /// The previous result, past its ttl but within its stale window, while someone
+    /// refreshes it (or, after a failed refresh, until retry_at). Never waits.
+    Stale {
+        token: Option<i64>,
+        owner: Option<String>,
+        lease_expires_at: Option<TimestampWithTimeZone>,
+        result: Jsonb,
+        expires_at: Option<TimestampWithTimeZone>,
+        error: Option<String>,
+        attempts: i32,
+    },
 }
 
 static INSERT_CLAIM: Statement = Statement::new(concat!(
@@ -80,7 +101,8 @@ static INSERT_CLAIM: Statement = Statement::new(concat!(
 
 // Claims a key that exists but may be claimed: expired result, failure whose retry time has
 // come, or a claim whose owner is gone ($gone_reason says why; the takeover counts as an
-// error). `token = $seen_token AND state = $seen_state` makes the claim conditional on
+// error). A refresh ($keep_result) keeps the result, its expiry and its stale window, so
+// that it is served to others while it is recomputed; any other claim drops them. `token = $seen_token AND state = $seen_state` makes the claim conditional on
 // nothing having changed since the key was read, and a running key is taken only if its
 // owner is still gone when the row is locked (a heartbeat may have just extended the
 // lease). Run through subxact::keep_if, so a lost race leaves no lock behind.
@@ -100,7 +122,10 @@ static TAKE_CLAIM: Statement = Statement::new(concat!(
     "
                          ELSE error END,
             last_outcome = CASE WHEN state = 'running' THEN 'taken_over' ELSE last_outcome END,
-            result = NULL, expires_at = NULL, retry_at = NULL
+            result = CASE WHEN $keep_result THEN result END,
+            expires_at = CASE WHEN $keep_result THEN expires_at END,
+            stale_until = CASE WHEN $keep_result THEN stale_until END,
+            retry_at = NULL
       WHERE key_hash = $key_hash AND token = $seen_token AND state = $seen_state::once.key_state
         AND (state <> 'running' OR ",
     owner_gone!(""),
@@ -109,9 +134,10 @@ static TAKE_CLAIM: Statement = Statement::new(concat!(
 ));
 
 static COMPLETE: Statement = Statement::new(concat!(
-    "UPDATE once.entries SET ",
-    completed!("$result"),
+    "UPDATE once.entries AS e SET ",
+    completed!("$result", "d."),
     "
+       FROM (SELECT random() AS draw, clock_timestamp() AS now) d
       WHERE key_hash = $key_hash AND token = $token AND state = 'running'"
 ));
 
@@ -142,12 +168,22 @@ static HEARTBEAT: Statement = Statement::new(
 );
 
 // A released key becomes absent, so the next caller claims it as if it were cold (tokens
-// come from a sequence, so deleting the row cannot make an old token valid again). A
-// queued key goes back to its queue, due now, and the attempt does not count.
+// come from a sequence, so deleting the row cannot make an old token valid again); a
+// released refresh goes back to serving the result it kept, and the next caller in its
+// stale window refreshes it. A queued key goes back to its queue, due now, and the
+// attempt does not count.
 static RELEASE: Statement = Statement::new(
     "WITH gone AS (
          DELETE FROM once.entries
           WHERE key_hash = $key_hash AND token = $token AND state = 'running' AND queue IS NULL
+            AND result IS NULL
+         RETURNING 1),
+     kept AS (
+         UPDATE once.entries
+            SET state = 'done', lease_expires_at = NULL, updated_at = clock_timestamp(),
+                last_outcome = 'released', rerun = NULL, rerun_stale = NULL
+          WHERE key_hash = $key_hash AND token = $token AND state = 'running' AND queue IS NULL
+            AND result IS NOT NULL
          RETURNING 1),
      requeued AS (
          UPDATE once.entries
@@ -157,11 +193,59 @@ static RELEASE: Statement = Statement::new(
           WHERE key_hash = $key_hash AND token = $token AND state = 'running'
             AND queue IS NOT NULL
          RETURNING 1)
-     SELECT 1 FROM gone UNION ALL SELECT 1 FROM requeued",
+     SELECT 1 FROM gone UNION ALL SELECT 1 FROM kept UNION ALL SELECT 1 FROM requeued",
 );
 
-static INVALIDATE: Statement =
-    Statement::new("DELETE FROM once.entries WHERE key_hash = $key_hash");
+// A key that is not running is forgotten. A running one keeps its claim (cancelling it
+// would let a second computation start beside the first, whose owner does not know): its
+// result, if it kept one, is no longer served, and the run's own result will not be
+// either; when the run ends the key is computed once more (rules::rerun_requested).
+static INVALIDATE: Statement = Statement::new(concat!(
+    "WITH running AS (
+         UPDATE once.entries
+            SET ",
+    rerun_requested!("'discard'", "NULL::interval"),
+    ", result = NULL, expires_at = NULL, stale_until = NULL
+          WHERE key_hash = $key_hash AND state = 'running'
+         RETURNING 1),
+     gone AS (
+         DELETE FROM once.entries WHERE key_hash = $key_hash AND state <> 'running'
+         RETURNING 1)
+     SELECT 1 FROM running UNION ALL SELECT 1 FROM gone"
+));
+
+// refresh_key: expire a result now (served as stale for $stale, if given), make a failure
+// claimable now, send a queued key's result back to its queue, or, on a running key,
+// request one more run after this one. Answers what it did.
+static REFRESH: Statement = Statement::new(concat!(
+    "WITH running AS (
+         UPDATE once.entries
+            SET ",
+    rerun_requested!(
+        "CASE WHEN $stale::interval IS NULL THEN 'discard' ELSE 'stale' END",
+        "$stale"
+    ),
+    "
+          WHERE key_hash = $key_hash AND state = 'running'
+         RETURNING 'rerun'::text AS what, queue),
+     resolved AS (
+         UPDATE once.entries
+            SET expires_at = least(coalesce(expires_at, clock_timestamp()), clock_timestamp()),
+                stale_until = clock_timestamp() + $stale,
+                retry_at = CASE WHEN state = 'failed' THEN clock_timestamp() END,
+                state = CASE WHEN queue IS NULL THEN state ELSE 'queued' END,
+                run_at = CASE WHEN queue IS NULL THEN run_at ELSE clock_timestamp() END,
+                attempts = CASE WHEN queue IS NULL THEN attempts ELSE 0 END,
+                enqueued_at = CASE WHEN queue IS NULL THEN enqueued_at ELSE clock_timestamp() END,
+                updated_at = clock_timestamp()
+          WHERE key_hash = $key_hash AND state IN ('done', 'failed')
+         RETURNING 'expired'::text AS what, queue),
+     queued AS (
+         SELECT 'pending'::text AS what, queue FROM once.entries
+          WHERE key_hash = $key_hash AND state = 'queued')
+     SELECT what, queue FROM running UNION ALL SELECT what, queue FROM resolved
+     UNION ALL SELECT what, queue FROM queued"
+));
 
 // Claims whose owner is gone become `failed` with retry_at = now: claimable at once, the
 // error recorded and counted, waiters notified by the trigger. Queued keys go back to
@@ -199,10 +283,13 @@ static PURGE_HISTORY: Statement = Statement::new(
              LIMIT $batch))",
 );
 
+// A result in its stale window is still served: it goes when the window does. (stale_until
+// is never before expires_at, so the index on expires_at still finds the candidates.)
 static PURGE_EXPIRED: Statement = Statement::new(
     "WITH expired AS (
          SELECT key_hash FROM once.entries
           WHERE expires_at <= clock_timestamp() AND state = 'done'
+            AND (stale_until IS NULL OR stale_until <= clock_timestamp())
           ORDER BY expires_at
           LIMIT $batch
             FOR UPDATE SKIP LOCKED)
@@ -222,13 +309,17 @@ pub fn claimant_params(me: &Me, lease: Interval) -> [Param<'static>; 5] {
 }
 
 /// One look at the key, claiming it if it may be claimed. Never waits for the owner, and
-/// waits for another transaction's lock at most `budget`.
+/// waits for another transaction's lock at most `budget`. `serve_stale`: the caller takes
+/// the answers `refresh` and `stale`; otherwise it is answered as before they existed (a
+/// refresh as `claimed`, a stale result as the state of the key says: `wait`, `failed`,
+/// or a claim).
 pub fn attempt(
     key: &Key,
     lease: Interval,
     owner: Owner,
     watch: &mut OwnerWatch,
     budget: LockBudget,
+    serve_stale: bool,
 ) -> Claim {
     loop {
         check_for_interrupts!();
@@ -250,49 +341,100 @@ pub fn attempt(
                 Err(Blocked) => return busy(None),
             }
         };
-        let gone_reason = match entry.state.as_str() {
-            // A fresh result; also while the key is re-processed (enqueued with refresh):
-            // the previous result is served until the new one lands.
-            "done" | "queued" | "running" if entry.result.is_some() && entry.fresh() => {
-                shmem::count(Counter::Hits);
-                return Claim::Hit {
-                    token: entry.token,
-                    result: entry.result.expect("checked"),
-                    expires_at: entry.expires_at,
-                    attempts: entry.attempts,
-                };
+        if entry.fresh() {
+            // A fresh result, also while the key is recomputed (a refresh, an early one, a
+            // queued key enqueued with refresh): it is served until the new one lands. A
+            // done key may draw an early refresh; losing the race for it is a hit.
+            if entry.state == "done"
+                && !standby::active()
+                && freshness::draws_early_refresh(&entry)
+                && !entry::held_elsewhere(&entry)
+            {
+                if let Ok(Some(claim)) = take_claim(key, &entry, lease, owner, None, budget, true) {
+                    return refreshing(claim, entry);
+                }
             }
+            shmem::count(Counter::Hits);
+            return Claim::Hit {
+                token: entry.token,
+                result: entry.result.expect("fresh means a result"),
+                expires_at: entry.expires_at,
+                attempts: entry.attempts,
+            };
+        }
+        let stale = entry.servable_stale();
+        let gone_reason = match entry.state.as_str() {
             "failed" if entry.retry_later() => {
-                return Claim::Failed {
-                    token: entry.token,
-                    error: entry.error,
-                    retry_at: entry.retry_at,
-                    attempts: entry.attempts,
+                return if stale && serve_stale {
+                    stale_result(entry, false)
+                } else {
+                    Claim::Failed {
+                        token: entry.token,
+                        error: entry.error,
+                        retry_at: entry.retry_at,
+                        attempts: entry.attempts,
+                    }
                 };
             }
             // On a standby its owner is a backend of the primary: only the primary can
             // judge it.
-            "running" if standby::active() => return held_by_owner(entry),
+            "running" if standby::active() => return held_by_owner(entry, serve_stale),
             "running" => match running_owner_status(&entry, watch) {
-                OwnerStatus::Alive => return held_by_owner(entry),
+                OwnerStatus::Alive => return held_by_owner(entry, serve_stale),
                 OwnerStatus::Gone(why) => Some(why),
             },
+            // A queue's worker will recompute it.
+            "queued" if stale && serve_stale => return stale_result(entry, false),
             _ => None, // expired result, failure due for retry, or queued
         };
         // Another transaction is changing the row right now: the write would wait for it.
+        // A result in its stale window is served meanwhile: a stale answer never waits.
         if entry::held_elsewhere(&entry) {
-            return busy(None);
+            return if stale && serve_stale {
+                stale_result(entry, false)
+            } else {
+                busy(None)
+            };
         }
-        match take_claim(key, &entry, lease, owner, gone_reason, budget) {
+        match take_claim(key, &entry, lease, owner, gone_reason, budget, stale) {
+            Ok(Some(claim)) if stale => return refreshing(claim, entry),
             Ok(Some(claim)) => return claim,
             Ok(None) => {} // the key changed between our read and our write: look again
+            Err(Blocked) if stale && serve_stale => return stale_result(entry, false),
             Err(Blocked) => return busy(None),
         }
     }
 }
 
-/// The answer for a key its (live) owner is computing.
-fn held_by_owner(entry: Entry) -> Claim {
+/// A claim that kept `entry`'s result.
+fn refreshing(claimed: Claim, entry: Entry) -> Claim {
+    Claim::Refresh {
+        claimed: Box::new(claimed),
+        result: entry.result.expect("a refresh keeps a result"),
+        expires_at: entry.expires_at,
+    }
+}
+
+/// `entry`'s result served as stale; `refreshing`: its owner is refreshing it.
+fn stale_result(entry: Entry, refreshing: bool) -> Claim {
+    shmem::count(Counter::Hits);
+    Claim::Stale {
+        token: refreshing.then_some(entry.token),
+        owner: entry.owner.filter(|_| refreshing),
+        lease_expires_at: entry.lease_expires_at.filter(|_| refreshing),
+        result: entry.result.expect("stale means a result"),
+        expires_at: entry.expires_at,
+        error: entry.error,
+        attempts: entry.attempts,
+    }
+}
+
+/// The answer for a key its (live) owner is computing: its previous result, if it is in
+/// its stale window and the caller takes stale answers; else wait.
+fn held_by_owner(entry: Entry, serve_stale: bool) -> Claim {
+    if serve_stale && entry.servable_stale() {
+        return stale_result(entry, true);
+    }
     Claim::Wait {
         token: Some(entry.token),
         owner: entry.owner,
@@ -382,6 +524,7 @@ fn take_claim(
     owner: Owner,
     gone_reason: Option<&str>,
     budget: LockBudget,
+    keep_result: bool,
 ) -> Result<Option<Claim>, Blocked> {
     standby::refuse_writes("claim_key");
     let me = &Me::new(None, owner);
@@ -391,6 +534,7 @@ fn take_claim(
         seen_token = seen.token,
         seen_state = seen.state.as_str(),
         gone_reason = gone_reason,
+        keep_result = keep_result,
     ]
     .into_iter()
     .chain(claimant_params(me, lease));
@@ -414,15 +558,13 @@ fn resolved_by_owner(key: &Key, done: bool, counter: Counter) -> bool {
     done
 }
 
-/// Store the result of a claim; false when the claim is no longer current.
-pub fn complete(key: &Key, token: i64, result: Jsonb, ttl: Option<Interval>) -> bool {
+/// Store the result of a claim, fresh and then stale as `policy` says; false when the
+/// claim is no longer current.
+pub fn complete(key: &Key, token: i64, result: Jsonb, policy: &Policy) -> bool {
     standby::refuse_writes("complete_key");
-    let args = params![
-        key_hash = key.hash_param(),
-        token = token,
-        result = result,
-        ttl = ttl
-    ];
+    let args = params![key_hash = key.hash_param(), token = token, result = result]
+        .into_iter()
+        .chain(policy.params());
     let done = statements::run(&COMPLETE, args, |table| Ok(table.len() == 1));
     resolved_by_owner(key, done, Counter::Completed)
 }
@@ -461,16 +603,95 @@ pub fn release(key: &Key, token: i64) -> bool {
     resolved_by_owner(key, done, Counter::Released)
 }
 
-/// Forget a key whatever its state; false when there was nothing to forget.
+static KEY_EXISTS: Statement =
+    Statement::new("SELECT 1 FROM once.entries WHERE key_hash = $key_hash");
+
+/// Run `statement` (one of INVALIDATE and REFRESH, which act on the state a fresh snapshot
+/// shows) until it matches the key or the key is absent. A key whose state changed between
+/// the snapshot and the row lock (a run ended just then) matches none of its branches; a
+/// request must not be lost to that, so it runs again with a snapshot that shows the new
+/// state.
+fn until_matched<R>(
+    key: &Key,
+    statement: &'static Statement,
+    args: impl Fn() -> Vec<Param<'static>>,
+    read: impl Fn(pgrx::spi::SpiTupleTable<'_>) -> pgrx::spi::Result<Option<R>>,
+) -> Option<R> {
+    loop {
+        check_for_interrupts!();
+        if let Some(answer) = statements::run(statement, args(), &read) {
+            return Some(answer);
+        }
+        let exists = statements::run(&KEY_EXISTS, params![key_hash = key.hash_param()], |t| {
+            Ok(!t.is_empty())
+        });
+        if !exists {
+            return None;
+        }
+    }
+}
+
+/// Forget a key; false when it was absent. A running key is not forgotten but recomputed
+/// once more when its run ends, its results not served meanwhile (see INVALIDATE).
 pub fn invalidate(key: &Key) -> bool {
     standby::refuse_writes("invalidate_key");
-    let done = statements::run(&INVALIDATE, params![key_hash = key.hash_param()], |table| {
-        Ok(table.len() == 1)
-    });
+    let done = until_matched(
+        key,
+        &INVALIDATE,
+        || params![key_hash = key.hash_param()].into(),
+        |table| Ok((!table.is_empty()).then_some(())),
+    )
+    .is_some();
     if done {
         shmem::count(Counter::Invalidated);
     }
     done
+}
+
+/// What refresh_key did.
+pub enum Refreshed {
+    /// No such key: the next claim computes it anyway.
+    Absent,
+    /// Its result expired now (or its failure may be retried now, or it went back to its
+    /// queue).
+    Expired,
+    /// It is running: it will be computed once more when this run ends.
+    Rerun,
+    /// It is queued: it will run anyway.
+    Pending,
+}
+
+/// Ask for `key` to be computed again; `stale`: how long its present result (or, running,
+/// the result of the run) may be served as stale meanwhile (None: not at all).
+pub fn request_refresh(key: &Key, stale: Option<Interval>) -> Refreshed {
+    standby::refuse_writes("refresh_key");
+    let answer = until_matched(
+        key,
+        &REFRESH,
+        || params![key_hash = key.hash_param(), stale = stale].into(),
+        |table| {
+            if table.is_empty() {
+                return Ok(None);
+            }
+            let row = table.first();
+            let what: String = row.get(1)?.expect("what is set");
+            let queue: Option<String> = row.get(2)?;
+            Ok(Some((what, queue)))
+        },
+    );
+    match answer {
+        None => Refreshed::Absent,
+        Some((what, queue)) => match what.as_str() {
+            "rerun" => Refreshed::Rerun,
+            "pending" => Refreshed::Pending,
+            _ => {
+                if let Some(queue) = queue {
+                    crate::protocol::queue::has_work(&queue);
+                }
+                Refreshed::Expired
+            }
+        },
+    }
 }
 
 /// Purge at most this many expired results, and as many history rows, per reap_stale

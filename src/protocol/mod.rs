@@ -4,6 +4,7 @@
 //! served (standby).
 
 pub mod claim;
+pub mod freshness;
 pub mod namespace;
 pub mod queue;
 mod rules;

@@ -22,6 +22,7 @@
 use crate::errors;
 use crate::key::Key;
 use crate::protocol::claim::claimant_params;
+use crate::protocol::freshness::Policy;
 use crate::protocol::namespace;
 use crate::protocol::rules::*;
 use crate::protocol::standby;
@@ -68,7 +69,7 @@ static ENQUEUE_NEW: Statement = Statement::new(
 // A key that failed for good, whose result expired, or (with refresh) whose result is
 // still fresh, goes back in the queue with a new budget of attempts. A fresh result stays
 // and is served until the new one lands; errors are kept, so a key that keeps failing
-// stays behind healthier ones.
+// stays behind healthier ones. (A running key asked to refresh: ENQUEUE_RERUN.)
 static ENQUEUE_AGAIN: Statement = Statement::new(
     "UPDATE once.entries
         SET state = 'queued', queue = $queue, payload = $payload, priority = $priority,
@@ -79,6 +80,18 @@ static ENQUEUE_AGAIN: Statement = Statement::new(
         AND (state = 'failed'
              OR (state = 'done' AND ($refresh OR expires_at <= clock_timestamp())))",
 );
+
+// A running key enqueued with refresh is neither left alone (the request would be lost)
+// nor queued beside its run (two computations at once): it goes back to the queue when
+// the run ends, with this payload, whose result is served meanwhile (rules::completed).
+static ENQUEUE_RERUN: Statement = Statement::new(concat!(
+    "UPDATE once.entries
+        SET queue = $queue, payload = $payload, priority = $priority,
+            max_attempts = $max_attempts, ",
+    rerun_requested!("'keep'", "NULL::interval"),
+    "
+      WHERE key_hash = $key_hash AND state = 'running' AND $refresh"
+));
 
 // once_internal.row_taken: see storage::entry::taken.
 static CLAIM_NEXT: Statement = Statement::new(concat!(
@@ -123,7 +136,8 @@ static INVALIDATE_MANY: Statement = Statement::new(concat!(
 // order first, so two batches (or a batch and invalidate_keys) cannot deadlock.
 static COMPLETE_MANY: Statement = Statement::new(concat!(
     "WITH input AS (
-         SELECT * FROM unnest($key_hashes::bytea[], $tokens::bigint[], $results::jsonb[])
+         SELECT i.*, random() AS draw, clock_timestamp() AS now
+           FROM unnest($key_hashes::bytea[], $tokens::bigint[], $results::jsonb[])
                     AS i(key_hash, token, result)),
      locked AS (
          SELECT key_hash FROM once.entries
@@ -132,7 +146,7 @@ static COMPLETE_MANY: Statement = Statement::new(concat!(
             FOR UPDATE)
      UPDATE once.entries AS e
         SET ",
-    completed!("i.result"),
+    completed!("i.result", "i."),
     "
        FROM input i, locked l
       WHERE e.key_hash = ANY ($key_hashes) AND e.key_hash = l.key_hash
@@ -190,7 +204,7 @@ pub fn wait_tag(queue: &str) -> u64 {
 }
 
 /// Keys of `queue` became due in this transaction: wake its waiting workers after commit.
-fn has_work(queue: &str) {
+pub(crate) fn has_work(queue: &str) {
     notify::wake_after_commit(wait_tag(queue));
 }
 
@@ -325,6 +339,17 @@ pub fn enqueue(job: &Job, refresh: bool) -> Enqueued {
         has_work(job.queue.name);
         return Enqueued::Requeued;
     }
+    let rerun = params![
+        key_hash = job.key.hash_param(),
+        queue = job.queue.name,
+        payload = job.payload,
+        priority = job.priority,
+        max_attempts = job.max_attempts,
+        refresh = refresh,
+    ];
+    if statements::run(&ENQUEUE_RERUN, rerun, |table| Ok(table.len() == 1)) {
+        return Enqueued::Requeued;
+    }
     // Through SQL, not entry::read: that look gives up when DDL waits for once.entries,
     // whereas this transaction, having written the table, is let ahead of such DDL.
     let args = params![key_hash = job.key.hash_param()];
@@ -442,16 +467,13 @@ pub fn complete_many(
     keys: &[Key],
     tokens: Vec<i64>,
     results: JsonbArray,
-    ttl: Option<Interval>,
+    policy: &Policy,
 ) -> Vec<String> {
     standby::refuse_writes("complete_keys");
     let key_hashes: Vec<Vec<u8>> = keys.iter().map(Key::digest).collect();
-    let args = params![
-        key_hashes = key_hashes,
-        tokens = tokens,
-        results = results,
-        ttl = ttl,
-    ];
+    let args = params![key_hashes = key_hashes, tokens = tokens, results = results]
+        .into_iter()
+        .chain(policy.params());
     let done: Vec<String> = statements::run(&COMPLETE_MANY, args, |table| {
         table
             .map(|row| Ok(row.get::<String>(1)?.expect("key is NOT NULL")))

@@ -51,7 +51,7 @@ macro_rules! owner_gone_error {
 macro_rules! claimant_columns {
     () => {
         "state, token, owner, owner_pid, owner_started, lease_only, lease_expires_at, \
-         claimed_at, updated_at"
+         claimed_at, updated_at, rerun, rerun_stale"
     };
 }
 macro_rules! claimant_values {
@@ -60,22 +60,89 @@ macro_rules! claimant_values {
             "'running', ",
             internal!("next_token()"),
             ", $owner, $owner_pid, $owner_started, \
-             $lease_only, clock_timestamp() + $lease, clock_timestamp(), clock_timestamp()"
+             $lease_only, clock_timestamp() + $lease, clock_timestamp(), clock_timestamp(), \
+             NULL, NULL"
         )
     };
 }
 
-/// SET list of a completed claim: `$result` (an expression) is served until `$ttl` from
-/// now (NULL: until invalidated).
+/// SET list of a completed claim (of `once.entries e`): `$result` (an expression) is
+/// fresh until `$ttl` from now, shortened by up to `$jitter` of it (`draw`, a random
+/// number in [0, 1), and `now` come from the row source `$d`), then served as stale for
+/// `$stale` more; NULL ttl: fresh until invalidated. `$beta` is kept for early refreshes,
+/// and the time since the claim as the computation's length (protocol::freshness).
+///
+/// A rerun requested during the run (rerun_requested) is carried out here: the result is
+/// stored, but it expires at once (served as stale for rerun_stale, or not at all:
+/// `discard`; `keep`: as completed) and a queued key goes back to its queue, due now, so
+/// that the key is computed once more.
 macro_rules! completed {
-    ($result:literal) => {
+    ($result:literal, $d:literal) => {
         concat!(
-            "state = 'done', result = ",
+            "state = CASE WHEN e.rerun IS NOT NULL AND e.queue IS NOT NULL THEN 'queued'
+                          ELSE 'done' END::once.key_state,
+            result = ",
             $result,
-            ", expires_at = clock_timestamp() + $ttl,
-            completed_at = clock_timestamp(), updated_at = clock_timestamp(),
+            ",
+            expires_at = CASE WHEN e.rerun IN ('discard', 'stale') THEN ",
+            $d,
+            "now
+                              ELSE ",
+            $d,
+            "now + $ttl * (1 - coalesce($jitter, 0) * ",
+            $d,
+            "draw) END,
+            stale_until = CASE WHEN e.rerun = 'discard' THEN NULL
+                               WHEN e.rerun = 'stale' THEN ",
+            $d,
+            "now + e.rerun_stale
+                               ELSE ",
+            $d,
+            "now + $ttl * (1 - coalesce($jitter, 0) * ",
+            $d,
+            "draw) + $stale END,
+            beta = $beta, compute_time = ",
+            $d,
+            "now - e.claimed_at,
+            run_at = CASE WHEN e.rerun IS NOT NULL AND e.queue IS NOT NULL THEN ",
+            $d,
+            "now ELSE e.run_at END,
+            attempts = CASE WHEN e.rerun IS NOT NULL AND e.queue IS NOT NULL THEN 0
+                            ELSE e.attempts END,
+            rerun = NULL, rerun_stale = NULL,
+            completed_at = ",
+            $d,
+            "now, updated_at = ",
+            $d,
+            "now,
             lease_expires_at = NULL, error = NULL, retry_at = NULL,
             last_outcome = 'completed'"
+        )
+    };
+}
+
+/// SET list recording a request to compute a running key once more when its run ends
+/// (refresh_key, invalidate_key, enqueue_key with refresh). `$how` says what becomes of
+/// the run's result: `keep` (served as completed: a queued key's previous result while it
+/// is processed again), `stale` (served as stale for `$stale`) or `discard` (not served).
+/// However many requests arrive they make one rerun: the strictest `how` wins, and the
+/// shortest stale window.
+macro_rules! rerun_requested {
+    ($how:literal, $stale:literal) => {
+        concat!(
+            "rerun = CASE WHEN 'discard' IN (rerun, ",
+            $how,
+            ") THEN 'discard'
+                          WHEN 'stale' IN (rerun, ",
+            $how,
+            ") THEN 'stale' ELSE 'keep' END,
+             rerun_stale = least(CASE WHEN rerun = 'stale' THEN rerun_stale END,
+                                 CASE WHEN ",
+            $how,
+            " = 'stale' THEN ",
+            $stale,
+            " END),
+             updated_at = clock_timestamp()"
         )
     };
 }
@@ -87,12 +154,16 @@ macro_rules! completed {
 /// - dead: that was its last attempt (max_attempts of the key, else of its queue);
 /// - backoff: backoff * 2^(attempts - 1), capped at max_backoff, jittered to between half
 ///   and all of that (see once.create_queue).
+/// - rerun: a recompute was requested during the attempt (rerun_requested): the key is
+///   due (or claimable) again at once, with a new budget of attempts.
 macro_rules! retry_policy {
     () => {
         "e.queue IS NOT NULL AS queued_key,
-         e.attempts >= coalesce(e.max_attempts, q.max_attempts, 1) AS dead,
-         least(q.max_backoff, q.backoff * power(2, greatest(e.attempts - 1, 0)))
-             * (0.5 + random() / 2) AS backoff"
+         e.rerun IS NOT NULL AS rerun,
+         e.rerun IS NULL AND e.attempts >= coalesce(e.max_attempts, q.max_attempts, 1) AS dead,
+         CASE WHEN e.rerun IS NOT NULL THEN '0'::interval
+              ELSE least(q.max_backoff, q.backoff * power(2, greatest(e.attempts - 1, 0)))
+                   * (0.5 + random() / 2) END AS backoff"
     };
 }
 
@@ -111,9 +182,11 @@ macro_rules! failed_attempt {
                           ELSE 'failed' END::once.key_state,
              retry_at = CASE WHEN NOT ",
             $p,
-            "queued_key THEN clock_timestamp() + ",
+            "queued_key THEN clock_timestamp() + CASE WHEN ",
+            $p,
+            "rerun THEN '0'::interval ELSE ",
             $retry_after,
-            "
+            " END
                              WHEN ",
             $p,
             "dead THEN 'infinity' END,
@@ -122,12 +195,20 @@ macro_rules! failed_attempt {
             "queued_key AND NOT ",
             $p,
             "dead
-                           THEN clock_timestamp() + greatest(",
+                           THEN clock_timestamp() + CASE WHEN ",
+            $p,
+            "rerun THEN '0'::interval ELSE greatest(",
             $retry_after,
             ", ",
             $p,
-            "backoff)
+            "backoff) END
                            ELSE e.run_at END,
+             attempts = CASE WHEN ",
+            $p,
+            "rerun AND ",
+            $p,
+            "queued_key THEN 0 ELSE e.attempts END,
+             rerun = NULL, rerun_stale = NULL,
              errors = e.errors + 1, lease_expires_at = NULL, updated_at = clock_timestamp()"
         )
     };
@@ -135,5 +216,5 @@ macro_rules! failed_attempt {
 
 pub(crate) use {
     claimant_columns, claimant_values, completed, failed_attempt, owner_gone, owner_gone_error,
-    retry_policy,
+    rerun_requested, retry_policy,
 };

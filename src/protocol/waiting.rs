@@ -26,12 +26,19 @@ fn budget(waiter: &Waiter) -> LockBudget {
 /// Look at the key until it is decided or `wait_micros` have passed. Sleeps until woken by
 /// the key's resolution or its owner's exit, until just after the owner's lease runs out
 /// (the claim may then be taken over), or at most SAFETY_SLEEP.
-pub fn claim_key(key: &Key, lease: Interval, owner: Owner, wait_micros: i128) -> Claim {
+/// A stale answer (serve_stale) never waits.
+pub fn claim_key(
+    key: &Key,
+    lease: Interval,
+    owner: Owner,
+    wait_micros: i128,
+    serve_stale: bool,
+) -> Claim {
     let mut waiter = Waiter::new(key.tag, wait_micros);
     let mut watch = OwnerWatch::default();
     loop {
         waiter.before_look();
-        let claim = claim::attempt(key, lease, owner, &mut watch, budget(&waiter));
+        let claim = claim::attempt(key, lease, owner, &mut watch, budget(&waiter), serve_stale);
         let Claim::Wait {
             lease_expires_at,
             uncommitted,

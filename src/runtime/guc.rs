@@ -36,6 +36,9 @@ pub static HISTORY_RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(7 * 24 
 /// Milliseconds a pg_once worker lets notifications gather after sending a batch.
 pub static RELAY_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(50);
 
+/// Largest result complete_key stores, in kB (a result is sent whole with every hit).
+pub static MAX_RESULT_SIZE_KB: GucSetting<i32> = GucSetting::<i32>::new(16 * 1024);
+
 /// Milliseconds between two reap_stale runs of a pg_once worker.
 pub static REAPER_NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 
@@ -82,6 +85,17 @@ pub fn register(preloading: bool) {
         &NOTIFY,
         GucContext::Suset,
         GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"once.max_result_size",
+        c"Largest result complete_key, complete_keys and cached store.",
+        c"A larger result is refused with 54000. Every hit sends the whole result, and jsonb \
+          itself cannot hold much more than 256MB.",
+        &MAX_RESULT_SIZE_KB,
+        1,
+        256 * 1024,
+        GucContext::Suset,
+        GucFlags::UNIT_KB,
     );
     if preloading {
         GucRegistry::define_string_guc(

@@ -11,7 +11,7 @@ use crate::key::Key;
 use crate::pg_compat;
 use crate::storage::jsonb::Jsonb;
 use crate::storage::subxact::Blocked;
-use pgrx::datum::{FromDatum, TimestampWithTimeZone};
+use pgrx::datum::{FromDatum, Interval, TimestampWithTimeZone};
 use pgrx::memcxt::PgMemoryContexts;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -31,6 +31,11 @@ pub struct Entry {
     pub lease_only: bool,
     pub lease_expires_at: Option<TimestampWithTimeZone>,
     pub attempts: i32,
+    /// The end of the window in which an expired result is still served, as stale.
+    pub stale_until: Option<TimestampWithTimeZone>,
+    /// complete_key's beta (early refreshes), and how long the result took to compute.
+    pub beta: Option<f64>,
+    pub compute_time: Option<Interval>,
     /// Server clock (what clock_timestamp() reads) right after the row was read.
     pub read_at: pg_sys::TimestampTz,
     /// Where the version read lies in once.entries.
@@ -41,9 +46,16 @@ impl Entry {
     fn passed(&self, t: Option<TimestampWithTimeZone>) -> bool {
         t.is_some_and(|t| t.into_inner() <= self.read_at)
     }
-    /// A done key's result is still to be served.
+    /// The key has a result and it is fresh (within its ttl).
     pub fn fresh(&self) -> bool {
-        !self.passed(self.expires_at)
+        self.result.is_some() && !self.passed(self.expires_at)
+    }
+    /// The key has a result past its ttl that may still be served, as stale.
+    pub fn servable_stale(&self) -> bool {
+        self.result.is_some()
+            && self.passed(self.expires_at)
+            && self.stale_until.is_some()
+            && !self.passed(self.stale_until)
     }
     /// A failed key's failure is still to be served.
     pub fn retry_later(&self) -> bool {
@@ -55,7 +67,7 @@ impl Entry {
 }
 
 /// The columns read, in the order of `COLUMNS`.
-const COLUMNS: [&CStr; 12] = [
+const COLUMNS: [&CStr; 15] = [
     c"state",
     c"token",
     c"result",
@@ -68,6 +80,9 @@ const COLUMNS: [&CStr; 12] = [
     c"lease_only",
     c"lease_expires_at",
     c"attempts",
+    c"stale_until",
+    c"beta",
+    c"compute_time",
 ];
 
 /// The current version of `key`'s row, as a fresh snapshot sees it (READ COMMITTED: every
@@ -167,6 +182,9 @@ unsafe fn scan(
                 lease_only: copy(value(9)).unwrap_or(false),
                 lease_expires_at: copy(value(10)),
                 attempts: copy(value(11)).unwrap_or(0),
+                stale_until: copy(value(12)),
+                beta: copy(value(13)),
+                compute_time: copy(value(14)),
                 read_at: pg_sys::GetCurrentTimestamp(),
                 tid: (*slot).tts_tid,
             })

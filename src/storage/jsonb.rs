@@ -102,20 +102,40 @@ macro_rules! datum_passed_through {
 datum_passed_through!(Jsonb, pg_sys::JSONBOID, "jsonb");
 datum_passed_through!(JsonbArray, pg_sys::JSONBARRAYOID, "jsonb[]");
 
+impl Jsonb {
+    /// The value's size in bytes, uncompressed (what a hit sends).
+    pub fn size(self) -> usize {
+        // SAFETY: the datum is a valid jsonb varlena, possibly toasted or compressed.
+        unsafe { pg_sys::toast_raw_datum_size(self.0) }
+    }
+}
+
+// An array's elements are stored uncompressed and untoasted, so pg_column_size of one is
+// its size as Jsonb::size would say.
 static SHAPE: Statement = Statement::new(
     "SELECT coalesce(cardinality($array), 0) AS length,
-            array_position($array, NULL) IS NOT NULL AS has_null",
+            array_position($array, NULL) IS NOT NULL AS has_null,
+            (SELECT max(pg_column_size(r)) FROM unnest($array) r) AS largest",
 );
 
+/// What complete_keys checks of its results.
+pub struct Shape {
+    pub length: usize,
+    pub has_null: bool,
+    /// The size of the largest element, in bytes.
+    pub largest: usize,
+}
+
 impl JsonbArray {
-    /// How many elements the array has, and whether one of them is NULL.
-    pub fn shape(self) -> (usize, bool) {
+    /// How many elements the array has, whether one of them is NULL, and the largest.
+    pub fn shape(self) -> Shape {
         statements::run(&SHAPE, params![array = self], |table| {
             let row = table.first();
-            Ok((
-                row.get_by_name::<i32, _>("length")?.unwrap_or(0) as usize,
-                row.get_by_name::<bool, _>("has_null")?.unwrap_or(false),
-            ))
+            Ok(Shape {
+                length: row.get_by_name::<i32, _>("length")?.unwrap_or(0) as usize,
+                has_null: row.get_by_name::<bool, _>("has_null")?.unwrap_or(false),
+                largest: row.get_by_name::<i32, _>("largest")?.unwrap_or(0) as usize,
+            })
         })
     }
 }

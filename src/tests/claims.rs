@@ -148,15 +148,24 @@ mod tests {
     }
 
     #[pg_test]
-    fn invalidate_cancels_a_claim_and_drops_a_result() {
+    fn invalidate_lets_a_run_end_unserved_then_recomputes_and_drops_a_result() {
         let (_, token) = outcome_and_token("k");
         assert_eq!(one::<bool>("SELECT once.invalidate_key('k')"), Some(true));
         assert_eq!(
-            one::<bool>(&format!("SELECT once.complete_key('k', {token}, '1')")),
-            Some(false),
-            "a cancelled owner's completion is refused"
+            outcome_and_token("k"),
+            ("wait".to_owned(), token),
+            "the run keeps its claim: no second computation starts beside it"
         );
-        let (_, token) = outcome_and_token("k");
+        assert_eq!(
+            one::<bool>(&format!("SELECT once.complete_key('k', {token}, '1')")),
+            Some(true),
+            "the run may still complete"
+        );
+        let (outcome, token) = outcome_and_token("k");
+        assert_eq!(
+            outcome, "claimed",
+            "its result is not served: computed once more"
+        );
         one::<bool>(&format!("SELECT once.complete_key('k', {token}, '1')"));
         assert_eq!(one::<bool>("SELECT once.invalidate_key('k')"), Some(true));
         assert_eq!(state_of("k"), None);
@@ -166,7 +175,8 @@ mod tests {
     #[pg_test]
     fn tokens_increase_across_keys_and_deletions() {
         let (_, a) = outcome_and_token("a");
-        Spi::run("SELECT once.invalidate_key('a')").unwrap();
+        // Deletes the running key's row (invalidate_key would let the run end).
+        Spi::run("SELECT once.invalidate_keys(prefix => 'a')").unwrap();
         let (_, b) = outcome_and_token("b");
         let (_, a2) = outcome_and_token("a");
         assert!(a < b && b < a2, "{a} {b} {a2}");

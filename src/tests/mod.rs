@@ -9,6 +9,7 @@
 mod bad_input;
 mod claims;
 mod compat;
+mod freshness;
 mod keys;
 mod owners;
 mod queue;

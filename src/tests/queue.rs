@@ -169,7 +169,7 @@ mod tests {
         ))
         .unwrap();
         Spi::run(&format!("SELECT once.release_key('c', {})", token("c"))).unwrap();
-        Spi::run("SELECT once.invalidate_key('d')").unwrap();
+        Spi::run("SELECT once.invalidate_keys(prefix => 'd')").unwrap();
         let history = text(
             "SELECT string_agg(key || ':' || outcome || ':' || coalesce(error, '-'), ' ' ORDER BY key) FROM once.attempts",
         );

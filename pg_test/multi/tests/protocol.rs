@@ -72,8 +72,11 @@ async fn every_way_out_of_running_is_notified() -> Result<()> {
     once::release_key(&owner, &key, token).await?;
     expect_notification(&mut rx, &key).await;
 
+    // Removed by invalidate_keys (invalidate_key lets a run end, and recomputes after).
     let (key, _) = claim(fresh_key("invalidated")).await;
-    once::invalidate_key(&admin, &key).await?;
+    admin
+        .execute("SELECT once.invalidate_keys(prefix => $1)", &[&key])
+        .await?;
     expect_notification(&mut rx, &key).await;
 
     // Reaped: the owner's lease has run out.
@@ -370,7 +373,7 @@ async fn a_transaction_that_resolves_a_key_cannot_be_prepared() -> Result<()> {
     };
     for call in [
         format!("SELECT once.complete_key({quoted}, {token}, '\"r\"')"),
-        format!("SELECT once.invalidate_key({quoted})"),
+        format!("SELECT once.invalidate_keys(prefix => {quoted})"),
     ] {
         let tx = session().await?;
         tx.batch_execute(&format!("BEGIN; {call}")).await?;
@@ -412,7 +415,7 @@ async fn a_transaction_that_resolves_a_key_cannot_be_prepared() -> Result<()> {
     // A resolution rolled back to a savepoint announces nothing: that transaction prepares.
     let tx = session().await?;
     tx.batch_execute(&format!(
-        "BEGIN; SAVEPOINT s; SELECT once.invalidate_key({quoted}); ROLLBACK TO SAVEPOINT s; \
+        "BEGIN; SAVEPOINT s; SELECT once.invalidate_keys(prefix => {quoted}); ROLLBACK TO SAVEPOINT s; \
          PREPARE TRANSACTION '{gid}'"
     ))
     .await?;

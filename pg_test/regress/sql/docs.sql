@@ -49,4 +49,15 @@ SELECT once.drop_queue('thumbnails');
 SELECT once.enqueue_key('img/2', queue => 'nope');
 -- stats
 SELECT queued, running, done, failed FROM once.stats;
+-- freshness: a result past its ttl, in its stale window
+SELECT once.complete_key('https://example.com/d', token, '{"v": 1}', ttl => '1 millisecond', stale => '1 hour')
+  FROM once.claim_key('https://example.com/d');
+SELECT true AS expired FROM pg_sleep(0.01);
+SELECT outcome, result, token > 0 AS has_token FROM once.claim_key('https://example.com/d', serve_stale => true);
+SELECT outcome, result FROM once.claim_key('https://example.com/d', wait => '10 seconds', serve_stale => true);
+SELECT outcome, result FROM once.claim_key('https://example.com/d');
+-- refresh_key during the run
+SELECT once.refresh_key('https://example.com/d', stale => '1 minute');
+-- cached
+SELECT once.cached('report:superusers', 'SELECT rolname FROM pg_roles WHERE rolsuper ORDER BY 1', ttl => '5 minutes');
 DROP EXTENSION pg_once;
