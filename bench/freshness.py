@@ -3,7 +3,8 @@
 
     python bench/freshness.py run --dsn "host=127.0.0.1 port=5432 user=postgres dbname=postgres" \
         [--modes a,b,c,d] [--duration 60] > rows.jsonl
-    python bench/freshness.py table rows.jsonl      # the markdown table and the model check
+    python bench/freshness.py table rows.jsonl      # the markdown table
+    python bench/freshness.py model rows.jsonl      # XFetch (mode c) against the paper's model
 
 Not a test: `run` prints one JSON line per mode. Simulated traffic: KEYS keys, RATE
 requests/s in all, Poisson arrivals (the sum of PROCESSES independent Poisson streams,
@@ -64,6 +65,12 @@ CLAIM_LEASE = "30 s"
 # exhausted, nothing completes until the waits time out (5 s), and the backlog of an open
 # loop never drains. An application has to keep them apart in the same way.
 WRITE_CONNECTIONS = 8
+# The model check (c) bins reads by how long before expiry they came, in units of beta
+# delta; and it finds the computation that produced a result by its completion, ttl
+# before the result's expiry, within this much.
+READ_BIN_WIDTH = 0.2
+READ_BINS = 40
+MATCH_S = 0.05
 CLAIM_WAIT = "5 s"
 
 
@@ -340,7 +347,7 @@ def percentile(sorted_values, q):
 
 
 def episodes(computations):
-    """Computations of the same key that overlap in time form one episode (one expiry)."""
+    """Computations of the same key that overlap in time form one episode: one refresh."""
     by_key = {}
     for key, _kind, start, end, *_ in computations:
         by_key.setdefault(key, []).append((start, end))
@@ -391,53 +398,80 @@ def summarize(mode, args, results, window, server_compute_time):
     }
     row["computations_per_episode"] = row["computations"] / max(1, row["episodes"])
     if mode == "c":
-        row["xfetch"] = xfetch_check(args, answers, computations, window, server_compute_time)
+        row["xfetch"] = xfetch_check(args, answers, [c for r in results for c in r["computations"]],
+                                     window, server_compute_time)
     return row
 
 
-def xfetch_check(args, answers, computations, window, server_compute_time):
-    """What the model check needs: for every generation of a result (a key and the expiry
-    its completion gave it) that lived its whole ttl inside the run, how long before its
-    expiry the early refresh was drawn (0: none was drawn, the first caller after expiry
-    recomputed), and for every read that could have drawn one (a hit on the generation
-    before its refresh was drawn, or the drawing read itself) whether it drew."""
+def xfetch_check(args, answers, all_computations, window, server_compute_time):
+    """What the model check needs, from the reads of (c) and its computations.
+
+    A generation is one result: a key and the expiry its completion gave it. Its delta is
+    the claim-to-completion time of the computation that produced it (by the server's
+    clock, as the server measures compute_time), which is what the server's draws on it
+    used; it varies from one generation to the next with the machine's load, so every
+    generation is compared with the model under its own delta.
+      reads: every read that could have drawn an early refresh (a hit on the generation
+             before its refresh was drawn, or the drawing read itself), by how long
+             before the expiry it came in units of beta delta, and whether it drew;
+      early: for every generation that lived its whole ttl inside the measured window,
+             how long before its expiry the refresh was drawn (0: none was, the first
+             caller past the expiry recomputed), with its delta."""
     ttl, beta = args["ttl"], args["beta"]
-    # delta: claim to completion of the refreshes, by the server's clock (the server keeps
-    # its own measure, compute_time, per key; the median of both is reported).
-    deltas = sorted(c[5] - c[4] for c in computations if c[1] == "background" and c[4] is not None)
-    delta = statistics.median(deltas) if deltas else args["compute"]
+    produced = {}
+    for key, _kind, _start, _end, srv_claim, srv_done, ok in all_computations:
+        if ok and srv_claim is not None:
+            produced.setdefault(key, []).append((srv_done, srv_done - srv_claim))
+    for done in produced.values():
+        done.sort()
+
+    def delta_of(key, expires):
+        """The delta of the computation that completed ttl before this expiry."""
+        done = produced.get(key, [])
+        i = bisect.bisect_left(done, (expires - ttl,))
+        near = [d for d in done[max(0, i - 1):i + 1] if abs(d[0] - (expires - ttl)) < MATCH_S]
+        return near[0][1] if near else None
+
     generations = {}
     for key, outcome, _lat, _lag, srv_now, expires, _t in answers:
-        if expires is None or outcome not in ("hit", "refresh"):
-            continue
-        generations.setdefault((key, expires), []).append((srv_now, outcome))
-    early, bins, multi = [], {}, 0
-    edges = [i * ttl / 40 for i in range(41)]
+        if expires is not None and outcome in ("hit", "refresh"):
+            generations.setdefault((key, expires), []).append((srv_now, outcome))
+    early, bins, multi, unmatched = [], {}, 0, 0
     for (key, expires), reads in generations.items():
+        delta = delta_of(key, expires)
+        if delta is None:
+            unmatched += 1
+            continue
         reads.sort()
         drawn = [t for t, o in reads if o == "refresh" and t < expires]
         if len(drawn) > 1:
             multi += 1
         first = drawn[0] if drawn else math.inf
-        for t, o in reads:
+        for t, _o in reads:
             if t > first or t >= expires:
                 break
-            b = min(len(edges) - 2, bisect.bisect_right(edges, expires - t) - 1)
+            b = min(READ_BINS - 1, int((expires - t) / (beta * delta) / READ_BIN_WIDTH))
             seen, hits = bins.get(b, (0, 0))
             bins[b] = (seen + 1, hits + (1 if t == first else 0))
-        # The whole window (expiry - ttl, expiry) inside the run, and the run went on past
-        # the expiry, so that "no early refresh" is known.
+        # The whole life (expiry - ttl, expiry) inside the window, which went on past the
+        # expiry: whether an early refresh was drawn is known.
         if expires - ttl >= window[0] and expires <= window[1]:
-            early.append(expires - first if drawn else 0.0)
+            early.append((expires - first if drawn else 0.0, delta))
     lam = args["rate"] / args["keys"]
+    deltas = sorted(d for _, d in early)
     return {
-        "delta_s": delta, "server_compute_time_s": server_compute_time, "lambda_per_key": lam,
-        "generations": len(early), "early_s": sorted(round(s, 5) for s in early),
-        "no_early_refresh": sum(1 for s in early if s == 0.0),
+        "beta": beta, "lambda_per_key": lam, "ttl_s": ttl,
+        "delta_s": statistics.median(deltas) if deltas else None,
+        "delta_p10_s": percentile(deltas, 0.1), "delta_p90_s": percentile(deltas, 0.9),
+        "server_compute_time_s": server_compute_time,
+        "generations": len(early), "unmatched_generations": unmatched,
+        "early": sorted([round(s, 5), round(d, 5)] for s, d in early),
+        "no_early_refresh": sum(1 for s, _ in early if s == 0.0),
         "generations_with_two_refreshes": multi,
-        "bins": [[edges[b], edges[b + 1], seen, hits] for b, (seen, hits) in sorted(bins.items())],
-        "model_no_early": model_cdf(0.0, lam, beta, delta, ttl),
-        "ks_d": ks_distance(early, lam, beta, delta, ttl),
+        "read_bins": [[b * READ_BIN_WIDTH, (b + 1) * READ_BIN_WIDTH, seen, hits]
+                      for b, (seen, hits) in sorted(bins.items())],
+        "model_no_early": statistics.fmean(model_cdf(0.0, lam, beta, d, ttl) for d in deltas) if deltas else None,
+        "ks_d": ks_distance(early, lam, beta, ttl),
     }
 
 
@@ -452,12 +486,14 @@ def model_cdf(s, lam, beta, delta, ttl):
     return math.exp(-lam * bd * (math.exp(-s / bd) - math.exp(-ttl / bd)))
 
 
-def ks_distance(early, lam, beta, delta, ttl):
-    """Kolmogorov-Smirnov distance between the empirical CDF of early and model_cdf."""
-    xs = sorted(early)
+def ks_distance(early, lam, beta, ttl):
+    """Kolmogorov-Smirnov distance between the empirical CDF of the draws' times before
+    expiry and the model's: the mean of model_cdf over the generations' deltas."""
+    xs = sorted(s for s, _ in early)
+    deltas = [d for _, d in early]
     n, d = len(xs), 0.0
     for i, x in enumerate(xs):
-        f = model_cdf(x, lam, beta, delta, ttl)
+        f = statistics.fmean(model_cdf(x, lam, beta, delta, ttl) for delta in deltas)
         d = max(d, abs((i + 1) / n - f), abs(i / n - f) if x > 0 else 0.0)
     return d
 
@@ -473,7 +509,7 @@ def table(path):
             return "-"
         return "%.2gx" % (r[field] / b[field])
 
-    print("| mode | computations per key per ttl | computations per expiry | p50 ms | p99 ms | max ms "
+    print("| mode | computations per key per ttl | computations per refresh | p50 ms | p99 ms | max ms "
           "| answers over 50 ms | answers stale | largest staleness | p99 vs (a) / (d) "
           "| computations vs (a) / (d) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -488,24 +524,29 @@ def table(path):
     print()
     for mode in sorted(rows):
         r = rows[mode]
-        print("(%s): %d answers (%s), %d computations in %d expiries; client start lag p50 %.2f ms, "
+        print("(%s): %d answers (%s), %d computations in %d refreshes; client start lag p50 %.2f ms, "
               "p99 %.2f ms, max %.1f ms; client processes %.0f%% of a core; %d errors%s." % (
                   mode, r["answers"], ", ".join("%s %d" % kv for kv in sorted(r["outcomes"].items())),
                   r["computations"], r["episodes"], r["lag_p50_ms"], r["lag_p99_ms"], r["lag_max_ms"],
                   100 * r["client_cpu_share"],
                   r["errors"], (": " + "; ".join(r["error_samples"])) if r["errors"] else ""))
+
+
+def model(path):
+    rows = {r["mode"]: r for r in (json.loads(line) for line in open(path) if line.strip())}
     x = rows.get("c", {}).get("xfetch")
     if x:
-        print()
-        print("XFetch model check (c): delta = %.1f ms (claim to completion, by the server's clock; "
-              "the server's own compute_time, median over keys: %s), beta = %g, %.0f reads/s per key. "
-              "%d generations lived their whole ttl inside the run; %d (%.1f%%) drew no early refresh "
-              "(model: %.1f%%); %d drew two. Kolmogorov-Smirnov distance between the empirical and the "
-              "model distribution of how long before expiry the refresh was drawn: %.3f "
+        print("XFetch model check (c): beta = %g, %.0f reads/s per key, delta (claim to completion "
+              "of the computation that produced each result, by the server's clock) median %.1f ms, "
+              "10%%-90%% %.1f-%.1f ms (the server's own compute_time, median over keys at the end: %s). "
+              "%d results lived their whole ttl inside the measured window; %d (%.1f%%) drew no early "
+              "refresh (model: %.1f%%); %d drew two. Kolmogorov-Smirnov distance between the measured "
+              "and the model distribution of how long before expiry the refresh was drawn: %.3f "
               "(5%% critical value for n = %d: %.3f)." % (
-                  1e3 * x["delta_s"],
+                  x["beta"], x["lambda_per_key"], 1e3 * x["delta_s"], 1e3 * x["delta_p10_s"],
+                  1e3 * x["delta_p90_s"],
                   "%.1f ms" % (1e3 * x["server_compute_time_s"]) if x["server_compute_time_s"] else "-",
-                  rows["c"]["beta"], x["lambda_per_key"], x["generations"], x["no_early_refresh"],
+                  x["generations"], x["no_early_refresh"],
                   100 * x["no_early_refresh"] / max(1, x["generations"]), 100 * x["model_no_early"],
                   x["generations_with_two_refreshes"], x["ks_d"], x["generations"],
                   1.36 / math.sqrt(max(1, x["generations"]))))
@@ -521,8 +562,8 @@ def main():
             asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
         asyncio.run(child_main(args))
         return
-    if len(sys.argv) > 2 and sys.argv[1] == "table":
-        table(sys.argv[2])
+    if len(sys.argv) > 2 and sys.argv[1] in ("table", "model"):
+        {"table": table, "model": model}[sys.argv[1]](sys.argv[2])
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["run"])
