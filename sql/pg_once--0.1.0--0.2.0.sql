@@ -162,7 +162,9 @@ SELECT k.queued, k.running, k.done, k.failed, k.running_past_lease, k.expired_un
        (r.counters->>'reaped')::bigint AS reaped,
        (r.counters->>'purged')::bigint AS purged,
        (r.counters->>'notified_direct')::bigint AS notified_direct,
-       (r.counters->>'notified_relayed')::bigint AS notified_relayed
+       (r.counters->>'notified_relayed')::bigint AS notified_relayed,
+       (r.counters->>'stale')::bigint AS stale,
+       (r.counters->>'refreshes')::bigint AS refreshes
   FROM (SELECT count(*) FILTER (WHERE state = 'queued')  AS queued,
                count(*) FILTER (WHERE state = 'running') AS running,
                count(*) FILTER (WHERE state = 'done')    AS done,
@@ -687,7 +689,7 @@ COMMENT ON COLUMN once.stats.workers IS
 COMMENT ON COLUMN once.stats.claims IS
     'Since server start: claims made (claim_key and claim_next). NULL unless preloaded.';
 COMMENT ON COLUMN once.stats.hits IS
-    'Since server start: claim_key calls answered with a cached result. NULL unless preloaded.';
+    'Since server start: claim_key calls answered with a fresh cached result (hit). NULL unless preloaded.';
 COMMENT ON COLUMN once.stats.waits IS
     'Since server start: calls with wait (claim_key, claim_next) that went to sleep at least once. NULL unless preloaded.';
 COMMENT ON COLUMN once.stats.wakeups IS
@@ -710,6 +712,10 @@ COMMENT ON COLUMN once.stats.notified_direct IS
     'Since server start: keys announced by the committing transaction''s own NOTIFY (no worker, or its relay queue full). NULL unless preloaded.';
 COMMENT ON COLUMN once.stats.notified_relayed IS
     'Since server start: keys announced through the pg_once worker''s relay. NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.stale IS
+    'Since server start: claim_key calls answered stale (a result past its ttl, served while it is refreshed). NULL unless preloaded.';
+COMMENT ON COLUMN once.stats.refreshes IS
+    'Since server start: claims that kept a result to serve meanwhile (refresh: in a stale window, an early refresh drawn by a hit, a refresh taken over). Also counted in claims. NULL unless preloaded.';
 COMMENT ON VIEW once.queue_stats IS
     'Per queue the reader may use: depth (queued), due (queued and due now), running, dead (failed for good), the oldest due key''s wait, and attempts that completed or did not in the last minute / hour.';
 COMMENT ON COLUMN once.queue_stats.queue IS

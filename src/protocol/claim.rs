@@ -408,6 +408,7 @@ pub fn attempt(
 
 /// A claim that kept `entry`'s result.
 fn refreshing(claimed: Claim, entry: Entry) -> Claim {
+    shmem::count(Counter::Refreshes);
     Claim::Refresh {
         claimed: Box::new(claimed),
         result: entry.result.expect("a refresh keeps a result"),
@@ -417,7 +418,7 @@ fn refreshing(claimed: Claim, entry: Entry) -> Claim {
 
 /// `entry`'s result served as stale; `refreshing`: its owner is refreshing it.
 fn stale_result(entry: Entry, refreshing: bool) -> Claim {
-    shmem::count(Counter::Hits);
+    shmem::count(Counter::Stale);
     Claim::Stale {
         token: refreshing.then_some(entry.token),
         owner: entry.owner.filter(|_| refreshing),

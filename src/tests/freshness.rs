@@ -71,6 +71,18 @@ mod tests {
     }
 
     #[pg_test]
+    fn once_stats_counts_stale_answers_and_refreshes() {
+        // Preloaded (pg_test::postgresql_conf_options); other tests count too.
+        let count = |column: &str| one::<i64>(&format!("SELECT {column} FROM once.stats")).unwrap();
+        let (stale, refreshes) = (count("stale"), count("refreshes"));
+        stale_key("k");
+        assert_eq!(ask("k", true).0, "refresh");
+        assert_eq!(ask("k", true).0, "stale");
+        assert!(count("refreshes") > refreshes);
+        assert!(count("stale") > stale);
+    }
+
+    #[pg_test]
     fn a_refresh_is_claimed_with_the_old_result_for_a_caller_without_serve_stale() {
         stale_key("k");
         let (outcome, token, result, _) = ask("k", false);

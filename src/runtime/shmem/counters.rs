@@ -32,6 +32,8 @@ counters! {
     Purged => "purged",
     NotifiedDirect => "notified_direct",
     NotifiedRelayed => "notified_relayed",
+    Stale => "stale",
+    Refreshes => "refreshes",
 }
 pub(super) const COUNTERS: usize = COUNTER_COLUMNS.len();
 
