@@ -59,6 +59,7 @@ PLAIN_TABLE = "freshness_plain_cache"
 # connection or the client's own loop).
 SLOW_S = 0.050
 CLAIM_LEASE = "30 s"
+CLAIM_WAIT = "5 s"
 # Completions (complete_key, the plain table's upsert) take a connection from a small pool
 # of their own. From the callers' pool they would queue behind callers that wait inside
 # claim_key for that very completion, each holding a connection: once the pool is
@@ -71,7 +72,6 @@ WRITE_CONNECTIONS = 8
 READ_BIN_WIDTH = 0.2
 READ_BINS = 40
 MATCH_S = 0.05
-CLAIM_WAIT = "5 s"
 
 
 def connect_kwargs(dsn):

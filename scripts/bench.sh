@@ -228,8 +228,17 @@ freshness_section() {
     local venv=$PG_ONCE_WORK/freshness-venv rows=$PG_ONCE_WORK/freshness.jsonl
     [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check asyncpg uvloop
+    # How busy the machine was meanwhile, by /proc/stat: all CPU time, and the part in
+    # processes with a positive nice value (other work on a shared machine, builds).
+    local before after load_before machine
+    before=$(awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9, $3, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat)
+    load_before=$(cut -d' ' -f1 /proc/loadavg)
     "$venv/bin/python" "$REPO_ROOT/bench/freshness.py" run --dsn "$DSN" \
         --duration "$FRESHNESS_SECONDS" >"$rows"
+    after=$(awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9, $3, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat)
+    machine=$(awk -v b="$before" -v a="$after" -v l0="$load_before" -v l1="$(cut -d' ' -f1 /proc/loadavg)" -v n="$(nproc)" 'BEGIN {
+        split(b, x, " "); split(a, y, " "); t = y[3] - x[3]
+        printf "While it ran, the %d cores were %.0f%% busy, %.0f%% of them in niced processes (other work on this shared machine); load average %s before, %s after.", n, 100 * (y[1] - x[1]) / t, 100 * (y[2] - x[2]) / t, l0, l1 }')
     sed 's/^{/{"bench":"freshness",/' "$rows" >>"$RESULTS"
     cat <<EOF
 ## 7. Freshness: 100 keys expiring under steady traffic
@@ -264,6 +273,7 @@ largest staleness: how far past. Ratios divide a mode's p99 and its computations
 of (a) and (d) in the same run. One run. Under the table, per mode: the outcomes, and the
 client's own share of the latency (start lag: from a request's scheduled arrival until its
 process starts it) and CPU.
+$machine
 
 EOF
     "$venv/bin/python" "$REPO_ROOT/bench/freshness.py" table "$rows"
