@@ -13,7 +13,9 @@ seconds to compute (an asyncio sleep that holds no database connection: the call
 claims on a pooled connection, gives it back, sleeps, takes one again to complete). The
 load is open loop: every request has a scheduled arrival time and its latency counts from
 then, so a request stuck behind a stall, a full pool or a late client counts it all.
-Modes, one after the other on keys of their own, each for DURATION seconds:
+Modes, each on keys of its own, measured for DURATION seconds in all: in ROUNDS rounds
+the modes take turns (a b c d, then d c b a, ...), each turn measured for DURATION /
+ROUNDS seconds after WARMUP seconds of the same traffic and followed by COOLDOWN more:
 
   a  today's expiry: claim_key(wait => '5 s'); 'claimed' computes and completes with
      ttl; everyone else waits inside claim_key for the result.
@@ -37,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import bisect
 import gc
 import json
 import math
@@ -67,11 +68,9 @@ CLAIM_WAIT = "5 s"
 # loop never drains. An application has to keep them apart in the same way.
 WRITE_CONNECTIONS = 8
 # The model check (c) bins reads by how long before expiry they came, in units of beta
-# delta; and it finds the computation that produced a result by its completion, ttl
-# before the result's expiry, within this much.
+# delta.
 READ_BIN_WIDTH = 0.2
 READ_BINS = 40
-MATCH_S = 0.05
 
 
 def connect_kwargs(dsn):
@@ -96,8 +95,10 @@ def claim_sql(mode):
 
 def complete_sql(mode):
     extra = {"a": "", "b": ", stale => $5::interval", "c": ", beta => $5::float8"}[mode]
-    return (f"SELECT once.complete_key($1, $2, $3::jsonb, ttl => $4::interval{extra}),"
-            f" {epoch('clock_timestamp()')}")
+    return f"SELECT once.complete_key($1, $2, $3::jsonb, ttl => $4::interval{extra})"
+
+
+GENERATION = f"SELECT {epoch('expires_at')}, {epoch('compute_time')} FROM once.entries WHERE key = $1"
 
 
 def complete_args(mode, args, ttl_s):
@@ -125,8 +126,10 @@ class Traffic:
     answers: (key index, outcome, latency s, start lag s, server time of the answer,
               expiry of the result served or None for a result just computed,
               scheduled arrival in s from the start)
-    computations: (key index, kind, start, end, server time of the claim, server time of
-                   the completion, completed) with start and end by this machine's clock
+    computations: (key index, kind, start, end, completed, generation) with start and end
+                  by this machine's clock; for (c) generation is the expiry the completion
+                  gave the result and the compute_time the server measured for it (what
+                  its early-refresh draws use), else None
     """
 
     def __init__(self, args, pool, write_pool):
@@ -145,21 +148,25 @@ class Traffic:
         self.answers.append((i, outcome, now - scheduled, started - scheduled, srv_now, expires,
                              scheduled - self.start_mono))
 
-    async def compute_and_complete(self, i, kind, token, srv_claim):
+    async def compute_and_complete(self, i, kind, token):
         """The computation: sleep holding no connection, then complete_key on one."""
         start = time.time()
         await asyncio.sleep(self.args["compute"])
+        generation = None
         async with self.write_pool.acquire() as conn:
-            ok, srv_done = await conn.fetchrow(
-                self.complete, self.key(i), token, value_for(self.key(i)),
-                *complete_args(self.mode, self.args, self.args["ttl"]))
-        self.computations.append((i, kind, start, time.time(), srv_claim, srv_done, bool(ok)))
+            ok = await conn.fetchval(self.complete, self.key(i), token, value_for(self.key(i)),
+                                     *complete_args(self.mode, self.args, self.args["ttl"]))
+            if ok and self.mode == "c":
+                # The result just stored stays until the next completion, which needs a
+                # claim and a computation first.
+                generation = tuple(await conn.fetchrow(GENERATION, self.key(i)))
+        self.computations.append((i, kind, start, time.time(), bool(ok), generation))
         if not ok:
             self.errors.append(f"complete_key of {self.key(i)} returned false")
 
-    async def refresh_in_background(self, i, token, srv_claim):
+    async def refresh_in_background(self, i, token):
         try:
-            await self.compute_and_complete(i, "background", token, srv_claim)
+            await self.compute_and_complete(i, "background", token)
         except Exception as exc:  # recorded, reported in the row
             self.errors.append(repr(exc))
 
@@ -173,12 +180,12 @@ class Traffic:
             if outcome in ("refresh", "stale"):
                 # The result at hand is answered at once; 'refresh' recomputes behind it.
                 if outcome == "refresh":
-                    task = asyncio.create_task(self.refresh_in_background(i, token, srv_now))
+                    task = asyncio.create_task(self.refresh_in_background(i, token))
                     self.background.add(task)
                     task.add_done_callback(self.background.discard)
                 return self.answer(i, outcome, scheduled, started, srv_now, expires)
             if outcome == "claimed":
-                await self.compute_and_complete(i, "foreground", token, srv_now)
+                await self.compute_and_complete(i, "foreground", token)
                 return self.answer(i, outcome, scheduled, started, srv_now, None)
             # 'wait' (5 s passed) or 'failed': ask again, as a caller would.
             self.errors.append(f"claim_key answered {outcome}")
@@ -189,13 +196,12 @@ class Traffic:
             row = await conn.fetchrow(SELECT_PLAIN, self.key(i))
         if row is not None and row[1] > row[2]:
             return self.answer(i, "hit", scheduled, started, row[2], row[1])
-        srv_claim = row[2] if row is not None else None
         start = time.time()
         await asyncio.sleep(self.args["compute"])
         async with self.write_pool.acquire() as conn:
             srv_done = await conn.fetchval(UPSERT_PLAIN, self.key(i), value_for(self.key(i)),
                                            timedelta(seconds=self.args["ttl"]))
-        self.computations.append((i, "foreground", start, time.time(), srv_claim, srv_done, True))
+        self.computations.append((i, "foreground", start, time.time(), True, None))
         self.answer(i, "computed", scheduled, started, srv_done, None)
 
     async def request(self, i, scheduled):
@@ -281,20 +287,22 @@ async def fill(conn, mode, args):
     await asyncio.sleep(args["compute"])
     sql = complete_sql(mode)
     for key, token, ttl in zip(keys, tokens, ttls):
-        ok, _ = await conn.fetchrow(sql, key, token, value_for(key), *complete_args(mode, args, ttl))
+        ok = await conn.fetchval(sql, key, token, value_for(key), *complete_args(mode, args, ttl))
         if not ok:
             raise SystemExit(f"fill: complete_key({key}) returned false")
 
 
-async def run_mode(mode, opts):
+async def run_segment(mode, opts, round_no):
+    """One round's traffic of one mode: fresh keys, fresh client processes; returns what
+    they recorded and the measured window."""
     import asyncpg
     args = {
         "mode": mode, "dsn": opts.dsn, "keys": opts.keys, "rate": opts.rate, "ttl": opts.ttl,
         "compute": opts.compute, "stale": opts.stale, "beta": opts.beta,
-        "duration": opts.duration, "warmup": opts.warmup, "cooldown": opts.cooldown,
+        "duration": opts.duration / opts.rounds, "warmup": opts.warmup, "cooldown": opts.cooldown,
         "processes": opts.processes, "loop": opts.loop,
         "connections": max(1, opts.connections // opts.processes),
-        "prefix": f"freshness-{mode}-{os.getpid()}-{int(time.time())}-", "seed": opts.seed,
+        "prefix": f"freshness-{mode}-{os.getpid()}-{round_no}-", "seed": opts.seed + round_no,
     }
     conn = await asyncpg.connect(**connect_kwargs(opts.dsn))
     if mode != "d":
@@ -325,19 +333,11 @@ async def run_mode(mode, opts):
         if not out:
             raise SystemExit(f"mode {mode}: a child process failed")
         results.append(json.loads(out))
-    compute_times = None
-    if mode == "c":
-        compute_times = await conn.fetchval(
-            f"SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY {epoch('compute_time')})"
-            " FROM once.entries WHERE key LIKE $1", args["prefix"] + "%")
     await conn.close()
     # The measured window, by this machine's clock, which the server's clock_timestamp()
     # reads too.
     window = (start_at + args["warmup"], start_at + args["warmup"] + args["duration"])
-    if opts.raw:
-        with open(f"{opts.raw}{mode}.json", "w") as f:
-            json.dump({"args": args, "window": window, "processes": results}, f)
-    return summarize(mode, args, results, window, compute_times)
+    return {"args": args, "window": window, "processes": results}
 
 
 def percentile(sorted_values, q):
@@ -362,27 +362,39 @@ def episodes(computations):
     return count
 
 
-def summarize(mode, args, results, window, server_compute_time):
-    """The row of one mode: requests that arrived in the window, computations that started
-    in it."""
-    measured = (args["warmup"], args["warmup"] + args["duration"])
-    answers = [tuple(a) for r in results for a in r["answers"] if measured[0] <= a[6] < measured[1]]
-    computations = [tuple(c) for r in results for c in r["computations"] if window[0] <= c[2] < window[1]]
+def summarize(mode, opts, segments):
+    """The row of one mode, from its segments (one per round): requests that arrived in a
+    measured window, computations that started in one."""
+    args = segments[0]["args"]
+    answers, computations, results = [], [], []
+    for seg in segments:
+        a0, a1 = seg["args"]["warmup"], seg["args"]["warmup"] + seg["args"]["duration"]
+        w0, w1 = seg["window"]
+        for r in seg["processes"]:
+            answers += [tuple(a) for a in r["answers"] if a0 <= a[6] < a1]
+            computations += [tuple(c) for c in r["computations"] if w0 <= c[2] < w1]
+            results.append(r)
     latencies = sorted(a[2] for a in answers)
     lags = sorted(a[3] for a in answers)
-    stale_ages = [a[4] - a[5] for a in answers if a[5] is not None and a[5] < a[4]]
+    # A hit is fresh by the server's judgement when it read the row; the answer's time
+    # stamp comes a little later and may pass the expiry by microseconds. 'stale' and
+    # 'refresh' answers serve the result they carry, past its expiry or not.
+    stale_ages = [a[4] - a[5] for a in answers
+                  if a[1] in ("stale", "refresh") and a[5] is not None and a[5] < a[4]]
     outcomes = {}
     for a in answers:
         outcomes[a[1]] = outcomes.get(a[1], 0) + 1
-    periods = args["keys"] * args["duration"] / args["ttl"]
+    traffic_s = sum(seg["args"]["warmup"] + seg["args"]["duration"] + seg["args"]["cooldown"]
+                    for seg in segments)
     row = {
         "mode": mode, "label": MODES[mode], "keys": args["keys"], "rate": args["rate"],
-        "ttl_s": args["ttl"], "compute_s": args["compute"], "duration_s": args["duration"],
-        "processes": args["processes"], "connections": args["connections"] * args["processes"],
+        "ttl_s": args["ttl"], "compute_s": args["compute"], "duration_s": opts.duration,
+        "rounds": opts.rounds, "processes": args["processes"],
+        "connections": args["connections"] * args["processes"],
         "stale_s": args["stale"] if mode == "b" else None, "beta": args["beta"] if mode == "c" else None,
         "answers": len(answers), "outcomes": outcomes,
         "computations": len(computations),
-        "computations_per_key_per_ttl": len(computations) / periods,
+        "computations_per_key_per_ttl": len(computations) / (args["keys"] * opts.duration / args["ttl"]),
         "episodes": episodes(computations),
         "p50_ms": 1e3 * percentile(latencies, 0.50), "p99_ms": 1e3 * percentile(latencies, 0.99),
         "max_ms": 1e3 * latencies[-1],
@@ -391,56 +403,46 @@ def summarize(mode, args, results, window, server_compute_time):
         "lag_max_ms": 1e3 * lags[-1],
         "stale_share": len(stale_ages) / len(answers),
         "max_staleness_s": max(stale_ages, default=0.0),
-        "client_cpu_share": sum(r["cpu_s"] for r in results) / (
-            args["warmup"] + args["duration"] + args["cooldown"]),
+        "client_cpu_share": sum(r["cpu_s"] for r in results) / traffic_s,
         "errors": sum(r["error_count"] for r in results),
         "error_samples": [e for r in results for e in r["errors"]][:5],
     }
     row["computations_per_episode"] = row["computations"] / max(1, row["episodes"])
     if mode == "c":
-        row["xfetch"] = xfetch_check(args, answers, [c for r in results for c in r["computations"]],
-                                     window, server_compute_time)
+        row["xfetch"] = xfetch_check(args, segments)
     return row
 
 
-def xfetch_check(args, answers, all_computations, window, server_compute_time):
+def xfetch_check(args, segments):
     """What the model check needs, from the reads of (c) and its computations.
 
     A generation is one result: a key and the expiry its completion gave it. Its delta is
-    the claim-to-completion time of the computation that produced it (by the server's
-    clock, as the server measures compute_time), which is what the server's draws on it
-    used; it varies from one generation to the next with the machine's load, so every
-    generation is compared with the model under its own delta.
+    the compute_time the server measured for it, which is what the draws on it use (it
+    varies with the machine's load). Only generations that lived their whole ttl inside
+    the measured window count, with all their reads, warm-up and cool-down traffic
+    included, so that no draw goes unseen.
       reads: every read that could have drawn an early refresh (a hit on the generation
              before its refresh was drawn, or the drawing read itself), by how long
              before the expiry it came in units of beta delta, and whether it drew;
-      early: for every generation that lived its whole ttl inside the measured window,
-             how long before its expiry the refresh was drawn (0: none was, the first
-             caller past the expiry recomputed), with its delta."""
+      early: for every generation, how long before its expiry the refresh was drawn (0:
+             none was, the first caller past the expiry recomputed), with its delta."""
     ttl, beta = args["ttl"], args["beta"]
-    produced = {}
-    for key, _kind, _start, _end, srv_claim, srv_done, ok in all_computations:
-        if ok and srv_claim is not None:
-            produced.setdefault(key, []).append((srv_done, srv_done - srv_claim))
-    for done in produced.values():
-        done.sort()
-
-    def delta_of(key, expires):
-        """The delta of the computation that completed ttl before this expiry."""
-        done = produced.get(key, [])
-        i = bisect.bisect_left(done, (expires - ttl,))
-        near = [d for d in done[max(0, i - 1):i + 1] if abs(d[0] - (expires - ttl)) < MATCH_S]
-        return near[0][1] if near else None
-
-    generations = {}
-    for key, outcome, _lat, _lag, srv_now, expires, _t in answers:
-        if expires is not None and outcome in ("hit", "refresh"):
-            generations.setdefault((key, expires), []).append((srv_now, outcome))
-    early, bins, multi, unmatched = [], {}, 0, 0
-    for (key, expires), reads in generations.items():
-        delta = delta_of(key, expires)
+    deltas, generations = {}, {}
+    for n, seg in enumerate(segments):
+        window = seg["window"]
+        for r in seg["processes"]:
+            for c in r["computations"]:
+                if c[5] is not None:
+                    deltas[(n, c[0], round(c[5][0], 6))] = c[5][1]
+            for key, outcome, _lat, _lag, srv_now, expires, _t in r["answers"]:
+                if (expires is not None and outcome in ("hit", "refresh")
+                        and window[0] <= expires - ttl and expires <= window[1]):
+                    generations.setdefault((n, key, expires), []).append((srv_now, outcome))
+    early, bins, multi, unknown = [], {}, 0, 0
+    for (n, key, expires), reads in generations.items():
+        delta = deltas.get((n, key, round(expires, 6)))
         if delta is None:
-            unmatched += 1
+            unknown += 1
             continue
         reads.sort()
         drawn = [t for t, o in reads if o == "refresh" and t < expires]
@@ -453,24 +455,21 @@ def xfetch_check(args, answers, all_computations, window, server_compute_time):
             b = min(READ_BINS - 1, int((expires - t) / (beta * delta) / READ_BIN_WIDTH))
             seen, hits = bins.get(b, (0, 0))
             bins[b] = (seen + 1, hits + (1 if t == first else 0))
-        # The whole life (expiry - ttl, expiry) inside the window, which went on past the
-        # expiry: whether an early refresh was drawn is known.
-        if expires - ttl >= window[0] and expires <= window[1]:
-            early.append((expires - first if drawn else 0.0, delta))
+        early.append((expires - first if drawn else 0.0, delta))
     lam = args["rate"] / args["keys"]
-    deltas = sorted(d for _, d in early)
+    sorted_deltas = sorted(d for _, d in early)
     return {
         "beta": beta, "lambda_per_key": lam, "ttl_s": ttl,
-        "delta_s": statistics.median(deltas) if deltas else None,
-        "delta_p10_s": percentile(deltas, 0.1), "delta_p90_s": percentile(deltas, 0.9),
-        "server_compute_time_s": server_compute_time,
-        "generations": len(early), "unmatched_generations": unmatched,
+        "delta_s": statistics.median(sorted_deltas) if early else None,
+        "delta_p10_s": percentile(sorted_deltas, 0.1), "delta_p90_s": percentile(sorted_deltas, 0.9),
+        "generations": len(early), "generations_without_delta": unknown,
         "early": sorted([round(s, 5), round(d, 5)] for s, d in early),
         "no_early_refresh": sum(1 for s, _ in early if s == 0.0),
         "generations_with_two_refreshes": multi,
         "read_bins": [[b * READ_BIN_WIDTH, (b + 1) * READ_BIN_WIDTH, seen, hits]
                       for b, (seen, hits) in sorted(bins.items())],
-        "model_no_early": statistics.fmean(model_cdf(0.0, lam, beta, d, ttl) for d in deltas) if deltas else None,
+        "model_no_early": statistics.fmean(model_cdf(0.0, lam, beta, d, ttl) for d in sorted_deltas)
+        if early else None,
         "ks_d": ks_distance(early, lam, beta, ttl),
     }
 
@@ -535,18 +534,17 @@ def table(path):
 def model(path):
     rows = {r["mode"]: r for r in (json.loads(line) for line in open(path) if line.strip())}
     x = rows.get("c", {}).get("xfetch")
-    if x:
-        print("XFetch model check (c): beta = %g, %.0f reads/s per key, delta (claim to completion "
-              "of the computation that produced each result, by the server's clock) median %.1f ms, "
-              "10%%-90%% %.1f-%.1f ms (the server's own compute_time, median over keys at the end: %s). "
-              "%d results lived their whole ttl inside the measured window; %d (%.1f%%) drew no early "
+    if x and not x["generations"]:
+        print("XFetch model check (c): no result lived its whole ttl inside a measured window "
+              "(measure longer).")
+    elif x:
+        print("XFetch model check (c): beta = %g, %.0f reads/s per key, delta (the compute_time the "
+              "server measured for each result) median %.1f ms, 10%%-90%% %.1f-%.1f ms. %d results lived their whole ttl inside the measured window; %d (%.1f%%) drew no early "
               "refresh (model: %.1f%%); %d drew two. Kolmogorov-Smirnov distance between the measured "
               "and the model distribution of how long before expiry the refresh was drawn: %.3f "
               "(5%% critical value for n = %d: %.3f)." % (
                   x["beta"], x["lambda_per_key"], 1e3 * x["delta_s"], 1e3 * x["delta_p10_s"],
-                  1e3 * x["delta_p90_s"],
-                  "%.1f ms" % (1e3 * x["server_compute_time_s"]) if x["server_compute_time_s"] else "-",
-                  x["generations"], x["no_early_refresh"],
+                  1e3 * x["delta_p90_s"], x["generations"], x["no_early_refresh"],
                   100 * x["no_early_refresh"] / max(1, x["generations"]), 100 * x["model_no_early"],
                   x["generations_with_two_refreshes"], x["ks_d"], x["generations"],
                   1.36 / math.sqrt(max(1, x["generations"]))))
@@ -575,7 +573,9 @@ def main():
     parser.add_argument("--compute", type=float, default=0.3, help="seconds per computation")
     parser.add_argument("--stale", type=float, default=10.0, help="stale window of (b), seconds")
     parser.add_argument("--beta", type=float, default=1.0, help="XFetch beta of (c)")
-    parser.add_argument("--duration", type=float, default=60, help="seconds measured per mode")
+    parser.add_argument("--duration", type=float, default=60, help="seconds measured per mode, in all")
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="the modes take turns this many times, each measured duration / rounds")
     parser.add_argument("--warmup", type=float, default=5,
                         help="seconds of traffic before the measured window (connections and"
                              " prepared statements warm, expiries in their steady pattern)")
@@ -590,10 +590,25 @@ def main():
     parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop",
                         help="the client processes' event loop")
     opts = parser.parse_args()
-    for mode in opts.modes.split(","):
+    modes = opts.modes.split(",")
+    for mode in modes:
         if mode not in MODES:
             parser.error(f"unknown mode {mode}")
-        print(json.dumps(asyncio.run(run_mode(mode, opts))), flush=True)
+    asyncio.run(run(opts, modes))
+
+
+async def run(opts, modes):
+    """Every round runs every mode, in the opposite order from the round before (a b c d,
+    d c b a, ...), so that a slow spell of the machine falls on several modes' rounds."""
+    segments = {mode: [] for mode in modes}
+    for round_no in range(opts.rounds):
+        for mode in (modes if round_no % 2 == 0 else modes[::-1]):
+            segments[mode].append(await run_segment(mode, opts, round_no))
+    for mode in modes:
+        if opts.raw:
+            with open(f"{opts.raw}{mode}.json", "w") as f:
+                json.dump(segments[mode], f)
+        print(json.dumps(summarize(mode, opts, segments[mode])), flush=True)
 
 
 if __name__ == "__main__":

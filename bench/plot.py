@@ -86,7 +86,7 @@ def stampede(rows, out):
 def freshness(rows, out):
     """XFetch (section 7, mode c) against the paper's model: the chance that one read
     draws the early refresh, and when the first draw came before expiry."""
-    runs = [r for r in rows if r["bench"] == "freshness" and r.get("xfetch")]
+    runs = [r for r in rows if r["bench"] == "freshness" and r.get("xfetch", {}).get("generations")]
     if not runs:
         return
     x = runs[-1]["xfetch"]

@@ -234,7 +234,7 @@ freshness_section() {
     before=$(awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9, $3, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat)
     load_before=$(cut -d' ' -f1 /proc/loadavg)
     "$venv/bin/python" "$REPO_ROOT/bench/freshness.py" run --dsn "$DSN" \
-        --duration "$FRESHNESS_SECONDS" >"$rows"
+        --duration "$FRESHNESS_SECONDS" --rounds 4 >"$rows"
     after=$(awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9, $3, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat)
     machine=$(awk -v b="$before" -v a="$after" -v l0="$load_before" -v l1="$(cut -d' ' -f1 /proc/loadavg)" -v n="$(nproc)" 'BEGIN {
         split(b, x, " "); split(a, y, " "); t = y[3] - x[3]
@@ -245,15 +245,17 @@ freshness_section() {
 
 Simulated traffic (\`bench/freshness.py\`: asyncpg on uvloop, 2 client processes): 100 keys,
 2,000 requests/s in all with Poisson arrivals, results that live 2 s (ttl) and take 300 ms
-to compute. The four modes run one after the other on the preloaded cluster, each on keys
-of its own, measured for $FRESHNESS_SECONDS s after 5 s of the same traffic and followed by 2 s more.
-Open loop: a request's latency counts from its scheduled arrival, so time spent behind a
-computation, a busy pool or a late client loop all shows. Each process has a pool of 100
-connections for callers and one of 8 for completions (from the callers' pool a completion
-queues behind the callers that wait inside claim_key for it, and in (a) the pool then
-stays jammed until their waits time out). The computation is a sleep holding no
-connection: claim on a pooled connection, give it back, sleep, complete on one. Each mode
-starts from keys filled with their first expiries spread evenly over one ttl.
+to compute, on the preloaded cluster. Each mode is measured for $FRESHNESS_SECONDS s in all, in 4
+rounds in which the modes take turns (a b c d, then d c b a, ...); each turn runs on keys of its
+own with fresh client processes, starts from keys filled with their first expiries spread
+evenly over one ttl, and is measured for a quarter of the time after 5 s of the same
+traffic, followed by 2 s more. Open loop: a request's latency counts from its scheduled
+arrival, so time spent behind a computation, a busy pool or a late client loop all shows.
+Each process has a pool of 100 connections for callers and one of 8 for completions (from
+the callers' pool a completion queues behind the callers that wait inside claim_key for
+it, and in (a) the pool then stays jammed until their waits time out). The computation is
+a sleep holding no connection: claim on a pooled connection, give it back, sleep,
+complete on one.
 
 - (a) today's expiry: \`claim_key(wait => '5 s')\`; the claimant computes and completes
   with \`ttl => '2 s'\`, every other caller of that key waits inside claim_key.
@@ -262,17 +264,19 @@ starts from keys filled with their first expiries spread evenly over one ttl.
   and recomputes in the background, \`stale\` answers it at once.
 - (c) XFetch: \`claim_key(serve_stale => true)\`, \`complete_key(ttl => '2 s', beta => 1.0)\`;
   \`refresh\` (drawn early by the server) answers the still-fresh result at once and
-  recomputes in the background. No stale window: past its expiry a key waits as in (a).
+  recomputes in the background. No stale window: past its expiry a key waits as in (a),
+  which happens when the refresh was drawn less than a computation's time before the
+  expiry (by the model below, at about 11% of the expiries here).
 - (d) no coordination: a plain table; \`SELECT\`, and on a missing or expired row every
   such caller computes and upserts (\`INSERT ... ON CONFLICT DO UPDATE\`).
 
-Computations per key per ttl: computations / (100 keys x $FRESHNESS_SECONDS s / 2 s). Computations per
-refresh: computations over refreshes, a refresh being a run of overlapping computations of
+Computations per key per ttl: computations / (100 keys x $FRESHNESS_SECONDS s / 2 s).
+Computations per refresh: computations over refreshes, a refresh being a run of overlapping computations of
 one key (in (d) the stampede at an expiry). Stale: a result served past its expiry;
 largest staleness: how far past. Ratios divide a mode's p99 and its computations by those
-of (a) and (d) in the same run. One run. Under the table, per mode: the outcomes, and the
-client's own share of the latency (start lag: from a request's scheduled arrival until its
-process starts it) and CPU.
+of (a) and (d) in the same run (one run of 4 rounds). Under the table, per mode: the
+outcomes, and the client's own share of the latency (start lag: from a request's scheduled
+arrival until its process starts it) and CPU.
 $machine
 
 EOF
@@ -284,17 +288,17 @@ expiry draw an early refresh with probability exp(-s / (beta delta)), delta bein
 computation's length (pg_once's \`compute_time\`, claim to completion). That is a statement
 about a single read, and the left plot checks it as one: of the reads that could draw
 (hits on a result before its refresh was drawn, and the read that drew it), the share that
-drew, by s / (beta delta). It is not the distribution of when a refresh happens, because with many
-readers the first draw wins: with Poisson reads at rate lambda per key from the result's
+drew, by s / (beta delta). It is not the distribution of when a refresh happens, because
+with many readers the first draw wins: with Poisson reads at rate lambda per key from the result's
 completion (ttl before its expiry) on, the time S before expiry of the first draw has
 P(S <= s) = exp(-lambda beta delta (exp(-s / (beta delta)) - exp(-ttl / (beta delta)))),
 with S = 0 standing for "none drawn" (then the first caller past the expiry recomputes
 while the others wait). Its median lies near beta delta ln(lambda beta delta / ln 2) before
 the expiry (0.65 s for delta = 300 ms), where the single-read curve gives a read only a
-12% chance. The right plot compares that distribution (averaged over the results) with the measured S
-of every result that lived its whole ttl inside the measured window. delta is taken per
-result as the server measures it (claim to completion of the computation that produced
-it: 300 ms and what a busy machine adds); nothing is fitted.
+12% chance. The right plot compares that distribution (averaged over the results) with
+the measured S of every result that lived its whole ttl inside a measured window. Each
+result is taken with its own delta, the \`compute_time\` the server stored with it (300 ms
+and what the machine adds; the draws on it use that one); nothing is fitted.
 
 EOF
     "$venv/bin/python" "$REPO_ROOT/bench/freshness.py" model "$rows"
