@@ -387,8 +387,12 @@ pub fn attempt(
             "queued" if stale && serve_stale => return stale_result(entry, false),
             _ => None, // expired result, failure due for retry, or queued
         };
-        // Another transaction is changing the row right now: the write would wait for it.
-        // A result in its stale window is served meanwhile: a stale answer never waits.
+        // A result in its stale window is served while it cannot be refreshed: on a
+        // standby (nothing is claimed there), or while another transaction is changing
+        // the row (the write would wait for it: a stale answer never waits).
+        if stale && serve_stale && standby::active() {
+            return stale_result(entry, false);
+        }
         if entry::held_elsewhere(&entry) {
             return if stale && serve_stale {
                 stale_result(entry, false)

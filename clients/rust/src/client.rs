@@ -3,7 +3,8 @@
 
 use crate::error::{Error, Result};
 use crate::listener::{Interest, Listener};
-use crate::raw::{self, Owner};
+use crate::raw::{self, Claim, Freshness, Owner};
+use crate::refresh::{self, Refreshes};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use serde::de::DeserializeOwned;
@@ -27,6 +28,21 @@ pub struct Options {
     pub wait: Duration,
     /// How long results are cached (None: until invalidated). Default None.
     pub ttl: Option<Duration>,
+    /// Stale-while-revalidate: after `ttl`, a result stays servable for this much longer.
+    /// A call in that window gets the old result at once, and the first one (across every
+    /// process) recomputes the key in the background of its process. Zero: none (the
+    /// result is gone at `ttl`, and callers wait for its recomputation). Needs `ttl`.
+    /// Default zero.
+    pub stale: Duration,
+    /// XFetch early refresh (0 < beta <= 100; zero: none): before `ttl` ends, a hit may
+    /// return the result and recompute the key in the background, the likelier the
+    /// closer the expiry and the longer the last computation took; 1 is the paper's
+    /// choice, more refreshes earlier. Needs `ttl`. Default zero.
+    pub beta: f64,
+    /// 0 <= jitter < 1: each result's `ttl` is shortened by up to this fraction, at
+    /// random, so that keys filled together do not expire together. Needs `ttl`. Default
+    /// zero.
+    pub jitter: f64,
     /// How long a failure is served to other callers before the key may be computed again.
     /// Default 5 s, as in the Python and Node clients: long enough that the crowd woken by
     /// the failure shares it instead of each retrying a broken upstream, short enough not
@@ -53,6 +69,9 @@ impl Default for Options {
             lease: Duration::from_secs(30),
             wait: Duration::from_secs(30),
             ttl: None,
+            stale: Duration::ZERO,
+            beta: 0.0,
+            jitter: 0.0,
             retry_after: Duration::from_secs(5),
             listen: true,
             listen_conninfo: None,
@@ -69,6 +88,12 @@ pub struct CallOptions {
     pub wait: Option<Duration>,
     /// `Some(None)`: cache until invalidated.
     pub ttl: Option<Option<Duration>>,
+    /// `Some(Duration::ZERO)`: no stale window.
+    pub stale: Option<Duration>,
+    /// `Some(0.0)`: no early refresh.
+    pub beta: Option<f64>,
+    /// `Some(0.0)`: no jitter.
+    pub jitter: Option<f64>,
     pub retry_after: Option<Duration>,
 }
 
@@ -77,8 +102,32 @@ pub struct CallOptions {
 pub(crate) struct Resolved {
     pub lease: Duration,
     pub wait: Duration,
-    pub ttl: Option<Duration>,
+    pub freshness: Freshness,
     pub retry_after: Duration,
+}
+
+/// The `complete_key` arguments for a ttl and the freshness options as [`Options`] and
+/// [`CallOptions`] give them (zero: none, i.e. NULL). Options that cannot work without a
+/// ttl are refused before any key is claimed, rather than by `complete_key` after the
+/// computation.
+pub(crate) fn freshness(
+    ttl: Option<Duration>,
+    stale: Duration,
+    beta: f64,
+    jitter: f64,
+) -> Result<Freshness> {
+    let f = Freshness {
+        ttl,
+        stale: (!stale.is_zero()).then_some(stale),
+        beta: (beta != 0.0).then_some(beta),
+        jitter: (jitter != 0.0).then_some(jitter),
+    };
+    if ttl.is_none() && (f.stale.is_some() || f.beta.is_some() || f.jitter.is_some()) {
+        return Err(Error::Config(
+            "stale, beta and jitter apply to a result that expires: set a ttl too".into(),
+        ));
+    }
+    Ok(f)
 }
 
 /// Run one pg_once call on a pooled connection, held only for that call:
@@ -121,6 +170,19 @@ pub(crate) struct Inner {
     pub listener: Option<Listener>,
     /// Keys this process is resolving right now, so concurrent calls make one claim.
     inflight: Mutex<HashMap<String, Outcome>>,
+    /// The refreshes this process runs in the background.
+    pub refreshes: Refreshes,
+}
+
+/// Held by every clone of a [`Client`] and by nothing else (the client's own tasks hold
+/// [`Inner`]): when the last clone is dropped, background refreshes are stopped and their
+/// keys given back, rather than keeping the client's connections alive for them.
+struct LastClone(Arc<Inner>);
+
+impl Drop for LastClone {
+    fn drop(&mut self) {
+        self.0.refreshes.stop();
+    }
 }
 
 /// A pg_once client for one process: a pool for the calls, one LISTEN connection for
@@ -129,6 +191,7 @@ pub(crate) struct Inner {
 #[derive(Clone)]
 pub struct Client {
     pub(crate) inner: Arc<Inner>,
+    _last: Arc<LastClone>,
 }
 
 impl std::fmt::Debug for Client {
@@ -187,13 +250,16 @@ impl Client {
         } else {
             None
         };
+        let inner = Arc::new(Inner {
+            pool,
+            options,
+            listener,
+            inflight: Mutex::new(HashMap::new()),
+            refreshes: Refreshes::default(),
+        });
         Ok(Client {
-            inner: Arc::new(Inner {
-                pool,
-                options,
-                listener,
-                inflight: Mutex::new(HashMap::new()),
-            }),
+            _last: Arc::new(LastClone(inner.clone())),
+            inner,
         })
     }
 
@@ -223,7 +289,19 @@ impl Client {
     /// caller's `compute` runs, the others' are dropped).
     ///
     /// The computation runs on its own task, heartbeated every `lease / 3`; it finishes
-    /// (and stores its result) even if every caller stops waiting. Errors: the compute
+    /// (and stores its result) even if every caller stops waiting.
+    ///
+    /// With `stale` (and `ttl`), a key past its `ttl` but inside its stale window is never
+    /// waited for: the call returns the previous result at once, and the first such call
+    /// across every process recomputes the key in the background of its process (see
+    /// [`Client::shutdown`]). With `beta`, a hit may likewise return the result and refresh
+    /// it in the background before it expires. A background refresh that fails keeps the
+    /// previous result served (its error is not returned to anyone: after `retry_after`
+    /// the next caller refreshes again). Only calls with `stale` or `beta` are answered
+    /// this way (`serve_stale => true`); a call without them behaves as before 0.2, and
+    /// waits for a refresh someone else runs.
+    ///
+    /// Errors: the compute
     /// function's ([`Error::Compute`], after failing the key with its text), a failure
     /// shared by another process ([`Error::Failed`]), [`Error::Timeout`] after `wait`,
     /// [`Error::ClaimLost`], [`Error::Serialize`] / [`Error::Deserialize`], and
@@ -260,6 +338,7 @@ impl Client {
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
     {
+        let settings = self.inner.resolve(&opts)?;
         let outcome = {
             let mut inflight = self.inner.inflight.lock().unwrap();
             match inflight.get(key) {
@@ -276,7 +355,6 @@ impl Client {
                     });
                     let inner = self.inner.clone();
                     let owned_key = key.to_owned();
-                    let settings = self.inner.resolve(&opts);
                     // Its own task: the claim is seen through to the end even if every
                     // caller is cancelled, so the key is never left claimed by nobody.
                     let task = tokio::spawn(async move {
@@ -338,6 +416,30 @@ impl Client {
         with_conn!(self.inner, |c| raw::invalidate_key(c, key))
     }
 
+    /// Ask for `key` to be recomputed, without ever starting a second concurrent
+    /// computation (`once.refresh_key`): `absent`, `expired` (its result expires now; with
+    /// `stale` it is served as stale for that long while one caller refreshes it), `rerun`
+    /// (it is being computed: it is computed once more after that run, whose result is
+    /// served as stale for `stale`, or not at all) or `pending` (queued: it runs anyway).
+    pub async fn refresh(&self, key: &str, stale: Option<Duration>) -> Result<String> {
+        with_conn!(self.inner, |c| raw::refresh_key(c, key, stale))
+    }
+
+    /// The keys this client is refreshing in the background now.
+    pub fn refreshing(&self) -> Vec<String> {
+        self.inner.refreshes.running()
+    }
+
+    /// Stop this client's background refreshes: those running may finish for up to
+    /// `drain`; the rest are stopped and their keys given back (another caller, in any
+    /// process, refreshes them), waiting up to 5 s more for that. Refreshes drawn from now
+    /// on are given back at once (their callers still get the previous result). Other
+    /// calls keep working. Dropping the last clone of the client stops its refreshes the
+    /// same way, without the drain.
+    pub async fn shutdown(&self, drain: Duration) {
+        self.inner.refreshes.shutdown(drain).await;
+    }
+
     /// Add `key` to `queue` for the workers ([`Client::work`]): `queued`, `requeued`,
     /// `duplicate` or `cached`.
     pub async fn enqueue(&self, key: &str, payload: Option<&Value>, queue: &str) -> Result<String> {
@@ -383,14 +485,19 @@ pub(crate) type Compute =
     Box<dyn FnOnce() -> BoxFuture<'static, std::result::Result<Value, ComputeError>> + Send>;
 
 impl Inner {
-    pub(crate) fn resolve(&self, opts: &CallOptions) -> Resolved {
+    pub(crate) fn resolve(&self, opts: &CallOptions) -> Result<Resolved> {
         let o = &self.options;
-        Resolved {
+        Ok(Resolved {
             lease: opts.lease.unwrap_or(o.lease),
             wait: opts.wait.unwrap_or(o.wait),
-            ttl: opts.ttl.unwrap_or(o.ttl),
+            freshness: freshness(
+                opts.ttl.unwrap_or(o.ttl),
+                opts.stale.unwrap_or(o.stale),
+                opts.beta.unwrap_or(o.beta),
+                opts.jitter.unwrap_or(o.jitter),
+            )?,
             retry_after: opts.retry_after.unwrap_or(o.retry_after),
-        }
+        })
     }
 
     /// The owner to claim as: the LISTEN connection's pid, or the lease alone.
@@ -402,8 +509,20 @@ impl Inner {
     }
 }
 
+/// `claim_key(key, lease, wait => 0, owner_pid => owner)`, with `serve_stale => true` when
+/// the call asks for stale or early-refreshed answers (`stale` or `beta`). Without them
+/// the call is the one pg_once 0.1 took, and is answered as it was: it waits for a refresh
+/// another caller runs rather than be served the old result.
+async fn claim(c: &tokio_postgres::Client, key: &str, s: &Resolved, owner: Owner) -> Result<Claim> {
+    if s.freshness.stale.is_some() || s.freshness.beta.is_some() {
+        raw::claim_key_serving_stale(c, key, s.lease, Duration::ZERO, owner).await
+    } else {
+        raw::claim_key(c, key, s.lease, Duration::ZERO, owner).await
+    }
+}
+
 /// Claim, wait or read `key` until it has an outcome (this runs once per key per process).
-async fn resolve(inner: &Inner, key: &str, compute: Compute, s: &Resolved) -> Result<Value> {
+async fn resolve(inner: &Arc<Inner>, key: &str, compute: Compute, s: &Resolved) -> Result<Value> {
     let started = Instant::now();
     let deadline = started + s.wait;
     let mut poll_backoff = Duration::from_millis(50);
@@ -414,15 +533,29 @@ async fn resolve(inner: &Inner, key: &str, compute: Compute, s: &Resolved) -> Re
         let owner = inner
             .owner(deadline.saturating_duration_since(Instant::now()))
             .await?;
-        let claim = with_conn!(inner, |c| raw::claim_key(
-            c,
-            key,
-            s.lease,
-            Duration::ZERO,
-            owner
-        ))?;
+        let claim = with_conn!(inner, |c| claim(c, key, s, owner))?;
         match claim.outcome.as_str() {
-            "hit" => return Ok(claim.result.unwrap_or(Value::Null)),
+            // `stale`: the previous result, while another caller refreshes it; answered at
+            // once, never waited on.
+            "hit" | "stale" => return Ok(claim.result.unwrap_or(Value::Null)),
+            "refresh" => {
+                drop(interest);
+                let token = claim
+                    .token
+                    .ok_or_else(|| Error::Protocol("a refresh without a token".into()))?;
+                let compute = compute
+                    .take()
+                    .expect("a key is claimed at most once per call");
+                return match claim.result {
+                    // Serve the previous result now; recompute in the background.
+                    Some(previous) => {
+                        refresh::start(inner, key, token, compute, s).await;
+                        Ok(previous)
+                    }
+                    // Nothing to serve meanwhile: compute now, as for `claimed`.
+                    None => run_claimed(inner, key, token, compute, s).await,
+                };
+            }
             "failed" => {
                 return Err(Error::Failed {
                     key: key.to_owned(),
@@ -524,7 +657,7 @@ pub(crate) async fn compute_with_heartbeat(
 }
 
 /// This process holds the claim: compute, then complete, fail or release the key.
-async fn run_claimed(
+pub(crate) async fn run_claimed(
     inner: &Inner,
     key: &str,
     token: i64,
@@ -537,7 +670,13 @@ async fn run_claimed(
     match compute_with_heartbeat(inner, key, token, s.lease, compute()).await {
         Ran::Lost => Err(lost()),
         Ran::Done(Ok(value)) => {
-            let stored = with_conn!(inner, |c| raw::complete_key(c, key, token, &value, s.ttl));
+            let stored = with_conn!(inner, |c| raw::complete_key_with(
+                c,
+                key,
+                token,
+                &value,
+                &s.freshness
+            ));
             match stored {
                 Ok(true) => Ok(value),
                 Ok(false) => Err(lost()),

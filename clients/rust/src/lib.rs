@@ -38,12 +38,13 @@ mod client;
 mod error;
 mod listener;
 pub mod raw;
+mod refresh;
 mod worker;
 
 pub use client::{Cached, CallOptions, Client, Options};
 pub use error::{Error, Result};
 pub use listener::CHANNEL;
-pub use raw::{Claim, Job, Owner, Reaped};
+pub use raw::{CachedSql, Claim, Freshness, Job, Owner, Reaped};
 pub use worker::{WorkOptions, WorkReport};
 
 /// `d` scaled by a random factor in [0.5, 1.0]: spreads out processes that would

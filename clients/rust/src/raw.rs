@@ -41,30 +41,67 @@ impl Owner {
 /// What `once.claim_key` returned.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Claim {
-    /// `hit`, `claimed`, `failed` or `wait`.
+    /// `hit`, `claimed`, `failed` or `wait`; with `serve_stale` (see
+    /// [`claim_key_serving_stale`]) also `refresh` and `stale`.
     pub outcome: String,
-    /// `claimed`: your fencing token; `wait`: the owner's.
+    /// `claimed` / `refresh`: your fencing token; `wait`: the owner's; `stale`: the
+    /// refresher's, when one is running.
     pub token: Option<i64>,
-    /// `hit`: the cached result.
+    /// `hit`: the cached result; `refresh` / `stale`: the previous result, to serve while
+    /// the key is recomputed.
     pub result: Option<Value>,
-    /// `failed`: the error of the last attempt.
+    /// `failed`: the error of the last attempt; `stale`: the error of the last refresh,
+    /// when it failed (the previous result is served anyway: stale-if-error).
     pub error: Option<String>,
-    /// `wait`: who owns the key.
+    /// `claimed` / `refresh` / `wait`, and `stale` while a refresh runs: who owns the key.
     pub owner: Option<String>,
-    /// `claimed` / `wait`: when the current claim's lease runs out.
+    /// `claimed` / `refresh` / `wait`, and `stale` while a refresh runs: when the current
+    /// claim's lease runs out.
     pub lease_expires_at: Option<SystemTime>,
     /// How many claims the key has had since its last result.
     pub attempts: Option<i32>,
     /// `failed`: when the key may be computed again.
     pub retry_at: Option<SystemTime>,
-    /// `hit`: when the result expires (None: until invalidated).
+    /// `hit` / `refresh` / `stale`: when the result expires (None: until invalidated). For
+    /// `stale` it is past; for `refresh` it is past, or future when the hit drew an early
+    /// (XFetch) refresh.
     pub expires_at: Option<SystemTime>,
 }
 
 impl Claim {
-    /// Whether the outcome is `outcome` (`"hit"`, `"claimed"`, `"failed"`, `"wait"`).
+    /// Whether the outcome is `outcome` (`"hit"`, `"claimed"`, `"failed"`, `"wait"`,
+    /// `"refresh"`, `"stale"`).
     pub fn is(&self, outcome: &str) -> bool {
         self.outcome == outcome
+    }
+}
+
+/// How long a stored result stays fresh and servable: the arguments of `complete_key` and
+/// `complete_keys` after the result. `Freshness::default()` caches until invalidated.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Freshness {
+    /// Fresh for this long (None: until invalidated). `stale`, `beta` and `jitter` need it.
+    pub ttl: Option<Duration>,
+    /// After `ttl`, the result stays servable for this much longer: claims with
+    /// `serve_stale` get it as `stale` while one of them (`refresh`) recomputes.
+    pub stale: Option<Duration>,
+    /// XFetch early-refresh factor, 0 < beta <= 100 (None: no early refresh): a hit may
+    /// be answered `refresh` before `ttl` ends, the likelier the closer the expiry and the
+    /// longer the last computation took (the server measures it).
+    pub beta: Option<f64>,
+    /// 0 <= jitter < 1: the `ttl` used is `ttl * (1 - jitter * random())`, so that keys
+    /// filled together do not expire together.
+    pub jitter: Option<f64>,
+}
+
+impl Freshness {
+    /// Fresh for `ttl` (None: until invalidated), then gone: what `complete_key` did
+    /// before 0.2.
+    pub fn ttl(ttl: Option<Duration>) -> Freshness {
+        Freshness {
+            ttl,
+            ..Freshness::default()
+        }
     }
 }
 
@@ -93,8 +130,96 @@ async fn one(client: &Client, sql: &str, params: &[(&(dyn ToSql + Sync), Type)])
     Ok(client.query_typed_one(sql, params).await?)
 }
 
+/// A call's SQL and parameters, built one argument at a time, so that an optional argument
+/// left at its default is left out of the SQL: a call that uses none of the arguments a
+/// release added also works on servers that predate it.
+struct Call<'a> {
+    sql: String,
+    params: Vec<(&'a (dyn ToSql + Sync), Type)>,
+}
+
+impl<'a> Call<'a> {
+    /// `head` is the statement up to the function's opening parenthesis, e.g.
+    /// `SELECT once.complete_key(`; the arguments and the closing parenthesis follow.
+    fn new(head: &str) -> Self {
+        Call {
+            sql: head.to_owned(),
+            params: Vec::new(),
+        }
+    }
+
+    /// The next argument: positional, or `name => ...`. `placeholder` is how the
+    /// parameter appears in the SQL, `$` standing for its number (e.g. `make_interval(secs
+    /// => $)` for an interval passed as seconds).
+    fn arg(
+        &mut self,
+        name: Option<&str>,
+        placeholder: &str,
+        value: &'a (dyn ToSql + Sync),
+        ty: Type,
+    ) -> &mut Self {
+        self.params.push((value, ty));
+        if self.params.len() > 1 {
+            self.sql.push_str(", ");
+        }
+        if let Some(name) = name {
+            self.sql.push_str(name);
+            self.sql.push_str(" => ");
+        }
+        let number = format!("${}", self.params.len());
+        self.sql.push_str(&placeholder.replace('$', &number));
+        self
+    }
+
+    /// A positional argument.
+    fn value(&mut self, value: &'a (dyn ToSql + Sync), ty: Type) -> &mut Self {
+        self.arg(None, "$", value, ty)
+    }
+
+    /// A positional interval, given in seconds (None: NULL).
+    fn interval(&mut self, secs: &'a Option<f64>) -> &mut Self {
+        self.arg(None, INTERVAL, secs, Type::FLOAT8)
+    }
+
+    /// `name => value`, left out when None (the server's default applies).
+    fn named<T: ToSql + Sync>(&mut self, name: &str, value: &'a Option<T>, ty: Type) -> &mut Self {
+        match value {
+            Some(value) => self.arg(Some(name), "$", value, ty),
+            None => self,
+        }
+    }
+
+    /// `name => interval`, given in seconds, left out when None.
+    fn named_interval(&mut self, name: &str, secs: &'a Option<f64>) -> &mut Self {
+        match secs {
+            Some(secs) => self.arg(Some(name), INTERVAL, secs, Type::FLOAT8),
+            None => self,
+        }
+    }
+
+    fn sql(&self) -> String {
+        format!("{})", self.sql)
+    }
+
+    async fn one(&self, client: &Client) -> Result<Row> {
+        one(client, &self.sql(), &self.params).await
+    }
+
+    async fn rows(&self, client: &Client) -> Result<Vec<Row>> {
+        Ok(client.query_typed(&self.sql(), &self.params).await?)
+    }
+}
+
+/// An interval parameter passed as seconds (float8), so that no interval type is needed
+/// on the client side.
+const INTERVAL: &str = "make_interval(secs => $)";
+
 /// `once.claim_key(key, lease, wait, owner_pid)`. `Owner::Connection` leaves `owner_pid`
 /// out, so that form also works on servers that predate it.
+///
+/// `serve_stale` is left out (false): a key being refreshed is answered `wait`, and the
+/// caller that draws the refresh `claimed` (with the previous result in `result`). See
+/// [`claim_key_serving_stale`].
 pub async fn claim_key(
     client: &Client,
     key: &str,
@@ -102,42 +227,46 @@ pub async fn claim_key(
     wait: Duration,
     owner: Owner,
 ) -> Result<Claim> {
-    const COLUMNS: &str =
-        "outcome, token, result, error, owner, lease_expires_at, attempts, retry_at, expires_at";
-    let (lease, wait) = (secs(lease), secs(wait));
-    let row = match owner.pid() {
-        None => {
-            one(
-                client,
-                &format!(
-                    "SELECT {COLUMNS} FROM once.claim_key($1, make_interval(secs => $2), \
-                     make_interval(secs => $3))"
-                ),
-                &[
-                    (&key, Type::TEXT),
-                    (&lease, Type::FLOAT8),
-                    (&wait, Type::FLOAT8),
-                ],
-            )
-            .await?
-        }
-        Some(pid) => {
-            one(
-                client,
-                &format!(
-                    "SELECT {COLUMNS} FROM once.claim_key($1, make_interval(secs => $2), \
-                     make_interval(secs => $3), owner_pid => $4)"
-                ),
-                &[
-                    (&key, Type::TEXT),
-                    (&lease, Type::FLOAT8),
-                    (&wait, Type::FLOAT8),
-                    (&pid, Type::INT4),
-                ],
-            )
-            .await?
-        }
-    };
+    claim(client, key, lease, wait, owner, false).await
+}
+
+/// `once.claim_key(key, lease, wait, owner_pid, serve_stale => true)` (pg_once 0.2): as
+/// [`claim_key`], with two more outcomes for keys completed with a stale window or an
+/// early-refresh factor ([`Freshness`]): `refresh` (you own the key, as for `claimed`, and
+/// `result` is the previous result, to serve while you recompute) and `stale` (`result`
+/// is the previous result, answered at once even with `wait`, while someone else
+/// refreshes it).
+pub async fn claim_key_serving_stale(
+    client: &Client,
+    key: &str,
+    lease: Duration,
+    wait: Duration,
+    owner: Owner,
+) -> Result<Claim> {
+    claim(client, key, lease, wait, owner, true).await
+}
+
+async fn claim(
+    client: &Client,
+    key: &str,
+    lease: Duration,
+    wait: Duration,
+    owner: Owner,
+    serve_stale: bool,
+) -> Result<Claim> {
+    let (lease, wait, pid) = (Some(secs(lease)), Some(secs(wait)), owner.pid());
+    let serve_stale = serve_stale.then_some(true);
+    let row = Call::new(
+        "SELECT outcome, token, result, error, owner, lease_expires_at, attempts, retry_at, \
+         expires_at FROM once.claim_key(",
+    )
+    .value(&key, Type::TEXT)
+    .interval(&lease)
+    .interval(&wait)
+    .named("owner_pid", &pid, Type::INT4)
+    .named("serve_stale", &serve_stale, Type::BOOL)
+    .one(client)
+    .await?;
     Ok(Claim {
         outcome: row.try_get(0)?,
         token: row.try_get(1)?,
@@ -159,19 +288,54 @@ pub async fn complete_key(
     result: &Value,
     ttl: Option<Duration>,
 ) -> Result<bool> {
-    let ttl = ttl.map(secs);
-    let row = one(
-        client,
-        "SELECT once.complete_key($1, $2, $3, make_interval(secs => $4))",
-        &[
-            (&key, Type::TEXT),
-            (&token, Type::INT8),
-            (result, Type::JSONB),
-            (&ttl, Type::FLOAT8),
-        ],
-    )
-    .await?;
-    Ok(row.try_get(0)?)
+    complete_key_with(client, key, token, result, &Freshness::ttl(ttl)).await
+}
+
+/// `once.complete_key(key, token, result, ttl, stale, beta, jitter)`: false if the claim
+/// was lost. The options left at None are left out of the call (pg_once 0.2 added them).
+pub async fn complete_key_with(
+    client: &Client,
+    key: &str,
+    token: i64,
+    result: &Value,
+    freshness: &Freshness,
+) -> Result<bool> {
+    let f = FreshnessArgs::from(freshness);
+    let mut call = Call::new("SELECT once.complete_key(");
+    call.value(&key, Type::TEXT)
+        .value(&token, Type::INT8)
+        .value(result, Type::JSONB)
+        .interval(&f.ttl);
+    f.add_to(&mut call);
+    Ok(call.one(client).await?.try_get(0)?)
+}
+
+/// [`Freshness`] as the SQL arguments carry it (intervals in seconds).
+struct FreshnessArgs {
+    ttl: Option<f64>,
+    stale: Option<f64>,
+    beta: Option<f64>,
+    jitter: Option<f64>,
+}
+
+impl From<&Freshness> for FreshnessArgs {
+    fn from(f: &Freshness) -> Self {
+        FreshnessArgs {
+            ttl: f.ttl.map(secs),
+            stale: f.stale.map(secs),
+            beta: f.beta,
+            jitter: f.jitter,
+        }
+    }
+}
+
+impl FreshnessArgs {
+    /// `stale`, `beta` and `jitter`, those that are set (`ttl` is positional).
+    fn add_to<'a>(&'a self, call: &mut Call<'a>) {
+        call.named_interval("stale", &self.stale)
+            .named("beta", &self.beta, Type::FLOAT8)
+            .named("jitter", &self.jitter, Type::FLOAT8);
+    }
 }
 
 /// `once.fail_key(key, token, error, retry_after)`: false if the claim was lost.
@@ -227,7 +391,9 @@ pub async fn release_key(client: &Client, key: &str, token: i64) -> Result<bool>
     Ok(row.try_get(0)?)
 }
 
-/// `once.invalidate_key(key)`: false if the key was absent.
+/// `once.invalidate_key(key)`: false if the key was absent. A key being computed is not
+/// dropped (pg_once 0.2): it is recomputed once more after the current run, whose result
+/// is not served (as `refresh_key` without `stale`).
 pub async fn invalidate_key(client: &Client, key: &str) -> Result<bool> {
     let row = one(
         client,
@@ -329,32 +495,17 @@ pub async fn claim_next(
     wait: Duration,
     owner: Owner,
 ) -> Result<Vec<Job>> {
-    let lease = secs(lease);
-    let wait_secs = secs(wait);
+    let lease = Some(secs(lease));
+    let wait = (!wait.is_zero()).then(|| secs(wait));
     let pid = owner.pid();
-    let mut sql = String::from(
-        "SELECT key, token, payload, attempt FROM once.claim_next($1, make_interval(secs => $2), $3, $4",
-    );
-    let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![
-        (&queue, Type::TEXT),
-        (&lease, Type::FLOAT8),
-        (&worker, Type::TEXT),
-        (&n, Type::INT4),
-    ];
-    if !wait.is_zero() {
-        params.push((&wait_secs, Type::FLOAT8));
-        sql.push_str(&format!(
-            ", wait => make_interval(secs => ${})",
-            params.len()
-        ));
-    }
-    if let Some(pid) = &pid {
-        params.push((pid, Type::INT4));
-        sql.push_str(&format!(", owner_pid => ${}", params.len()));
-    }
-    sql.push(')');
-    client
-        .query_typed(&sql, &params)
+    Call::new("SELECT key, token, payload, attempt FROM once.claim_next(")
+        .value(&queue, Type::TEXT)
+        .interval(&lease)
+        .value(&worker, Type::TEXT)
+        .value(&n, Type::INT4)
+        .named_interval("wait", &wait)
+        .named("owner_pid", &pid, Type::INT4)
+        .rows(client)
         .await?
         .iter()
         .map(|row| {
@@ -376,21 +527,77 @@ pub async fn complete_keys(
     results: &[Value],
     ttl: Option<Duration>,
 ) -> Result<Vec<String>> {
-    let ttl = ttl.map(secs);
-    client
-        .query_typed(
-            "SELECT key FROM once.complete_keys($1, $2, $3, make_interval(secs => $4))",
-            &[
-                (&keys, Type::TEXT_ARRAY),
-                (&tokens, Type::INT8_ARRAY),
-                (&results, Type::JSONB_ARRAY),
-                (&ttl, Type::FLOAT8),
-            ],
-        )
+    complete_keys_with(client, keys, tokens, results, &Freshness::ttl(ttl)).await
+}
+
+/// `once.complete_keys(keys, tokens, results, ttl, stale, beta, jitter)`: the keys that
+/// were completed. The options left at None are left out of the call (pg_once 0.2 added
+/// them).
+pub async fn complete_keys_with(
+    client: &Client,
+    keys: &[&str],
+    tokens: &[i64],
+    results: &[Value],
+    freshness: &Freshness,
+) -> Result<Vec<String>> {
+    let f = FreshnessArgs::from(freshness);
+    let mut call = Call::new("SELECT key FROM once.complete_keys(");
+    call.value(&keys, Type::TEXT_ARRAY)
+        .value(&tokens, Type::INT8_ARRAY)
+        .value(&results, Type::JSONB_ARRAY)
+        .interval(&f.ttl);
+    f.add_to(&mut call);
+    call.rows(client)
         .await?
         .iter()
         .map(|row| Ok(row.try_get(0)?))
         .collect()
+}
+
+/// `once.refresh_key(key, stale)` (pg_once 0.2): ask for a recompute of `key` without ever
+/// starting a second concurrent one. Returns `absent` (no such key: the next claim
+/// computes it), `expired` (its result or failure expires now; with `stale`, the result is
+/// served as stale for that long while one caller refreshes), `rerun` (it is being
+/// computed: once that run ends, its result is stored already expired, served as stale for
+/// `stale` if given, and the key is computed exactly once more) or `pending` (queued: it
+/// runs anyway).
+pub async fn refresh_key(client: &Client, key: &str, stale: Option<Duration>) -> Result<String> {
+    let stale = stale.map(secs);
+    let mut call = Call::new("SELECT once.refresh_key(");
+    call.value(&key, Type::TEXT).named_interval("stale", &stale);
+    Ok(call.one(client).await?.try_get(0)?)
+}
+
+/// The arguments of `once.cached` besides the key and the query; None leaves one at the
+/// server's default.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CachedSql {
+    /// `ttl`, `stale`, `beta`, `jitter`: as for `complete_key`.
+    pub freshness: Freshness,
+    /// How long to wait for another caller's computation (server default 30 s). The call
+    /// holds its connection while it waits.
+    pub wait: Option<Duration>,
+    /// Lease of the computation (server default 5 min).
+    pub lease: Option<Duration>,
+}
+
+/// `once.cached(key, query, ttl, stale, beta, jitter, wait, lease)` (pg_once 0.2): the
+/// cached rows of `query` (a JSON array of one object per row), or run it as the calling
+/// role, in the calling transaction, store them and return them. Other callers wait for
+/// the first (at most `wait`, in the call, holding their connection) or, within `stale`,
+/// get the previous rows. A query that fails raises its error and records nothing.
+pub async fn cached(client: &Client, key: &str, query: &str, options: &CachedSql) -> Result<Value> {
+    let f = FreshnessArgs::from(&options.freshness);
+    let wait = options.wait.map(secs);
+    let lease = options.lease.map(secs);
+    let mut call = Call::new("SELECT once.cached(");
+    call.value(&key, Type::TEXT)
+        .value(&query, Type::TEXT)
+        .named_interval("ttl", &f.ttl);
+    f.add_to(&mut call);
+    call.named_interval("wait", &wait)
+        .named_interval("lease", &lease);
+    Ok(call.one(client).await?.try_get(0)?)
 }
 
 /// `once.invalidate_keys(queue, prefix)`: how many keys were forgotten.

@@ -152,6 +152,44 @@ async fn hits_and_the_views_are_served_on_a_standby() -> Result<()> {
     Ok(())
 }
 
+/// A result in its stale window is served stale on a standby, where nobody can refresh
+/// it (a claim would be a write), rather than refused; without serve_stale the caller is
+/// refused as for any claim there.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stale_result_is_served_on_a_standby() -> Result<()> {
+    let primary = admin().await?;
+    let standby = standby().await?;
+    let key = fresh_key("standby-stale");
+    primary
+        .execute(
+            "SELECT once.complete_key($1, (once.claim_key($1)).token, '\"old\"',
+                                      ttl => '1 microsecond', stale => '1 hour')",
+            &[&key],
+        )
+        .await?;
+    replayed(&primary, &standby).await?;
+    let row = standby
+        .query_one(
+            "SELECT outcome, result::text FROM once.claim_key($1, wait => '5 seconds', serve_stale => true)",
+            &[&key],
+        )
+        .await?;
+    assert_eq!(
+        (row.get::<_, String>(0), row.get::<_, String>(1)),
+        ("stale".to_owned(), "\"old\"".to_owned())
+    );
+    let refused = standby
+        .query_one("SELECT outcome FROM once.claim_key($1)", &[&key])
+        .await
+        .expect_err("a claim on a standby is refused");
+    assert_eq!(
+        refused.as_db_error().map(|e| e.code().code()),
+        Some("25006"),
+        "{refused}"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_key_running_on_the_primary_is_answered_wait_on_a_standby() -> Result<()> {
     let primary = admin().await?;

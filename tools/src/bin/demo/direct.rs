@@ -6,6 +6,7 @@ use crate::story::{WaiterReport, Words};
 use crate::{Args, LEASE, RETRY_AFTER, WAIT};
 use anyhow::{Context, Result};
 use pg_once_tools as once;
+use pg_once_tools::pg_once_client::raw;
 use std::time::Instant;
 use tokio_postgres::Client;
 
@@ -63,11 +64,25 @@ impl fleet::Fleet for Fleet {
     async fn request(&self, who: usize, url: &str, act: &Act) -> Result<Served> {
         let client = &self.clients[who];
         let asked = Instant::now();
-        let claim = once::claim_key(client, url, LEASE, WAIT).await?;
+        let claim = match act.freshness {
+            None => once::claim_key(client, url, LEASE, WAIT).await?,
+            Some(_) => {
+                raw::claim_key_serving_stale(client, url, LEASE, WAIT, raw::Owner::Connection)
+                    .await?
+            }
+        };
+        let freshness = act.freshness.map(|f| raw::Freshness {
+            ttl: Some(f.ttl),
+            stale: Some(f.stale),
+            ..raw::Freshness::default()
+        });
         match claim.outcome.as_str() {
             "hit" => Ok(act.hit(url, asked).await),
+            "stale" => Ok(Served::Stale {
+                waited: asked.elapsed(),
+            }),
             "failed" => Ok(Served::SharedFailure),
-            "claimed" => {
+            "claimed" | "refresh" => {
                 let token = claim.token.context("a claim has a token")?;
                 let retry = match claim.attempts.unwrap_or(1) {
                     1 => String::new(),
@@ -85,7 +100,11 @@ impl fleet::Fleet for Fleet {
                         };
                     }
                 };
-                match once::complete_key(client, url, token, &page, None).await {
+                let completed = match &freshness {
+                    None => once::complete_key(client, url, token, &page, None).await,
+                    Some(f) => raw::complete_key_with(client, url, token, &page, f).await,
+                };
+                match completed {
                     Ok(true) => Ok(act.stored(who, url).await),
                     Ok(false) => {
                         act.narrator

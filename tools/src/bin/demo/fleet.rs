@@ -9,6 +9,7 @@ use anyhow::Result;
 use serde_json::{json, Value};
 use std::fmt::Display;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Barrier};
@@ -52,6 +53,17 @@ pub enum Served {
     /// This request scraped but lost its claim meanwhile (its claim owner was killed), so
     /// its result was not stored.
     Lost,
+    /// The previous page, past its ttl, served after this long (about zero: it never waits)
+    /// while someone refreshes it (Act 4).
+    Stale { waited: Duration },
+}
+
+/// Act 4's pages: fresh for `ttl`, then served stale for `stale` while one member
+/// refreshes them.
+#[derive(Clone, Copy)]
+pub struct Freshness {
+    pub ttl: Duration,
+    pub stale: Duration,
 }
 
 /// What every request of one act shares: the narrator, and how its scrapes go.
@@ -66,6 +78,11 @@ pub struct Act {
     /// Told (who, when) as each scrape starts, so Act 2 can pick its victim and time
     /// the takeover.
     pub claimed: Option<mpsc::UnboundedSender<(usize, Duration)>>,
+    /// Act 4: pages are stored with a ttl and a stale window, and requests take stale
+    /// answers.
+    pub freshness: Option<Freshness>,
+    /// Scrapes started in this act, a process's refresh in the background included.
+    pub scrapes: Arc<AtomicUsize>,
 }
 
 impl Act {
@@ -79,6 +96,7 @@ impl Act {
                 self.member, self.scrape_takes
             ))
             .await;
+        self.scrapes.fetch_add(1, Ordering::SeqCst);
         if let Some(tx) = &self.claimed {
             let _ = tx.send((who, self.narrator.elapsed().await));
         }
@@ -98,12 +116,18 @@ impl Act {
         }
     }
 
+    /// Scrapes started in this act so far.
+    pub fn scrapes(&self) -> usize {
+        self.scrapes.load(Ordering::SeqCst)
+    }
+
     pub async fn stored(&self, who: usize, url: &str) -> Served {
+        let whom = match self.freshness {
+            Some(f) => format!("fresh for {} s, then stale", f.ttl.as_secs()),
+            None => "everyone waiting for it is answered".to_owned(),
+        };
         self.narrator
-            .say(format!(
-                "{} {who:>2} stored {url}: everyone waiting for it is answered",
-                self.member
-            ))
+            .say(format!("{} {who:>2} stored {url}: {whom}", self.member))
             .await;
         Served::Scraped
     }

@@ -76,12 +76,21 @@ impl fleet::Fleet for Fleet {
         };
         let opts = CallOptions {
             retry_after: Some(RETRY_AFTER),
+            ttl: act.freshness.map(|f| Some(f.ttl)),
+            stale: act.freshness.map(|f| f.stale),
             ..CallOptions::default()
         };
         match self.processes[who]
             .get_or_compute::<Value, _, _, _>(url, compute, opts)
             .await
         {
+            // With a stale window every answer is immediate: the old page while one
+            // process refreshes it in the background.
+            Ok(_) if act.freshness.is_some() && asked.elapsed() < act.scrape_takes => {
+                Ok(Served::Stale {
+                    waited: asked.elapsed(),
+                })
+            }
             // The client does not say whether this call computed the page; the page does.
             Ok(page) if page["scraped_by"] == json!(who) => Ok(act.stored(who, url).await),
             Ok(_) => Ok(act.hit(url, asked).await),

@@ -1,8 +1,8 @@
-//! The demo's three acts, told the same way whichever fleet plays them: the banner, each
+//! The demo's four acts, told the same way whichever fleet plays them: the banner, each
 //! act's plan and narration, the reports after each act, and the summary. What a fleet
 //! says differently comes from its `Words`.
 
-use crate::fleet::{self, Act, Fleet, Plan, Served};
+use crate::fleet::{self, Act, Fleet, Freshness, Plan, Served};
 use crate::narrator::Narrator;
 use crate::{Args, LEASE, RETRY_AFTER};
 use anyhow::{Context, Result};
@@ -76,6 +76,8 @@ pub async fn tell<F: Fleet>(
         scrape_takes: Duration::from_millis(args.scrape_ms),
         fail_with,
         claimed,
+        freshness: None,
+        scrapes: Default::default(),
     };
 
     // Act 1: the stampede.
@@ -174,11 +176,77 @@ pub async fn tell<F: Fleet>(
         count(&act3, |s| matches!(s, Served::SharedFailure))
     );
 
+    // Act 4: an expiry, served stale. Everyone but the victim of Act 2 takes part.
+    let front = format!("{site}/front-page");
+    let freshness = Freshness {
+        ttl: Duration::from_secs(2),
+        stale: Duration::from_secs(60),
+    };
+    narrator
+        .act(
+            "Act 4: an expiry",
+            &format!(
+                "{front} is cached for {} s (ttl), then may be served stale for {} s more (stale) while one\n\
+                 {} refreshes it. Without that, everyone asking after the ttl would wait for the new scrape.",
+                freshness.ttl.as_secs(),
+                freshness.stale.as_secs(),
+                words.member
+            ),
+        )
+        .await;
+    let members: Vec<usize> = (0..args.clients).filter(|&who| who != victim).collect();
+    let act4 = Act {
+        freshness: Some(freshness),
+        ..act(None, None)
+    };
+    fleet::run(&fleet, vec![(members[0], vec![front.clone()])], &act4).await?;
+    tokio::time::sleep(freshness.ttl + Duration::from_millis(200)).await;
+    narrator
+        .say(format!(
+            "the page is {} s old, past its ttl: all {} {} ask for it at once",
+            freshness.ttl.as_secs(),
+            members.len(),
+            words.members
+        ))
+        .await;
+    let refreshes_before = act4.scrapes();
+    let plan = members
+        .iter()
+        .map(|&who| (who, vec![front.clone()]))
+        .collect();
+    let asked = fleet::run(&fleet, plan, &act4).await?;
+    let stale: Vec<Duration> = asked
+        .iter()
+        .filter_map(|s| match s {
+            Served::Stale { waited } => Some(*waited),
+            _ => None,
+        })
+        .collect();
+    let slowest = stale.iter().max().copied().unwrap_or_default();
+    // A request that does not take stale answers waits for the refresh, which may still
+    // run in the background of a process, and then gets the new page.
+    let outcome: String = admin
+        .query_one(
+            "SELECT outcome FROM once.claim_key($1, wait => '30 seconds')",
+            &[&front],
+        )
+        .await?
+        .get(0);
+    let refreshed = act4.scrapes() - refreshes_before;
+    println!(
+        "\n  => {} of {} requests got the old page at once (slowest {:.1} ms) while {refreshed} scrape refreshed it;\n     \
+         a request that waits for the refresh: {outcome}.",
+        stale.len(),
+        asked.len(),
+        slowest.as_secs_f64() * 1000.0
+    );
+
     let stats = admin
         .query_one("SELECT running, done, failed, errors FROM once.stats", &[])
         .await?;
-    let served = act1.len() + act2.len() + act3.len();
-    let scrapes = scrapes_started(&act1) + scrapes_started(&act2) + scrapes_started(&act3);
+    let served = act1.len() + act2.len() + act3.len() + asked.len();
+    let scrapes =
+        scrapes_started(&act1) + scrapes_started(&act2) + scrapes_started(&act3) + act4.scrapes();
     println!("\n\x1b[1mSummary\x1b[0m");
     println!("  requests served              {served:>6}");
     println!(
