@@ -366,14 +366,20 @@ def summarize(mode, opts, segments):
     """The row of one mode, from its segments (one per round): requests that arrived in a
     measured window, computations that started in one."""
     args = segments[0]["args"]
-    answers, computations, results = [], [], []
+    answers, computations, results, rounds = [], [], [], []
     for seg in segments:
         a0, a1 = seg["args"]["warmup"], seg["args"]["warmup"] + seg["args"]["duration"]
         w0, w1 = seg["window"]
+        latencies = []
         for r in seg["processes"]:
-            answers += [tuple(a) for a in r["answers"] if a0 <= a[6] < a1]
+            measured = [tuple(a) for a in r["answers"] if a0 <= a[6] < a1]
+            answers += measured
+            latencies += [a[2] for a in measured]
             computations += [tuple(c) for c in r["computations"] if w0 <= c[2] < w1]
             results.append(r)
+        latencies.sort()
+        rounds.append({"p50_ms": 1e3 * percentile(latencies, 0.50), "p99_ms": 1e3 * percentile(latencies, 0.99),
+                       "max_ms": 1e3 * latencies[-1]})
     latencies = sorted(a[2] for a in answers)
     lags = sorted(a[3] for a in answers)
     # A hit is fresh by the server's judgement when it read the row; the answer's time
@@ -396,8 +402,14 @@ def summarize(mode, opts, segments):
         "computations": len(computations),
         "computations_per_key_per_ttl": len(computations) / (args["keys"] * opts.duration / args["ttl"]),
         "episodes": episodes(computations),
-        "p50_ms": 1e3 * percentile(latencies, 0.50), "p99_ms": 1e3 * percentile(latencies, 0.99),
-        "max_ms": 1e3 * latencies[-1],
+        # Latency by round (each round is a run of its own: a burst of other work on the
+        # machine lands on one) and over all rounds together.
+        "rounds_latency": rounds,
+        "p50_ms": statistics.median(r["p50_ms"] for r in rounds),
+        "p99_ms": statistics.median(r["p99_ms"] for r in rounds),
+        "max_ms": statistics.median(r["max_ms"] for r in rounds),
+        "pooled_p50_ms": 1e3 * percentile(latencies, 0.50), "pooled_p99_ms": 1e3 * percentile(latencies, 0.99),
+        "pooled_max_ms": 1e3 * latencies[-1],
         "slow_share": sum(1 for v in latencies if v > SLOW_S) / len(latencies),
         "lag_p50_ms": 1e3 * percentile(lags, 0.50), "lag_p99_ms": 1e3 * percentile(lags, 0.99),
         "lag_max_ms": 1e3 * lags[-1],
@@ -499,6 +511,11 @@ def ks_distance(early, lam, beta, ttl):
 
 # -- table -------------------------------------------------------------------------------
 
+def ms(v):
+    """Milliseconds to two significant digits at least, without a spurious fraction."""
+    return "%.0f" % v if v >= 100 else "%.1f" % v if v >= 1 else "%.2f" % v
+
+
 def table(path):
     rows = {r["mode"]: r for r in (json.loads(line) for line in open(path) if line.strip())}
 
@@ -508,25 +525,32 @@ def table(path):
             return "-"
         return "%.2gx" % (r[field] / b[field])
 
+    def spread(r, field):
+        values = [x[field] for x in r["rounds_latency"]]
+        return "%s (%s-%s)" % (ms(r[field]), ms(min(values)), ms(max(values)))
+
     print("| mode | computations per key per ttl | computations per refresh | p50 ms | p99 ms | max ms "
           "| answers over 50 ms | answers stale | largest staleness | p99 vs (a) / (d) "
           "| computations vs (a) / (d) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for mode in sorted(rows):
         r = rows[mode]
-        print("| (%s) %s | %.2f | %.2f | %.1f | %.1f | %.0f | %.2f%% | %.1f%% | %s | %s / %s | %s / %s |" % (
+        print("| (%s) %s | %.2f | %.2f | %s | %s | %s | %.2f%% | %.1f%% | %s | %s / %s | %s / %s |" % (
             mode, r["label"], r["computations_per_key_per_ttl"], r["computations_per_episode"],
-            r["p50_ms"], r["p99_ms"], r["max_ms"], 100 * r["slow_share"], 100 * r["stale_share"],
+            spread(r, "p50_ms"), spread(r, "p99_ms"), spread(r, "max_ms"),
+            100 * r["slow_share"], 100 * r["stale_share"],
             "%.0f ms" % (1e3 * r["max_staleness_s"]) if r["max_staleness_s"] else "-",
             ratio(r, "a", "p99_ms"), ratio(r, "d", "p99_ms"),
             ratio(r, "a", "computations"), ratio(r, "d", "computations")))
     print()
     for mode in sorted(rows):
         r = rows[mode]
-        print("(%s): %d answers (%s), %d computations in %d refreshes; client start lag p50 %.2f ms, "
-              "p99 %.2f ms, max %.1f ms; client processes %.0f%% of a core; %d errors%s." % (
+        print("(%s): %d answers (%s), %d computations in %d refreshes; all rounds together: p50 %s ms, "
+              "p99 %s ms, max %s ms; client start lag p50 %.2f ms, p99 %.2f ms, max %.1f ms; client "
+              "processes %.0f%% of a core; %d errors%s." % (
                   mode, r["answers"], ", ".join("%s %d" % kv for kv in sorted(r["outcomes"].items())),
-                  r["computations"], r["episodes"], r["lag_p50_ms"], r["lag_p99_ms"], r["lag_max_ms"],
+                  r["computations"], r["episodes"], ms(r["pooled_p50_ms"]), ms(r["pooled_p99_ms"]),
+                  ms(r["pooled_max_ms"]), r["lag_p50_ms"], r["lag_p99_ms"], r["lag_max_ms"],
                   100 * r["client_cpu_share"],
                   r["errors"], (": " + "; ".join(r["error_samples"])) if r["errors"] else ""))
 

@@ -221,6 +221,22 @@ print()
 PY
 }
 
+# machine_ticks: CPU time of the whole machine, busy and in all, in clock ticks.
+machine_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; }
+# bench_ticks: CPU ticks used by the preloaded cluster's processes (with the exited
+# backends its postmaster reaped) and by the children this shell waited for.
+bench_ticks() {
+    local postmaster
+    postmaster=$(head -1 "$PG_ONCE_WORK/bench/data/postmaster.pid")
+    {
+        sed 's/^.*) //' "/proc/$postmaster/stat" | awk '{print $12 + $13 + $14 + $15}'
+        for child in $(pgrep -P "$postmaster"); do
+            sed 's/^.*) //' "/proc/$child/stat" 2>/dev/null | awk '{print $12 + $13}'
+        done
+        sed 's/^.*) //' "/proc/$$/stat" | awk '{print $14 + $15}'
+    } | awk '{sum += $1} END {print sum}'
+}
+
 # Section 7: bench/freshness.py on the preloaded cluster, modes (a) to (d) one after the
 # other, FRESHNESS_SECONDS each.
 freshness_section() {
@@ -228,17 +244,19 @@ freshness_section() {
     local venv=$PG_ONCE_WORK/freshness-venv rows=$PG_ONCE_WORK/freshness.jsonl
     [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check asyncpg uvloop
-    # How busy the machine was meanwhile, by /proc/stat: all CPU time, and the part in
-    # processes with a positive nice value (other work on a shared machine, builds).
+    # How busy the machine was meanwhile, and how much of it was this benchmark: the
+    # server's processes (the postmaster's own children's time includes its backends that
+    # exited) and the clients (this shell's children's time, the client processes'
+    # included). The rest is other work on a shared machine.
     local before after load_before machine
-    before=$(awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9, $3, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat)
+    before="$(machine_ticks) $(bench_ticks)"
     load_before=$(cut -d' ' -f1 /proc/loadavg)
     "$venv/bin/python" "$REPO_ROOT/bench/freshness.py" run --dsn "$DSN" \
         --duration "$FRESHNESS_SECONDS" --rounds 4 >"$rows"
-    after=$(awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9, $3, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat)
+    after="$(machine_ticks) $(bench_ticks)"
     machine=$(awk -v b="$before" -v a="$after" -v l0="$load_before" -v l1="$(cut -d' ' -f1 /proc/loadavg)" -v n="$(nproc)" 'BEGIN {
-        split(b, x, " "); split(a, y, " "); t = y[3] - x[3]
-        printf "While it ran, the %d cores were %.0f%% busy, %.0f%% of them in niced processes (other work on this shared machine); load average %s before, %s after.", n, 100 * (y[1] - x[1]) / t, 100 * (y[2] - x[2]) / t, l0, l1 }')
+        split(b, x, " "); split(a, y, " "); t = y[2] - x[2]; busy = y[1] - x[1]; ours = y[3] - x[3]
+        printf "While it ran, the %d cores were %.0f%% busy: %.0f%% this benchmark (server and clients), %.0f%% other work on this shared machine; load average %s before, %s after.", n, 100 * busy / t, 100 * ours / t, 100 * (busy - ours) / t, l0, l1 }')
     sed 's/^{/{"bench":"freshness",/' "$rows" >>"$RESULTS"
     cat <<EOF
 ## 7. Freshness: 100 keys expiring under steady traffic
