@@ -87,10 +87,14 @@ def epoch(column):
     return f"extract(epoch FROM {column})::float8"
 
 
+# How long the statement has been running in the server (waiting included).
+SPENT = epoch("clock_timestamp() - statement_timestamp()")
+
+
 def claim_sql(mode):
     serve_stale = ", serve_stale => true" if mode in ("b", "c") else ""
-    return (f"SELECT outcome, token, result, {epoch('expires_at')}, {epoch('clock_timestamp()')}"
-            f" FROM once.claim_key($1, lease => '{CLAIM_LEASE}', wait => '{CLAIM_WAIT}'{serve_stale})")
+    return (f"SELECT outcome, token, result, {epoch('expires_at')}, {epoch('clock_timestamp()')},"
+            f" {SPENT} FROM once.claim_key($1, lease => '{CLAIM_LEASE}', wait => '{CLAIM_WAIT}'{serve_stale})")
 
 
 def complete_sql(mode):
@@ -106,7 +110,7 @@ def complete_args(mode, args, ttl_s):
     return (timedelta(seconds=ttl_s),) + extra
 
 
-SELECT_PLAIN = (f"SELECT value, {epoch('expires_at')}, {epoch('clock_timestamp()')}"
+SELECT_PLAIN = (f"SELECT value, {epoch('expires_at')}, {epoch('clock_timestamp()')}, {SPENT}"
                 f" FROM {PLAIN_TABLE} WHERE key = $1")
 UPSERT_PLAIN = (f"INSERT INTO {PLAIN_TABLE} (key, value, expires_at)"
                 f" VALUES ($1, $2::jsonb, clock_timestamp() + $3::interval)"
@@ -125,7 +129,8 @@ class Traffic:
 
     answers: (key index, outcome, latency s, start lag s, server time of the answer,
               expiry of the result served or None for a result just computed,
-              scheduled arrival in s from the start)
+              scheduled arrival in s from the start, seconds the answering statement
+              spent in the server)
     computations: (key index, kind, start, end, completed, generation) with start and end
                   by this machine's clock; for (c) generation is the expiry the completion
                   gave the result and the compute_time the server measured for it (what
@@ -143,10 +148,10 @@ class Traffic:
     def key(self, i):
         return f"{self.args['prefix']}{i}"
 
-    def answer(self, i, outcome, scheduled, started, srv_now, expires):
+    def answer(self, i, outcome, scheduled, started, srv_now, expires, spent):
         now = self.loop.time()
         self.answers.append((i, outcome, now - scheduled, started - scheduled, srv_now, expires,
-                             scheduled - self.start_mono))
+                             scheduled - self.start_mono, spent))
 
     async def compute_and_complete(self, i, kind, token):
         """The computation: sleep holding no connection, then complete_key on one."""
@@ -174,19 +179,19 @@ class Traffic:
         started = self.loop.time()
         while True:
             async with self.pool.acquire() as conn:
-                outcome, token, _result, expires, srv_now = await conn.fetchrow(self.claim, self.key(i))
+                outcome, token, _result, expires, srv_now, spent = await conn.fetchrow(self.claim, self.key(i))
             if outcome == "hit":
-                return self.answer(i, outcome, scheduled, started, srv_now, expires)
+                return self.answer(i, outcome, scheduled, started, srv_now, expires, spent)
             if outcome in ("refresh", "stale"):
                 # The result at hand is answered at once; 'refresh' recomputes behind it.
                 if outcome == "refresh":
                     task = asyncio.create_task(self.refresh_in_background(i, token))
                     self.background.add(task)
                     task.add_done_callback(self.background.discard)
-                return self.answer(i, outcome, scheduled, started, srv_now, expires)
+                return self.answer(i, outcome, scheduled, started, srv_now, expires, spent)
             if outcome == "claimed":
                 await self.compute_and_complete(i, "foreground", token)
-                return self.answer(i, outcome, scheduled, started, srv_now, None)
+                return self.answer(i, outcome, scheduled, started, srv_now, None, spent)
             # 'wait' (5 s passed) or 'failed': ask again, as a caller would.
             self.errors.append(f"claim_key answered {outcome}")
 
@@ -195,14 +200,14 @@ class Traffic:
         async with self.pool.acquire() as conn:
             row = await conn.fetchrow(SELECT_PLAIN, self.key(i))
         if row is not None and row[1] > row[2]:
-            return self.answer(i, "hit", scheduled, started, row[2], row[1])
+            return self.answer(i, "hit", scheduled, started, row[2], row[1], row[3])
         start = time.time()
         await asyncio.sleep(self.args["compute"])
         async with self.write_pool.acquire() as conn:
             srv_done = await conn.fetchval(UPSERT_PLAIN, self.key(i), value_for(self.key(i)),
                                            timedelta(seconds=self.args["ttl"]))
         self.computations.append((i, "foreground", start, time.time(), True, None))
-        self.answer(i, "computed", scheduled, started, srv_done, None)
+        self.answer(i, "computed", scheduled, started, srv_done, None, row[3] if row else None)
 
     async def request(self, i, scheduled):
         try:
@@ -382,6 +387,7 @@ def summarize(mode, opts, segments):
                        "max_ms": 1e3 * latencies[-1]})
     latencies = sorted(a[2] for a in answers)
     lags = sorted(a[3] for a in answers)
+    spent = sorted(a[7] for a in answers if a[7] is not None)
     # A hit is fresh by the server's judgement when it read the row; the answer's time
     # stamp comes a little later and may pass the expiry by microseconds. 'stale' and
     # 'refresh' answers serve the result they carry, past its expiry or not.
@@ -413,6 +419,8 @@ def summarize(mode, opts, segments):
         "slow_share": sum(1 for v in latencies if v > SLOW_S) / len(latencies),
         "lag_p50_ms": 1e3 * percentile(lags, 0.50), "lag_p99_ms": 1e3 * percentile(lags, 0.99),
         "lag_max_ms": 1e3 * lags[-1],
+        "server_p50_ms": 1e3 * percentile(spent, 0.50), "server_p99_ms": 1e3 * percentile(spent, 0.99),
+        "server_max_ms": 1e3 * spent[-1],
         "stale_share": len(stale_ages) / len(answers),
         "max_staleness_s": max(stale_ages, default=0.0),
         "client_cpu_share": sum(r["cpu_s"] for r in results) / traffic_s,
@@ -446,7 +454,7 @@ def xfetch_check(args, segments):
             for c in r["computations"]:
                 if c[5] is not None:
                     deltas[(n, c[0], round(c[5][0], 6))] = c[5][1]
-            for key, outcome, _lat, _lag, srv_now, expires, _t in r["answers"]:
+            for key, outcome, _lat, _lag, srv_now, expires, *_ in r["answers"]:
                 if (expires is not None and outcome in ("hit", "refresh")
                         and window[0] <= expires - ttl and expires <= window[1]):
                     generations.setdefault((n, key, expires), []).append((srv_now, outcome))
@@ -546,11 +554,13 @@ def table(path):
     for mode in sorted(rows):
         r = rows[mode]
         print("(%s): %d answers (%s), %d computations in %d refreshes; all rounds together: p50 %s ms, "
-              "p99 %s ms, max %s ms; client start lag p50 %.2f ms, p99 %.2f ms, max %.1f ms; client "
+              "p99 %s ms, max %s ms; the answering statement in the server: p50 %s ms, p99 %s ms, "
+              "max %s ms; client start lag p50 %.2f ms, p99 %.2f ms, max %.1f ms; client "
               "processes %.0f%% of a core; %d errors%s." % (
                   mode, r["answers"], ", ".join("%s %d" % kv for kv in sorted(r["outcomes"].items())),
                   r["computations"], r["episodes"], ms(r["pooled_p50_ms"]), ms(r["pooled_p99_ms"]),
-                  ms(r["pooled_max_ms"]), r["lag_p50_ms"], r["lag_p99_ms"], r["lag_max_ms"],
+                  ms(r["pooled_max_ms"]), ms(r["server_p50_ms"]), ms(r["server_p99_ms"]),
+                  ms(r["server_max_ms"]), r["lag_p50_ms"], r["lag_p99_ms"], r["lag_max_ms"],
                   100 * r["client_cpu_share"],
                   r["errors"], (": " + "; ".join(r["error_samples"])) if r["errors"] else ""))
 

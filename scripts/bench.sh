@@ -293,8 +293,12 @@ Computations per refresh: computations over refreshes, a refresh being a run of 
 one key (in (d) the stampede at an expiry). Stale: a result served past its expiry;
 largest staleness: how far past. Ratios divide a mode's p99 and its computations by those
 of (a) and (d) in the same run (one run of 4 rounds). Under the table, per mode: the
-outcomes, and the client's own share of the latency (start lag: from a request's scheduled
-arrival until its process starts it) and CPU.
+outcomes, the latency of all rounds together, the time the answering statement spent in
+the server (waiting included: \`clock_timestamp() - statement_timestamp()\` at its end), and
+the client's own share (start lag: from a request's scheduled arrival until its process
+starts it) and CPU. What lies between the server's time and the caller's is the client,
+the connection and the machine's scheduling, on 2 cores that the server, the clients and
+other work share.
 $machine
 
 EOF
