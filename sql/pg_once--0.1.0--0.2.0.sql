@@ -368,6 +368,70 @@ BEGIN
 END
 $cached$;
 
+-- The same, called with CALL in autocommit: the claim is committed before query runs, so
+-- that the others wait for it as for any claim (woken when it ends, not polling an open
+-- transaction), and a failing query is recorded with fail_key and shared with them until
+-- retry_after, as every pg_once failure is. A procedure may commit; a function may not.
+CREATE PROCEDURE once.cached(
+    key         text,
+    query       text,
+    INOUT result jsonb,
+    ttl         interval DEFAULT NULL,
+    stale       interval DEFAULT NULL,
+    beta        float8 DEFAULT NULL,
+    jitter      float8 DEFAULT NULL,
+    wait        interval DEFAULT '30 seconds',
+    lease       interval DEFAULT '5 minutes',
+    retry_after interval DEFAULT '0')
+LANGUAGE plpgsql SECURITY INVOKER
+AS $cached$
+DECLARE
+    answer once.claim;
+    failed_with text;
+    failed_message text;
+BEGIN
+    IF query IS NULL THEN
+        RAISE EXCEPTION 'query must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed',
+                  HINT = 'Pass the query whose rows are to be cached, e.g. ''SELECT ... FROM ...''.';
+    END IF;
+    answer := once.claim_key(key, lease => lease, wait => wait, serve_stale => true);
+    IF answer.outcome = 'wait' THEN
+        RAISE EXCEPTION 'key "%" is still being computed by % after waiting %', key,
+                        COALESCE(answer.owner, 'another transaction'), wait
+            USING ERRCODE = 'lock_not_available',
+                  HINT = 'Pass a longer wait, e.g. wait => ''2 minutes''.';
+    ELSIF answer.outcome NOT IN ('claimed', 'refresh') THEN
+        -- Served from the cache, or a shared failure: answered as the function answers
+        -- them (which looks at the key once more, without waiting).
+        result := once.cached(key, query, ttl, stale, beta, jitter, wait => '0', lease => lease);
+        RETURN;
+    END IF;
+    COMMIT;
+    BEGIN
+        EXECUTE pg_catalog.format(
+            'SELECT COALESCE(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(r)), ''[]''::jsonb) FROM (%s) r',
+            query) INTO result;
+    EXCEPTION WHEN OTHERS THEN
+        GET STACKED DIAGNOSTICS failed_with = RETURNED_SQLSTATE, failed_message = MESSAGE_TEXT;
+    END;
+    IF failed_with IS NULL THEN
+        PERFORM once.complete_key(key, answer.token, result, ttl => ttl, stale => stale,
+                                  beta => beta, jitter => jitter);
+        RETURN;
+    END IF;
+    -- A role that may not run the query has found nothing out about the key: its own
+    -- refusal is not shared as the key's failure.
+    IF failed_with = '42501' THEN
+        PERFORM once.release_key(key, answer.token);
+    ELSE
+        PERFORM once.fail_key(key, answer.token, failed_message, retry_after);
+    END IF;
+    COMMIT;
+    RAISE EXCEPTION USING ERRCODE = failed_with, MESSAGE = failed_message;
+END
+$cached$;
+
 -- Privileges of the new objects, as a fresh install sets them (end of functions.sql).
 REVOKE ALL ON FUNCTION once_internal.library_version(), once.create_namespace(text, regrole, text),
     once.drop_namespace(text), once_internal.key_namespace(text),
@@ -376,6 +440,8 @@ REVOKE ALL ON FUNCTION once_internal.library_version(), once.create_namespace(te
     once_internal.next_token(), once.refresh_key(text, interval),
     once.cached(text, text, interval, interval, double precision, double precision, interval, interval)
     FROM PUBLIC;
+REVOKE ALL ON PROCEDURE once.cached(text, text, jsonb, interval, interval, double precision,
+                                    double precision, interval, interval, interval) FROM PUBLIC;
 REVOKE ALL ON once_internal.namespace_owners, once.stats, once.namespaces FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION once_internal.may_use_key(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION once_internal.runtime() TO PUBLIC;
@@ -635,6 +701,10 @@ stale, are served the previous rows. ttl, stale, beta and jitter as for complete
 A cached result is served only to a role that may run query itself. Everything runs in
 the caller's transaction: if query fails, its error is raised and nothing is recorded,
 so the next caller tries it again.$$;
+COMMENT ON PROCEDURE once.cached(text, text, jsonb, interval, interval, double precision, double precision, interval, interval, interval) IS
+$$CALL once.cached(key, query, NULL, ttl => ...) in autocommit: once.cached, with the claim
+committed before query runs, so that a failing query is recorded (fail_key) and shared
+with the other callers until retry_after, and the others are woken when it ends.$$;
 COMMENT ON FUNCTION once_internal.backend_alive(integer, timestamptz) IS
 $$Whether the backend with this pid that started at this time is still running (the
 pid alone could have been reused). NULL if either argument is NULL.$$;

@@ -238,3 +238,110 @@ async fn many_recompute_requests_from_many_connections_during_a_run_give_one_mor
     assert_eq!(ask(&admin, &key, "0").await?.outcome, "hit", "and no third");
     Ok(())
 }
+
+/// CALL once.cached: the claim is committed before the query runs, so the other callers
+/// wait for it (and are woken) as for any claim: ten callers at once run the query once.
+#[tokio::test(flavor = "multi_thread")]
+async fn called_in_autocommit_cached_runs_its_query_once_for_everyone() -> Result<()> {
+    let admin = admin().await?;
+    let key = fresh_key("cached-call");
+    let sequence = format!("public.\"{}\"", key.replace('"', ""));
+    admin
+        .batch_execute(&format!("CREATE SEQUENCE {sequence}"))
+        .await?;
+    let query = format!(
+        "SELECT nextval('{}') AS run, pg_sleep(0.3)::text AS slept",
+        sequence.replace('\'', "''")
+    );
+    let barrier = Arc::new(Barrier::new(10));
+    let mut tasks = Vec::new();
+    for _ in 0..10 {
+        let (barrier, key, query) = (barrier.clone(), key.clone(), query.clone());
+        tasks.push(tokio::spawn(async move {
+            let client = session().await?;
+            barrier.wait().await;
+            let row = client
+                .query_one(
+                    "CALL once.cached($1, $2, NULL, ttl => '1 hour')",
+                    &[&key, &query],
+                )
+                .await?;
+            anyhow::Ok(row.get::<_, serde_json::Value>(0))
+        }));
+    }
+    for task in tasks {
+        assert_eq!(task.await??, serde_json::json!([{"run": 1, "slept": ""}]));
+    }
+    admin
+        .batch_execute(&format!("DROP SEQUENCE {sequence}"))
+        .await?;
+    Ok(())
+}
+
+/// CALL once.cached: a failing query's error is recorded and shared until retry_after,
+/// as any pg_once failure: the next caller gets it (38000) without running the query.
+/// A caller refused by a privilege check leaves no failure behind.
+#[tokio::test(flavor = "multi_thread")]
+async fn called_in_autocommit_cached_shares_a_failure() -> Result<()> {
+    let admin = admin().await?;
+    let first = session().await?;
+    let second = session().await?;
+    let key = fresh_key("cached-failure");
+    let call = "CALL once.cached($1, $2, NULL, ttl => '1 hour', retry_after => '1 hour')";
+    let broken = "SELECT 1 / 0 AS x";
+    let error = first
+        .query_one(call, &[&key, &broken])
+        .await
+        .expect_err("the query fails");
+    assert_eq!(
+        error.as_db_error().map(|e| e.code().code()),
+        Some("22012"),
+        "{error}"
+    );
+    let shared = second
+        .query_one(call, &[&key, &"SELECT 1 AS x"])
+        .await
+        .expect_err("the failure is shared");
+    let db = shared.as_db_error().expect("a server error");
+    assert_eq!(db.code().code(), "38000");
+    assert!(
+        db.message().contains("division by zero"),
+        "{}",
+        db.message()
+    );
+
+    // A role that may not read the table: refused, and the key is left as it was.
+    let denied = fresh_key("cached-denied");
+    admin
+        .batch_execute(
+            "DO $$ BEGIN
+                 IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'cached_nobody') THEN
+                     CREATE ROLE cached_nobody;
+                 END IF;
+             END $$;
+             GRANT USAGE ON SCHEMA once TO cached_nobody;
+             GRANT EXECUTE ON ALL ROUTINES IN SCHEMA once TO cached_nobody;
+             CREATE TABLE IF NOT EXISTS public.cached_secret (v int);",
+        )
+        .await?;
+    first.batch_execute("SET ROLE cached_nobody").await?;
+    let refused = first
+        .query_one(call, &[&denied, &"SELECT v FROM public.cached_secret"])
+        .await
+        .expect_err("no SELECT on the table");
+    assert_eq!(
+        refused.as_db_error().map(|e| e.code().code()),
+        Some("42501"),
+        "{refused}"
+    );
+    first.batch_execute("RESET ROLE").await?;
+    let state: Option<String> = admin
+        .query_one(
+            "SELECT (SELECT state::text FROM once.entries WHERE key_hash = once.key_hash($1))",
+            &[&denied],
+        )
+        .await?
+        .get(0);
+    assert_eq!(state, None, "released, not failed");
+    Ok(())
+}
