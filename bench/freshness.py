@@ -572,15 +572,20 @@ def model(path):
         print("XFetch model check (c): no result lived its whole ttl inside a measured window "
               "(measure longer).")
     elif x:
+        late = sum(1 for s, d in x["early"] if s < d)
+        model_late = statistics.fmean(model_cdf(d, x["lambda_per_key"], x["beta"], d, x["ttl_s"])
+                                      for _, d in x["early"])
         print("XFetch model check (c): beta = %g, %.0f reads/s per key, delta (the compute_time the "
               "server measured for each result) median %.1f ms, 10%%-90%% %.1f-%.1f ms. %d results lived their whole ttl inside the measured window; %d (%.1f%%) drew no early "
-              "refresh (model: %.1f%%); %d drew two. Kolmogorov-Smirnov distance between the measured "
+              "refresh (model: %.1f%%); %d drew two; %.1f%% drew it less than their delta before the "
+              "expiry, so that callers past the expiry waited for it (model: %.1f%%). Kolmogorov-Smirnov distance between the measured "
               "and the model distribution of how long before expiry the refresh was drawn: %.3f "
               "(5%% critical value for n = %d: %.3f)." % (
                   x["beta"], x["lambda_per_key"], 1e3 * x["delta_s"], 1e3 * x["delta_p10_s"],
                   1e3 * x["delta_p90_s"], x["generations"], x["no_early_refresh"],
                   100 * x["no_early_refresh"] / max(1, x["generations"]), 100 * x["model_no_early"],
-                  x["generations_with_two_refreshes"], x["ks_d"], x["generations"],
+                  x["generations_with_two_refreshes"], 100 * late / len(x["early"]), 100 * model_late,
+                  x["ks_d"], x["generations"],
                   1.36 / math.sqrt(max(1, x["generations"]))))
 
 

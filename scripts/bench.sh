@@ -264,10 +264,10 @@ freshness_section() {
 Simulated traffic (\`bench/freshness.py\`: asyncpg on uvloop, 2 client processes): 100 keys,
 2,000 requests/s in all with Poisson arrivals, results that live 2 s (ttl) and take 300 ms
 to compute, on the preloaded cluster. Each mode is measured for $FRESHNESS_SECONDS s in all, in 4
-rounds in which the modes take turns (a b c d, then d c b a, ...); each turn runs on keys of its
-own with fresh client processes, starts from keys filled with their first expiries spread
-evenly over one ttl, and is measured for a quarter of the time after 5 s of the same
-traffic, followed by 2 s more. Open loop: a request's latency counts from its scheduled
+rounds in which the modes take turns (a b c d, then d c b a, ...); each turn runs on keys
+of its own with fresh client processes, starts from keys filled with their first expiries
+spread evenly over one ttl, and is measured for a quarter of the time after 5 s of the
+same traffic, followed by 2 s more. Open loop: a request's latency counts from its scheduled
 arrival, so time spent behind a computation, a busy pool or a late client loop all shows.
 Each process has a pool of 100 connections for callers and one of 8 for completions (from
 the callers' pool a completion queues behind the callers that wait inside claim_key for
@@ -288,9 +288,9 @@ complete on one.
 - (d) no coordination: a plain table; \`SELECT\`, and on a missing or expired row every
   such caller computes and upserts (\`INSERT ... ON CONFLICT DO UPDATE\`).
 
-Computations per key per ttl: computations / (100 keys x $FRESHNESS_SECONDS s / 2 s).
-Computations per refresh: computations over refreshes, a refresh being a run of overlapping computations of
-one key (in (d) the stampede at an expiry). Stale: a result served past its expiry;
+Computations per key per ttl: computations / (100 keys x $FRESHNESS_SECONDS s / 2 s). Computations
+per refresh: computations over refreshes, a refresh being a run of overlapping computations
+of one key (in (d) the stampede at an expiry). Stale: a result served past its expiry;
 largest staleness: how far past. Ratios divide a mode's p99 and its computations by those
 of (a) and (d) in the same run (one run of 4 rounds). Under the table, per mode: the
 outcomes, the latency of all rounds together, the time the answering statement spent in
@@ -299,6 +299,7 @@ the client's own share (start lag: from a request's scheduled arrival until its 
 starts it) and CPU. What lies between the server's time and the caller's is the client,
 the connection and the machine's scheduling, on 2 cores that the server, the clients and
 other work share.
+
 $machine
 
 EOF
