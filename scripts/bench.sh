@@ -221,6 +221,15 @@ print()
 PY
 }
 
+# built_commit: the commit the installed extension was built from, and whether the
+# extension's sources differed from it.
+built_commit() {
+    local commit
+    commit=$(git -C "$REPO_ROOT" rev-parse --short HEAD)
+    git -C "$REPO_ROOT" diff --quiet HEAD -- src sql Cargo.toml pg_once.control ||
+        commit+=" with local changes to the extension"
+    echo "$commit"
+}
 # machine_ticks: CPU time of the whole machine, busy and in all, in clock ticks.
 machine_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; }
 # bench_ticks: CPU ticks used by the preloaded cluster's processes (with the exited
@@ -254,9 +263,11 @@ freshness_section() {
     "$venv/bin/python" "$REPO_ROOT/bench/freshness.py" run --dsn "$DSN" \
         --duration "$FRESHNESS_SECONDS" --rounds 4 >"$rows"
     after="$(machine_ticks) $(bench_ticks)"
-    machine=$(awk -v b="$before" -v a="$after" -v l0="$load_before" -v l1="$(cut -d' ' -f1 /proc/loadavg)" -v n="$(nproc)" 'BEGIN {
+    machine=$(awk -v b="$before" -v a="$after" -v l0="$load_before" -v l1="$(cut -d' ' -f1 /proc/loadavg)" -v n="$(nproc)" \
+        -v version="$(grep -m1 '^version' "$REPO_ROOT/Cargo.toml" | cut -d'"' -f2)" \
+        -v commit="$(built_commit)" 'BEGIN {
         split(b, x, " "); split(a, y, " "); t = y[2] - x[2]; busy = y[1] - x[1]; ours = y[3] - x[3]
-        printf "While it ran, the %d cores were %.0f%% busy: %.0f%% this benchmark (server and clients), %.0f%% other work on this shared machine; load average %s before, %s after.", n, 100 * busy / t, 100 * ours / t, 100 * (busy - ours) / t, l0, l1 }')
+        printf "Release build of pg_once %s (commit %s). While it ran, the %d cores were %.0f%% busy: %.0f%% this benchmark (server and clients), %.0f%% other work on this shared machine; load average %s before, %s after.", version, commit, n, 100 * busy / t, 100 * ours / t, 100 * (busy - ours) / t, l0, l1 }')
     sed 's/^{/{"bench":"freshness",/' "$rows" >>"$RESULTS"
     cat <<EOF
 ## 7. Freshness: 100 keys expiring under steady traffic
