@@ -28,11 +28,13 @@ ROUNDS seconds after WARMUP seconds of the same traffic and followed by COOLDOWN
   d  no coordination: a plain table; SELECT, and on a miss or an expired row every such
      caller computes and upserts.
 
-Every mode starts from filled keys whose first expiries are spread evenly over one ttl
+Every turn starts from filled keys whose first expiries are spread evenly over one ttl
 (filled together they would all expire at once, every ttl, a different benchmark). The
 child processes (PROCESSES, each an asyncio loop with its own asyncpg pool, CONNECTIONS
 shared between them) run the traffic; background refreshes run in the process that drew
-them. Needs asyncpg, and pg_once 0.2 installed and created in the database for b and c.
+them. Needs asyncpg and uvloop (or --loop asyncio), and pg_once 0.2 created in the
+database. Each turn of a, b and c starts by deleting every row of once.entries: run it
+on a throwaway cluster, as scripts/bench.sh does.
 """
 
 from __future__ import annotations
