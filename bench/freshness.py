@@ -101,7 +101,8 @@ def claim_sql(mode):
 
 def complete_sql(mode):
     extra = {"a": "", "b": ", stale => $5::interval", "c": ", beta => $5::float8"}[mode]
-    return f"SELECT once.complete_key($1, $2, $3::jsonb, ttl => $4::interval{extra})"
+    return (f"SELECT once.complete_key($1, $2, $3::jsonb, ttl => $4::interval{extra}),"
+            f" {epoch('clock_timestamp()')}")
 
 
 GENERATION = f"SELECT {epoch('expires_at')}, {epoch('compute_time')} FROM once.entries WHERE key = $1"
@@ -133,10 +134,11 @@ class Traffic:
               expiry of the result served or None for a result just computed,
               scheduled arrival in s from the start, seconds the answering statement
               spent in the server)
-    computations: (key index, kind, start, end, completed, generation) with start and end
-                  by this machine's clock; for (c) generation is the expiry the completion
-                  gave the result and the compute_time the server measured for it (what
-                  its early-refresh draws use), else None
+    computations: (key index, kind, start, end, completed, generation, server time of the
+                  claim, server time of the completion) with start and end by the client;
+                  for (c) generation is the expiry the completion gave the result and the
+                  compute_time the server measured for it (what its early-refresh draws
+                  use), else None
     """
 
     def __init__(self, args, pool, write_pool):
@@ -155,25 +157,25 @@ class Traffic:
         self.answers.append((i, outcome, now - scheduled, started - scheduled, srv_now, expires,
                              scheduled - self.start_mono, spent))
 
-    async def compute_and_complete(self, i, kind, token):
+    async def compute_and_complete(self, i, kind, token, srv_claim):
         """The computation: sleep holding no connection, then complete_key on one."""
         start = time.time()
         await asyncio.sleep(self.args["compute"])
         generation = None
         async with self.write_pool.acquire() as conn:
-            ok = await conn.fetchval(self.complete, self.key(i), token, value_for(self.key(i)),
-                                     *complete_args(self.mode, self.args, self.args["ttl"]))
+            ok, srv_done = await conn.fetchrow(self.complete, self.key(i), token, value_for(self.key(i)),
+                                               *complete_args(self.mode, self.args, self.args["ttl"]))
             if ok and self.mode == "c":
                 # The result just stored stays until the next completion, which needs a
                 # claim and a computation first.
                 generation = tuple(await conn.fetchrow(GENERATION, self.key(i)))
-        self.computations.append((i, kind, start, time.time(), bool(ok), generation))
+        self.computations.append((i, kind, start, time.time(), bool(ok), generation, srv_claim, srv_done))
         if not ok:
             self.errors.append(f"complete_key of {self.key(i)} returned false")
 
-    async def refresh_in_background(self, i, token):
+    async def refresh_in_background(self, i, token, srv_claim):
         try:
-            await self.compute_and_complete(i, "background", token)
+            await self.compute_and_complete(i, "background", token, srv_claim)
         except Exception as exc:  # recorded, reported in the row
             self.errors.append(repr(exc))
 
@@ -187,12 +189,12 @@ class Traffic:
             if outcome in ("refresh", "stale"):
                 # The result at hand is answered at once; 'refresh' recomputes behind it.
                 if outcome == "refresh":
-                    task = asyncio.create_task(self.refresh_in_background(i, token))
+                    task = asyncio.create_task(self.refresh_in_background(i, token, srv_now))
                     self.background.add(task)
                     task.add_done_callback(self.background.discard)
                 return self.answer(i, outcome, scheduled, started, srv_now, expires, spent)
             if outcome == "claimed":
-                await self.compute_and_complete(i, "foreground", token)
+                await self.compute_and_complete(i, "foreground", token, srv_now)
                 return self.answer(i, outcome, scheduled, started, srv_now, None, spent)
             # 'wait' (5 s passed) or 'failed': ask again, as a caller would.
             self.errors.append(f"claim_key answered {outcome}")
@@ -208,7 +210,8 @@ class Traffic:
         async with self.write_pool.acquire() as conn:
             srv_done = await conn.fetchval(UPSERT_PLAIN, self.key(i), value_for(self.key(i)),
                                            timedelta(seconds=self.args["ttl"]))
-        self.computations.append((i, "foreground", start, time.time(), True, None))
+        self.computations.append((i, "foreground", start, time.time(), True, None,
+                                  row[2] if row else None, srv_done))
         self.answer(i, "computed", scheduled, started, srv_done, None, row[3] if row else None)
 
     async def request(self, i, scheduled):
@@ -294,7 +297,7 @@ async def fill(conn, mode, args):
     await asyncio.sleep(args["compute"])
     sql = complete_sql(mode)
     for key, token, ttl in zip(keys, tokens, ttls):
-        ok = await conn.fetchval(sql, key, token, value_for(key), *complete_args(mode, args, ttl))
+        ok, _ = await conn.fetchrow(sql, key, token, value_for(key), *complete_args(mode, args, ttl))
         if not ok:
             raise SystemExit(f"fill: complete_key({key}) returned false")
 
@@ -354,9 +357,14 @@ def percentile(sorted_values, q):
 
 
 def episodes(computations):
-    """Computations of the same key that overlap in time form one episode: one refresh."""
+    """Computations of the same key that overlap in time form one episode: one refresh.
+    Their times are the server's, from the claim to the completion: the client's own
+    would stretch with any delay in answering it and make turns that followed each other
+    at the server look concurrent."""
     by_key = {}
-    for key, _kind, start, end, *_ in computations:
+    for key, _kind, start, end, _ok, _gen, srv_claim, srv_done in computations:
+        if srv_claim is not None and srv_done is not None:
+            start, end = srv_claim, srv_done
         by_key.setdefault(key, []).append((start, end))
     count = 0
     for spans in by_key.values():

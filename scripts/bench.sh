@@ -230,8 +230,12 @@ built_commit() {
         commit+=" with local changes to the extension"
     echo "$commit"
 }
-# machine_ticks: CPU time of the whole machine, busy and in all, in clock ticks.
-machine_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; }
+# machine_ticks: CPU time of the whole machine, busy and in all, in clock ticks, and the
+# microseconds in which some task waited for a core (/proc/pressure/cpu; 0 without it).
+machine_ticks() {
+    awk '/^cpu / {printf "%d %d ", $2 + $3 + $4 + $7 + $8 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat
+    awk -F'total=' '/^some/ {printf "%.0f\n", $2; found = 1} END {if (!found) print 0}' /proc/pressure/cpu 2>/dev/null || echo 0
+}
 # bench_ticks: CPU ticks used by the preloaded cluster's processes (with the exited
 # backends its postmaster reaped) and by the children this shell waited for.
 bench_ticks() {
@@ -266,8 +270,10 @@ freshness_section() {
     machine=$(awk -v b="$before" -v a="$after" -v l0="$load_before" -v l1="$(cut -d' ' -f1 /proc/loadavg)" -v n="$(nproc)" \
         -v version="$(grep -m1 '^version' "$REPO_ROOT/Cargo.toml" | cut -d'"' -f2)" \
         -v commit="$(built_commit)" 'BEGIN {
-        split(b, x, " "); split(a, y, " "); t = y[2] - x[2]; busy = y[1] - x[1]; ours = y[3] - x[3]
-        printf "Release build of pg_once %s (commit %s). While it ran, the %d cores were %.0f%% busy: %.0f%% this benchmark (server and clients), %.0f%% other work on this shared machine; load average %s before, %s after.", version, commit, n, 100 * busy / t, 100 * ours / t, 100 * (busy - ours) / t, l0, l1 }')
+        split(b, x, " "); split(a, y, " "); t = y[2] - x[2]; busy = y[1] - x[1]; ours = y[4] - x[4]
+        # t ticks of 1/100 s over n cores; the pressure total is in microseconds.
+        waited = (y[3] - x[3]) / (t / n * 10000)
+        printf "Release build of pg_once %s (commit %s). While it ran, the %d cores were %.0f%% busy: %.0f%% this benchmark (server and clients), %.0f%% other work on this shared machine; some task waited for a core %.0f%% of the time; load average %s before, %s after.", version, commit, n, 100 * busy / t, 100 * ours / t, 100 * (busy - ours) / t, 100 * waited, l0, l1 }')
     sed 's/^{/{"bench":"freshness",/' "$rows" >>"$RESULTS"
     cat <<EOF
 ## 7. Freshness: 100 keys expiring under steady traffic
