@@ -4,6 +4,7 @@ usage: plot.py RESULTS.jsonl OUTPUT_DIR
 """
 
 import json
+import math
 import statistics
 import sys
 from collections import defaultdict
@@ -82,12 +83,52 @@ def stampede(rows, out):
          "fraction of callers answered", "Stampede on one cold key", legend_size=7)
 
 
+def freshness(rows, out):
+    """XFetch (section 7, mode c) against the paper's model: the chance that one read
+    draws the early refresh, and when the first draw came before expiry."""
+    runs = [r for r in rows if r["bench"] == "freshness" and r.get("xfetch", {}).get("generations")]
+    if not runs:
+        return
+    x = runs[-1]["xfetch"]
+    ttl, beta, lam = x["ttl_s"], x["beta"], x["lambda_per_key"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
+    mids, probs, errs = [], [], []
+    for lo, hi, seen, drawn in x["read_bins"]:
+        if seen and drawn:
+            p = drawn / seen
+            mids.append((lo + hi) / 2)
+            probs.append(p)
+            errs.append(math.sqrt(p * (1 - p) / seen))
+    left.errorbar(mids, probs, yerr=errs, fmt="o", markersize=3, label="measured (+- 1 standard error)")
+    top = max(hi for _, hi, _, _ in x["read_bins"])
+    grid = [top * i / 200 for i in range(201)]
+    left.plot(grid, [math.exp(-u) for u in grid], label="exp(-s / (beta delta))")
+    left.set_yscale("log")
+    left.set_ylim(math.exp(-top) / 4, 2)
+    left.set_xlabel("s / (beta delta): time before expiry of the read, in units of beta delta")
+    left.set_ylabel("share of reads that drew the refresh")
+    left.set_title("One read: chance to draw an early refresh")
+    left.grid(alpha=0.3)
+    left.legend(fontsize=8)
+    early = sorted(s for s, _ in x["early"])
+    deltas = [d for _, d in x["early"]]
+    n = len(early)
+    right.step(early, [(i + 1) / n for i in range(n)], where="post", label=f"measured, {n} results")
+    grid = [ttl * i / 200 for i in range(201)]
+    model = [sum(math.exp(-lam * beta * d * (math.exp(-s / (beta * d)) - math.exp(-ttl / (beta * d))))
+                 for d in deltas) / n for s in grid]
+    right.plot(grid, model, "--", label=f"model: Poisson reads at {lam:.0f}/s per key, each result's delta")
+    save(fig, right, out / "freshness.png", "S = how long before expiry the refresh was drawn (s)",
+         "P(S <= s); S = 0: none drawn", "First early refresh of each result", legend_size=8)
+
+
 def main():
     rows = load(sys.argv[1])
     out = Path(sys.argv[2])
     cycles(rows, out)
     queue(rows, out)
     stampede(rows, out)
+    freshness(rows, out)
 
 
 if __name__ == "__main__":

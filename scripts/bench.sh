@@ -15,6 +15,9 @@
 #   6. pooled callers: 100 and 1,000 callers on 3 keys with the Python client, directly,
 #      through PgBouncer (transaction mode, pool 6) and psycopg_pool, vs the raw SQL loop
 #      on a connection per caller; takeover of a killed pooled owner.
+#   7. freshness: open-loop Poisson traffic on 100 keys whose results expire, for today's
+#      expiry with waiting, stale-while-revalidate, XFetch and a plain table cache:
+#      computations per expiry, latency, stale answers; XFetch against its model.
 #
 # SECTIONS="6" (for example) runs only those sections: their tables replace the same
 # sections of BENCHMARKS.md and their rows in bench/results/results.jsonl, each marked
@@ -22,8 +25,8 @@
 #
 # Comparisons alternate (A B A B ...) so both sides see the same machine state; figures
 # are the median and the range over ROUNDS. Settings: ROUNDS (3), QUEUE_ROUNDS (5),
-# SECONDS_PER_RUN (10), RTT_US (500), BLOAT_CYCLES (1000000). A full run takes about 35
-# minutes.
+# SECONDS_PER_RUN (10), RTT_US (500), BLOAT_CYCLES (1000000), FRESHNESS_SECONDS (60 per
+# mode of section 7). A full run takes about 40 minutes.
 source "$(dirname "$0")/lib.sh"
 PORT=${PG_ONCE_BENCH_PORT:-25534}
 PLAIN_PORT=$((PORT + 1))
@@ -36,19 +39,23 @@ POOL=$((2 * $(nproc)))
 RTT_US=${RTT_US:-500}
 BLOAT_CYCLES=${BLOAT_CYCLES:-1000000}
 SQL=$REPO_ROOT/bench/pgbench
-BIN=$REPO_ROOT/target/release
+BIN=${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release
 OUT=$REPO_ROOT/bench/results
 REPORT=$REPO_ROOT/BENCHMARKS.md
 RESULTS=$OUT/results.jsonl
-SECTIONS=${SECTIONS:-1 2 3 4 5 6}
+SECTIONS=${SECTIONS:-1 2 3 4 5 6 7}
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 ALL_SECTIONS=no
-[ "$SECTIONS" = "1 2 3 4 5 6" ] && ALL_SECTIONS=yes
+[ "$SECTIONS" = "1 2 3 4 5 6 7" ] && ALL_SECTIONS=yes
+FRESHNESS_SECONDS=${FRESHNESS_SECONDS:-60}
 
 ensure_toolchain
 install_extension release
-say "building the benchmark tools"
-(cd "$REPO_ROOT" && cargo build --release --quiet -p pg_once_tools --bin bench --bin latency_proxy)
+# Sections 1 to 5 use the Rust tools (6 and 7 are Python): build them only for those.
+if want 1 || want 2 || want 3 || want 4 || want 5; then
+    say "building the benchmark tools"
+    (cd "$REPO_ROOT" && cargo build --release --quiet -p pg_once_tools --bin bench --bin latency_proxy)
+fi
 # Huge pages. With 4 kB pages a backend takes a page fault the first time it touches each
 # shared buffer; 64 freshly connected queue workers spent 10% of all CPU there, a cost a
 # long-lived connection pool pays once. Servers with large shared_buffers run on huge
@@ -74,10 +81,13 @@ say "starting throwaway clusters on 127.0.0.1:$PORT (preloaded) and :$PLAIN_PORT
 cluster_start bench "$PORT" "shared_preload_libraries = 'pg_once'" "once.databases = 'postgres'" \
     "huge_pages = $HUGE_PAGES"
 cluster_start bench-plain "$PLAIN_PORT" "huge_pages = $HUGE_PAGES"
-"$BIN/latency_proxy" --listen "127.0.0.1:$PROXY_PORT" --upstream "127.0.0.1:$PORT" \
-    --delay-us $((RTT_US / 2)) &
-proxy=$!
-trap 'kill $proxy 2>/dev/null; pgbouncer_stop bench-bouncer; cluster_stop bench; cluster_stop bench-plain; restore_huge_pages' EXIT
+proxy=""
+if want 1; then
+    "$BIN/latency_proxy" --listen "127.0.0.1:$PROXY_PORT" --upstream "127.0.0.1:$PORT" \
+        --delay-us $((RTT_US / 2)) &
+    proxy=$!
+fi
+trap '[ -z "$proxy" ] || kill $proxy 2>/dev/null; pgbouncer_stop bench-bouncer; cluster_stop bench; cluster_stop bench-plain; restore_huge_pages' EXIT
 cluster_psql bench "$PORT" -q -c "CREATE EXTENSION pg_once" \
     -f "$SQL/handmade_setup.sql" -f "$SQL/hot_setup.sql" >/dev/null
 cluster_psql bench-plain "$PLAIN_PORT" -q -c "CREATE EXTENSION pg_once" >/dev/null
@@ -88,7 +98,7 @@ mkdir -p "$OUT"
 section_rows() {
     case $1 in
     1) echo pgbench ;; 2) echo stampede ;; 3) echo takeover ;; 4) echo listeners ;;
-    5) echo queue bloat ;; 6) echo pooled ;;
+    5) echo queue bloat ;; 6) echo pooled ;; 7) echo freshness ;;
     esac
 }
 if [ "$ALL_SECTIONS" = yes ]; then
@@ -153,7 +163,7 @@ harness() { "$BIN/bench" --rounds "${HARNESS_ROUNDS:-$ROUNDS}" --json-out "$RESU
 # Section 6: the Python client's benchmark (bench/pooled.py) on the preloaded cluster,
 # directly and through a PgBouncer in transaction mode with 6 server connections.
 pooled_section() {
-    say "6/6 pooled callers"
+    say "6/7 pooled callers"
     local venv=$PG_ONCE_WORK/bench-py-venv
     rm -rf "$venv"
     python3 -m venv "$venv"
@@ -211,13 +221,139 @@ print()
 PY
 }
 
+# built_commit: the commit the installed extension was built from, and whether the
+# extension's sources differed from it.
+built_commit() {
+    local commit
+    commit=$(git -C "$REPO_ROOT" rev-parse --short HEAD)
+    git -C "$REPO_ROOT" diff --quiet HEAD -- src sql Cargo.toml pg_once.control ||
+        commit+=" with local changes to the extension"
+    echo "$commit"
+}
+# machine_ticks: CPU time of the whole machine, busy and in all, in clock ticks, and the
+# microseconds in which some task waited for a core (/proc/pressure/cpu; 0 without it).
+machine_ticks() {
+    awk '/^cpu / {printf "%d %d ", $2 + $3 + $4 + $7 + $8 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat
+    awk -F'total=' '/^some/ {printf "%.0f\n", $2; found = 1} END {if (!found) print 0}' /proc/pressure/cpu 2>/dev/null || echo 0
+}
+# bench_ticks: CPU ticks used by the preloaded cluster's processes (with the exited
+# backends its postmaster reaped) and by the children this shell waited for.
+bench_ticks() {
+    local postmaster
+    postmaster=$(head -1 "$PG_ONCE_WORK/bench/data/postmaster.pid")
+    {
+        sed 's/^.*) //' "/proc/$postmaster/stat" | awk '{print $12 + $13 + $14 + $15}'
+        for child in $(pgrep -P "$postmaster"); do
+            sed 's/^.*) //' "/proc/$child/stat" 2>/dev/null | awk '{print $12 + $13}'
+        done
+        sed 's/^.*) //' "/proc/$$/stat" | awk '{print $14 + $15}'
+    } | awk '{sum += $1} END {print sum}'
+}
+
+# Section 7: bench/freshness.py on the preloaded cluster, modes (a) to (d) one after the
+# other, FRESHNESS_SECONDS each.
+freshness_section() {
+    say "7/7 freshness ($FRESHNESS_SECONDS s per mode)"
+    local venv=$PG_ONCE_WORK/freshness-venv rows=$PG_ONCE_WORK/freshness.jsonl
+    [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check asyncpg uvloop
+    # How busy the machine was meanwhile, and how much of it was this benchmark: the
+    # server's processes (the postmaster's own children's time includes its backends that
+    # exited) and the clients (this shell's children's time, the client processes'
+    # included). The rest is other work on a shared machine.
+    local before after load_before machine
+    before="$(machine_ticks) $(bench_ticks)"
+    load_before=$(cut -d' ' -f1 /proc/loadavg)
+    "$venv/bin/python" "$REPO_ROOT/bench/freshness.py" run --dsn "$DSN" \
+        --duration "$FRESHNESS_SECONDS" --rounds 4 >"$rows"
+    after="$(machine_ticks) $(bench_ticks)"
+    machine=$(awk -v b="$before" -v a="$after" -v l0="$load_before" -v l1="$(cut -d' ' -f1 /proc/loadavg)" -v n="$(nproc)" \
+        -v version="$(grep -m1 '^version' "$REPO_ROOT/Cargo.toml" | cut -d'"' -f2)" \
+        -v commit="$(built_commit)" 'BEGIN {
+        split(b, x, " "); split(a, y, " "); t = y[2] - x[2]; busy = y[1] - x[1]; ours = y[4] - x[4]
+        # t ticks of 1/100 s over n cores; the pressure total is in microseconds.
+        waited = (y[3] - x[3]) / (t / n * 10000)
+        printf "Release build of pg_once %s (commit %s). While it ran, the %d cores were %.0f%% busy: %.0f%% this benchmark (server and clients), %.0f%% other work on this shared machine; some task waited for a core %.0f%% of the time; load average %s before, %s after.", version, commit, n, 100 * busy / t, 100 * ours / t, 100 * (busy - ours) / t, 100 * waited, l0, l1 }')
+    sed 's/^{/{"bench":"freshness",/' "$rows" >>"$RESULTS"
+    cat <<EOF
+## 7. Freshness: 100 keys expiring under steady traffic
+
+Simulated traffic (\`bench/freshness.py\`: asyncpg on uvloop, 2 client processes): 100 keys,
+2,000 requests/s in all with Poisson arrivals, results that live 2 s (ttl) and take 300 ms
+to compute, on the preloaded cluster. Each mode is measured for $FRESHNESS_SECONDS s in all, in 4
+rounds in which the modes take turns (a b c d, then d c b a, ...); each turn runs on keys
+of its own with fresh client processes, starts from keys filled with their first expiries
+spread evenly over one ttl, and is measured for a quarter of the time after 5 s of the
+same traffic, followed by 2 s more. Open loop: a request's latency counts from its scheduled
+arrival, so time spent behind a computation, a busy pool or a late client loop all shows.
+Each process has a pool of 100 connections for callers and one of 8 for completions (from
+the callers' pool a completion queues behind the callers that wait inside claim_key for
+it, and in (a) the pool then stays jammed until their waits time out). The computation is
+a sleep holding no connection: claim on a pooled connection, give it back, sleep,
+complete on one.
+
+- (a) today's expiry: \`claim_key(wait => '5 s')\`; the claimant computes and completes
+  with \`ttl => '2 s'\`, every other caller of that key waits inside claim_key.
+- (b) stale-while-revalidate: \`claim_key(serve_stale => true)\`,
+  \`complete_key(ttl => '2 s', stale => '10 s')\`; \`refresh\` answers the old result at once
+  and recomputes in the background, \`stale\` answers it at once.
+- (c) XFetch: \`claim_key(serve_stale => true)\`, \`complete_key(ttl => '2 s', beta => 1.0)\`;
+  \`refresh\` (drawn early by the server) answers the still-fresh result at once and
+  recomputes in the background. No stale window: past its expiry a key waits as in (a),
+  which happens when the refresh was drawn less than a computation's time before the
+  expiry (by the model below, at about 11% of the expiries here).
+- (d) no coordination: a plain table; \`SELECT\`, and on a missing or expired row every
+  such caller computes and upserts (\`INSERT ... ON CONFLICT DO UPDATE\`).
+
+Computations per key per ttl: computations / (100 keys x $FRESHNESS_SECONDS s / 2 s). Computations
+per refresh: computations over refreshes, a refresh being a run of overlapping computations
+of one key (in (d) the stampede at an expiry). Stale: a result served past its expiry;
+largest staleness: how far past. Ratios divide a mode's p99 and its computations by those
+of (a) and (d) in the same run (one run of 4 rounds). Under the table, per mode: the
+outcomes, the latency of all rounds together, the time the answering statement spent in
+the server (waiting included: \`clock_timestamp() - statement_timestamp()\` at its end), and
+the client's own share (start lag: from a request's scheduled arrival until its process
+starts it) and CPU. What lies between the server's time and the caller's is the client,
+the connection and the machine's scheduling, on 2 cores that the server, the clients and
+other work share.
+
+$machine
+
+EOF
+    "$venv/bin/python" "$REPO_ROOT/bench/freshness.py" table "$rows"
+    cat <<EOF
+
+**XFetch against its model.** The paper's rule makes one read that comes s before the
+expiry draw an early refresh with probability exp(-s / (beta delta)), delta being the last
+computation's length (pg_once's \`compute_time\`, claim to completion). That is a statement
+about a single read, and the left plot checks it as one: of the reads that could draw
+(hits on a result before its refresh was drawn, and the read that drew it), the share that
+drew, by s / (beta delta). It is not the distribution of when a refresh happens, because
+with many readers the first draw wins: with Poisson reads at rate lambda per key from the result's
+completion (ttl before its expiry) on, the time S before expiry of the first draw has
+P(S <= s) = exp(-lambda beta delta (exp(-s / (beta delta)) - exp(-ttl / (beta delta)))),
+with S = 0 standing for "none drawn" (then the first caller past the expiry recomputes
+while the others wait). Its median lies near beta delta ln(lambda beta delta / ln 2) before
+the expiry (0.65 s for delta = 300 ms), where the single-read curve gives a read only a
+12% chance. The right plot compares that distribution (averaged over the results) with
+the measured S of every result that lived its whole ttl inside a measured window. Each
+result is taken with its own delta, the \`compute_time\` the server stored with it (300 ms
+and what the machine adds; the draws on it use that one); nothing is fitted.
+
+EOF
+    "$venv/bin/python" "$REPO_ROOT/bench/freshness.py" model "$rows"
+    echo
+    echo "![XFetch early refreshes against the model](bench/results/freshness.png)"
+    echo
+}
+
 report() {
 cat <<EOF
 # pg_once benchmarks
 
 Written by \`scripts/bench.sh\` on $(date -u +%Y-%m-%d): $(nproc) cores, $(free -g | awk '/Mem/ {print $2}') GiB,
 PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}') (fsync off, shared_buffers 256MB, huge pages $HUGE_PAGES), pg_once $(grep -m1 '^version' "$REPO_ROOT/Cargo.toml" | cut -d'"' -f2) release build,
-clients on the same machine. Every figure is the median of $ROUNDS runs ($QUEUE_ROUNDS in section 5; one in section 6), with the range in
+clients on the same machine. Every figure is the median of $ROUNDS runs ($QUEUE_ROUNDS in section 5; one in section 6; 4 rounds in section 7), with the range in
 parentheses; ratios compare medians from the same run. Comparisons (sections 1, 4 and 5)
 alternate their two sides run by run; stampede and failover rows run their rounds back to
 back. Raw figures:
@@ -230,7 +366,7 @@ back. Raw figures:
 EOF
 
 if want 1; then
-say "1/6 cycles and hits"
+say "1/7 cycles and hits"
 echo "## 1. Cycles and hits"
 echo
 echo "pgbench, prepared statements, ${SECONDS_PER_RUN} s runs. A claim+complete cycle is two round trips"
@@ -258,7 +394,7 @@ echo
 fi
 
 if want 2; then
-say "2/6 stampede"
+say "2/7 stampede"
 echo "## 2. Stampede: callers on one cold key, 500 ms computation"
 echo
 echo "Milliseconds by the server's clock from the owner's complete_key to each other caller's"
@@ -294,7 +430,7 @@ echo
 fi
 
 if want 3; then
-say "3/6 failover"
+say "3/7 failover"
 echo "## 3. Failover: a killed owner"
 echo
 echo "Milliseconds from pg_terminate_backend of the owner to a waiting caller holding the claim."
@@ -317,7 +453,7 @@ echo
 fi
 
 if want 4; then
-say "4/6 listeners"
+say "4/7 listeners"
 echo "## 4. Commits with 100 LISTEN connections, by once.notify"
 echo
 echo "claim+complete cycles/s, 8 clients. Idle listeners LISTEN and then never read (the server"
@@ -355,7 +491,7 @@ echo
 fi
 
 if want 5; then
-say "5/6 queue"
+say "5/7 queue"
 echo "## 5. Queue"
 echo
 echo "Jobs/s for workers taking jobs with claim_next (n jobs at a time) and completing them"
@@ -450,6 +586,10 @@ fi
 
 if want 6; then
 pooled_section
+fi
+
+if want 7; then
+freshness_section
 fi
 }
 
