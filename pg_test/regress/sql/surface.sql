@@ -4,7 +4,7 @@ CREATE EXTENSION pg_once;
 -- \df once.* shows the API; what only pg_once calls is in once_internal, every object of
 -- which belongs to the extension.
 SELECT p.oid::regprocedure AS function, pg_get_function_result(p.oid) AS returns
-  FROM pg_proc p WHERE p.pronamespace = 'once'::regnamespace ORDER BY p.proname;
+  FROM pg_proc p WHERE p.pronamespace = 'once'::regnamespace ORDER BY p.proname, p.prokind;
 SELECT pg_describe_object(d.classid, d.objid, 0) AS internal
   FROM pg_depend d
  WHERE d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
