@@ -88,16 +88,31 @@ pub fn wait(wait: Option<Interval>) -> i128 {
 
 /// How long a result is served: NULL (forever) or more than zero, at most 100 years.
 pub fn ttl(ttl: Option<Interval>) -> Option<Interval> {
-    let hint = "Use NULL to keep the result until it is invalidated, or a positive interval such as '1 hour'.";
-    let ttl = ttl?;
-    let micros = ttl.as_micros();
+    positive_or_null(
+        "ttl",
+        ttl,
+        "Use NULL to keep the result until it is invalidated, or a positive interval such as '1 hour'.",
+    )
+}
+
+/// An interval argument that is NULL, or more than zero and at most 100 years (a result's
+/// lifetimes: ttl, stale).
+fn positive_or_null(name: &str, value: Option<Interval>, hint: &str) -> Option<Interval> {
+    let value = value?;
+    let micros = value.as_micros();
     if micros <= 0 {
-        errors::invalid_argument(format!("ttl must be positive or NULL, got {ttl}"), hint);
+        errors::invalid_argument(
+            format!("{name} must be positive or NULL, got {value}"),
+            hint,
+        );
     }
     if micros > 100 * YEAR {
-        errors::invalid_argument(format!("ttl must be at most 100 years, got {ttl}"), hint);
+        errors::invalid_argument(
+            format!("{name} must be at most 100 years, got {value}"),
+            hint,
+        );
     }
-    Some(ttl)
+    Some(value)
 }
 
 /// How a result stays servable (complete_key, complete_keys, cached): a ttl as `ttl`
@@ -153,19 +168,11 @@ pub fn policy(
 /// How long a result may be served as stale (refresh_key): NULL (not at all) or more than
 /// zero, at most 100 years.
 pub fn stale(stale: Option<Interval>) -> Option<Interval> {
-    let stale = stale?;
-    let micros = stale.as_micros();
-    let hint = "Use how long the result may still be served while it is recomputed, e.g. stale => '1 minute'; NULL: not at all.";
-    if micros <= 0 {
-        errors::invalid_argument(format!("stale must be positive or NULL, got {stale}"), hint);
-    }
-    if micros > 100 * YEAR {
-        errors::invalid_argument(
-            format!("stale must be at most 100 years, got {stale}"),
-            hint,
-        );
-    }
-    Some(stale)
+    positive_or_null(
+        "stale",
+        stale,
+        "Use how long the result may still be served while it is recomputed, e.g. stale => '1 minute'; NULL: not at all.",
+    )
 }
 
 /// A result no larger than once.max_result_size; `size` in bytes.
