@@ -101,6 +101,7 @@ async fn a_namespace_keeps_its_keys_from_other_roles() -> Result<()> {
     let key_calls = [
         "SELECT outcome FROM once.claim_key($1)",
         "SELECT once.invalidate_key($1)::text",
+        "SELECT once.refresh_key($1)",
         "SELECT once.enqueue_key($1)",
     ];
     for sql in key_calls {
