@@ -210,7 +210,7 @@ upgrade_test() {
         export PG_ONCE_DSN="host=127.0.0.1 port=$port user=postgres dbname=postgres"
         export PG_ONCE_BOUNCER_DSN="host=127.0.0.1 port=$((port + 10)) user=postgres dbname=postgres"
         cargo test -p pg_once_multi --quiet --test protocol --test wakeups --test queue \
-            --test pooling --test namespaces
+            --test pooling --test namespaces --test freshness
         PG_ONCE_DATA_DIR=$PG_ONCE_WORK/$name/data \
             cargo test -p pg_once_multi --quiet --test crash -- --test-threads=1
         PG_ONCE_DATA_DIR=$PG_ONCE_WORK/$name/data PG_ONCE_SERVER_LOG=$PG_ONCE_WORK/$name/server.log \
