@@ -412,7 +412,9 @@ BEGIN
         EXECUTE pg_catalog.format(
             'SELECT COALESCE(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(r)), ''[]''::jsonb) FROM (%s) r',
             query) INTO result;
-    EXCEPTION WHEN OTHERS THEN
+    EXCEPTION WHEN OTHERS OR query_canceled THEN
+        -- (OTHERS leaves out query_canceled: a cancel or statement_timeout must give the
+        -- committed claim back too, or the others would wait for it until its lease.)
         GET STACKED DIAGNOSTICS failed_with = RETURNED_SQLSTATE, failed_message = MESSAGE_TEXT;
     END;
     IF failed_with IS NULL THEN
@@ -420,9 +422,9 @@ BEGIN
                                   beta => beta, jitter => jitter);
         RETURN;
     END IF;
-    -- A role that may not run the query has found nothing out about the key: its own
-    -- refusal is not shared as the key's failure.
-    IF failed_with = '42501' THEN
+    -- A role that may not run the query has found nothing out about the key, and a
+    -- cancelled query says nothing about it either: neither is shared as its failure.
+    IF failed_with IN ('42501', '57014') THEN
         PERFORM once.release_key(key, answer.token);
     ELSE
         PERFORM once.fail_key(key, answer.token, failed_message, retry_after);
