@@ -2,6 +2,8 @@
 //! primary key of once.entries, and, in the digest's first 8 bytes, the tag that
 //! shared-memory waiter slots hold. Used by every layer.
 
+mod sha256;
+
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -17,13 +19,16 @@ pub struct Key<'a> {
 impl<'a> Key<'a> {
     /// A key whose text was checked by api::args::key.
     pub fn new(text: &'a str) -> Key<'a> {
-        let hash = hash_key(text);
-        // SAFETY: sha256_bytea returns a freshly built, untoasted bytea.
-        let digest = unsafe { pgrx::varlena::varlena_to_byte_slice(hash.cast_mut_ptr()) };
+        // The same digest as once.key_hash(text) (the server's sha256), so ad-hoc lookups
+        // by once.key_hash(key) find the same row.
+        let digest = sha256::digest(text.as_bytes());
         Key {
             text,
-            hash,
-            tag: tag_of(digest),
+            hash: digest
+                .as_slice()
+                .into_datum()
+                .expect("a bytea of 32 bytes is never NULL"),
+            tag: tag_of(&digest),
         }
     }
 
@@ -39,7 +44,7 @@ impl<'a> Key<'a> {
 
     /// The key's digest bytes.
     pub fn digest(&self) -> Vec<u8> {
-        // SAFETY: `hash` is an untoasted bytea built by sha256_bytea.
+        // SAFETY: `hash` is an untoasted bytea built in `new`.
         unsafe { pgrx::varlena::varlena_to_byte_slice(self.hash.cast_mut_ptr()) }.to_vec()
     }
 
@@ -48,16 +53,6 @@ impl<'a> Key<'a> {
         // SAFETY: `hash` is a bytea varlena allocated in the current memory context, which
         // outlives every SPI call made while this Key is alive.
         unsafe { DatumWithOid::new(self.hash, pg_sys::BYTEAOID) }
-    }
-}
-
-/// SHA-256 of the key's bytes, computed by the same server function (sha256_bytea) that
-/// backs once.key_hash(text), so ad-hoc lookups by once.key_hash(key) find the same row.
-fn hash_key(text: &str) -> pg_sys::Datum {
-    // SAFETY: sha256_bytea reads one varlena argument; text and bytea share that layout.
-    unsafe {
-        pgrx::fcinfo::direct_function_call_as_datum(pg_sys::sha256_bytea, &[text.into_datum()])
-            .expect("sha256 of a value is never NULL")
     }
 }
 

@@ -49,4 +49,21 @@ mod tests {
             Some(true)
         );
     }
+
+    /// pg_once computes key digests itself (key::sha256), not through the server's
+    /// sha256(): every key length around the 64-byte block and its padding, multi-byte
+    /// text and the longest key must still get the digest once.key_hash gives.
+    #[pg_test]
+    fn key_digests_match_the_server_sha256_at_every_length() {
+        let mut keys: Vec<String> = (1..=200).map(|n| "k".repeat(n)).collect();
+        keys.push("ünïcødé ✓ 漢字".repeat(9));
+        keys.push("é".repeat(3750));
+        for key in &keys {
+            outcome_and_token(key);
+        }
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM once.entries WHERE key_hash = sha256(convert_to(key, 'UTF8'))"),
+            Some(keys.len() as i64)
+        );
+    }
 }
