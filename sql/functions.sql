@@ -16,7 +16,6 @@ CREATE FUNCTION once.claim_key(
     serve_stale boolean DEFAULT false)
 RETURNS once.claim
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'claim_key_0_2_wrapper';
 
 COMMENT ON FUNCTION once.claim_key(text, interval, interval, integer, boolean) IS
@@ -40,7 +39,6 @@ Call it in its own transaction: a claim is only visible to others once committed
 CREATE FUNCTION once.owner_session()
 RETURNS integer
 LANGUAGE c VOLATILE SECURITY DEFINER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'owner_session_wrapper';
 
 COMMENT ON FUNCTION once.owner_session() IS
@@ -60,7 +58,6 @@ CREATE FUNCTION once.complete_key(
     jitter float8 DEFAULT NULL)
 RETURNS boolean
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'complete_key_0_2_wrapper';
 
 COMMENT ON FUNCTION once.complete_key(text, bigint, jsonb, interval, interval, double precision, double precision) IS
@@ -78,7 +75,6 @@ CREATE FUNCTION once.fail_key(
     retry_after interval DEFAULT '0')
 RETURNS boolean
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'fail_key_wrapper';
 
 COMMENT ON FUNCTION once.fail_key(text, bigint, text, interval) IS
@@ -93,7 +89,6 @@ CREATE FUNCTION once.heartbeat_key(
     lease interval DEFAULT '30 seconds')
 RETURNS timestamptz
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'heartbeat_key_wrapper';
 
 COMMENT ON FUNCTION once.heartbeat_key(text, bigint, interval) IS
@@ -105,7 +100,6 @@ CREATE FUNCTION once.release_key(
     token bigint)
 RETURNS boolean
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'release_key_wrapper';
 
 COMMENT ON FUNCTION once.release_key(text, bigint) IS
@@ -115,7 +109,6 @@ absent and one waiter claims it at once. Returns false if token is no longer cur
 CREATE FUNCTION once.invalidate_key(key text)
 RETURNS boolean
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'invalidate_key_wrapper';
 
 COMMENT ON FUNCTION once.invalidate_key(text) IS
@@ -126,7 +119,6 @@ the key is computed once more. Returns false if the key was absent.$$;
 CREATE FUNCTION once.refresh_key(key text, stale interval DEFAULT NULL)
 RETURNS text
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'refresh_key_wrapper';
 
 COMMENT ON FUNCTION once.refresh_key(text, interval) IS
@@ -139,7 +131,6 @@ pending (queued: it runs anyway) or absent.$$;
 CREATE FUNCTION once.reap_stale()
 RETURNS TABLE (reclaimed bigint, expired bigint, history bigint)
 LANGUAGE c VOLATILE SECURITY DEFINER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'reap_stale_wrapper';
 
 COMMENT ON FUNCTION once.reap_stale() IS
@@ -158,7 +149,6 @@ CREATE FUNCTION once.create_namespace(
     notify text DEFAULT 'digest')
 RETURNS void
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'create_namespace_wrapper';
 
 COMMENT ON FUNCTION once.create_namespace(text, regrole, text) IS
@@ -172,7 +162,6 @@ notify. Only for superusers and members of the extension's owner.$$;
 CREATE FUNCTION once.drop_namespace(prefix text)
 RETURNS void
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'drop_namespace_wrapper';
 
 COMMENT ON FUNCTION once.drop_namespace(text) IS
@@ -190,7 +179,6 @@ CREATE FUNCTION once.create_queue(
     namespace    text DEFAULT NULL)
 RETURNS void
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'create_queue_0_2_wrapper';
 
 COMMENT ON FUNCTION once.create_queue(text, integer, interval, interval, text) IS
@@ -203,7 +191,6 @@ claim_next from it or drop it, and its keys may only go into its queues); NULL: 
 CREATE FUNCTION once.drop_queue(name text)
 RETURNS void
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'drop_queue_wrapper';
 
 COMMENT ON FUNCTION once.drop_queue(text) IS
@@ -221,7 +208,6 @@ CREATE FUNCTION once.enqueue_key(
     max_attempts integer DEFAULT NULL)
 RETURNS text
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'enqueue_key_wrapper';
 
 COMMENT ON FUNCTION once.enqueue_key(text, jsonb, text, integer, timestamptz, boolean, integer) IS
@@ -244,7 +230,6 @@ CREATE FUNCTION once.claim_next(
     owner_pid integer DEFAULT NULL)
 RETURNS TABLE (key text, token bigint, payload jsonb, attempt integer)
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS 'MODULE_PATHNAME', 'claim_next_wrapper';
 
@@ -260,7 +245,6 @@ owner_pid: as for claim_key.$$;
 CREATE FUNCTION once.invalidate_keys(queue text DEFAULT NULL, prefix text DEFAULT NULL)
 RETURNS bigint
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'invalidate_keys_wrapper';
 
 COMMENT ON FUNCTION once.invalidate_keys(text, text) IS
@@ -280,7 +264,6 @@ CREATE FUNCTION once.complete_keys(
     jitter  float8 DEFAULT NULL)
 RETURNS TABLE (key text)
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS 'MODULE_PATHNAME', 'complete_keys_0_2_wrapper';
 
@@ -428,7 +411,6 @@ with the other callers until retry_after, and the others are woken when it ends.
 CREATE FUNCTION once_internal.backend_alive(pid integer, started timestamptz)
 RETURNS boolean
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'backend_alive_wrapper';
 
 COMMENT ON FUNCTION once_internal.backend_alive(integer, timestamptz) IS
@@ -478,7 +460,6 @@ it is a member of the owner of the key's namespace. NULL if the argument is NULL
 CREATE FUNCTION once_internal.key_namespace(key text)
 RETURNS text
 LANGUAGE c STABLE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL RESTRICTED
-SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'key_namespace_wrapper';
 
 COMMENT ON FUNCTION once_internal.key_namespace(text) IS
@@ -488,7 +469,6 @@ starts with), or NULL.$$;
 CREATE FUNCTION once_internal.runtime()
 RETURNS TABLE (shared_memory boolean, notify text, workers integer, counters jsonb)
 LANGUAGE c VOLATILE SECURITY DEFINER PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'runtime_0_2_wrapper';
 
 COMMENT ON FUNCTION once_internal.runtime() IS

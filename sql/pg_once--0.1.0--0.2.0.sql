@@ -104,13 +104,11 @@ CREATE FUNCTION once.create_namespace(
     notify text DEFAULT 'digest')
 RETURNS void
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'create_namespace_wrapper';
 
 CREATE FUNCTION once.drop_namespace(prefix text)
 RETURNS void
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'drop_namespace_wrapper';
 
 CREATE FUNCTION once_internal.may_use_key(key text)
@@ -121,7 +119,6 @@ AS 'MODULE_PATHNAME', 'may_use_key_wrapper';
 CREATE FUNCTION once_internal.key_namespace(key text)
 RETURNS text
 LANGUAGE c STABLE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL RESTRICTED
-SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'key_namespace_wrapper';
 
 -- create_queue gains namespace: a new signature, so a new function with a new symbol.
@@ -134,7 +131,6 @@ CREATE FUNCTION once.create_queue(
     namespace    text DEFAULT NULL)
 RETURNS void
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'create_queue_0_2_wrapper';
 
 -- runtime() returns the counters by name (jsonb), with a new symbol; once.stats, which
@@ -144,7 +140,6 @@ DROP FUNCTION once.runtime();
 CREATE FUNCTION once_internal.runtime()
 RETURNS TABLE (shared_memory boolean, notify text, workers integer, counters jsonb)
 LANGUAGE c VOLATILE SECURITY DEFINER PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'runtime_0_2_wrapper';
 CREATE VIEW once.stats AS
 SELECT k.queued, k.running, k.done, k.failed, k.running_past_lease, k.expired_unpurged,
@@ -264,7 +259,6 @@ CREATE FUNCTION once.claim_key(
     serve_stale boolean DEFAULT false)
 RETURNS once.claim
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'claim_key_0_2_wrapper'
 $create$);
 
@@ -282,7 +276,6 @@ CREATE FUNCTION once.complete_key(
     jitter float8 DEFAULT NULL)
 RETURNS boolean
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'complete_key_0_2_wrapper'
 $create$);
 
@@ -300,17 +293,31 @@ CREATE FUNCTION once.complete_keys(
     jitter  float8 DEFAULT NULL)
 RETURNS TABLE (key text)
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS 'MODULE_PATHNAME', 'complete_keys_0_2_wrapper'
 $create$);
 
 DROP FUNCTION once_internal.replace_function(regprocedure, text, text);
 
+-- The C functions no longer pin search_path in their declarations: they pin it around
+-- each SQL statement they run (src/storage/statements.rs), so a call that runs none, a
+-- cache hit, does not pay for it. Those kept from 0.1.0 drop the setting.
+DO $reset$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN SELECT p.oid FROM pg_catalog.pg_proc p
+              WHERE p.pronamespace IN ('once'::regnamespace, 'once_internal'::regnamespace)
+                AND p.prolang = (SELECT oid FROM pg_catalog.pg_language WHERE lanname = 'c')
+                AND p.proconfig IS NOT NULL LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %s RESET search_path', f);
+    END LOOP;
+END
+$reset$;
+
 CREATE FUNCTION once.refresh_key(key text, stale interval DEFAULT NULL)
 RETURNS text
 LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'refresh_key_wrapper';
 
 -- once.cached runs the caller's query as the caller: SECURITY INVOKER, and no pinned

@@ -3,7 +3,7 @@
 //! a rule of the protocol itself.
 //!
 //! Every function here is `sql = false`: its CREATE FUNCTION statement (defaults,
-//! SECURITY DEFINER, pinned search_path, comment) is hand-written next to the others in
+//! SECURITY DEFINER, comment; no SET clause: storage::statements pins search_path) is hand-written next to the others in
 //! sql/functions.sql, with its arguments in the order of the Rust signature. Arguments
 //! arrive as Options so that NULL gets the documented 22004 error instead of a silent
 //! NULL result, and every body runs inside `body`: the check that this database's pg_once is

@@ -11,6 +11,14 @@
 //! Plans are prepared as "mutating": SPI then takes a fresh snapshot for every execution,
 //! even of a SELECT. A waiting claim_key re-reads its key many times inside one
 //! transaction and must see each change as soon as it is committed.
+//!
+//! Every statement is prepared and executed with `search_path = pg_catalog, pg_temp`, so
+//! that no schema, function or operator on the caller's path changes what it means: the
+//! functions run with their owner's rights (SECURITY DEFINER), and PostgreSQL re-plans a
+//! kept statement under whatever path is current. This is the one place the path is
+//! pinned for pg_once's C functions; their declarations do not `SET search_path`, which
+//! would cost every call, cache hits included (which run no statement), about 7% of its
+//! server time (docs/security.md).
 
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::{self, PgOid};
@@ -63,40 +71,67 @@ pub fn run<'a, R>(
     read: impl FnOnce(SpiTupleTable<'_>) -> pgrx::spi::Result<R>,
 ) -> R {
     let params: Vec<Param<'a>> = params.into_iter().collect();
-    Spi::connect(|client| {
-        let kept: *const Kept = PLANS.with_borrow_mut(|plans| {
-            let id = statement as *const Statement as usize;
-            if let Some(kept) = plans.get(&id) {
-                return Ok::<_, pgrx::spi::SpiError>(&**kept as *const Kept);
-            }
-            let (sql, names) = number_params(statement.sql)
-                .unwrap_or_else(|e| error!("pg_once: bad statement text: {e}: {}", statement.sql));
-            let types: Vec<pg_sys::Oid> = names
-                .iter()
-                .map(
-                    |name| match params.iter().find(|(given, _)| given == name) {
-                        Some((_, value)) => value.oid(),
-                        None => error!("pg_once: statement parameter ${name} was not given"),
-                    },
-                )
-                .collect();
-            let arg_types: Vec<PgOid> = types.iter().map(|&t| PgOid::from(t)).collect();
-            let plan = client.prepare_mut(sql.as_str(), &arg_types)?.keep();
-            let kept = plans
-                .entry(id)
-                .or_insert(Box::new(Kept { plan, names, types }));
-            Ok(&**kept as *const Kept)
-        })?;
-        // SAFETY: kept plans are boxed and never removed, so the pointer stays valid.
-        let kept = unsafe { &*kept };
-        let args = in_order(kept, params);
-        // `select` on a mutating plan: a fresh snapshot per execution (read_only = false)
-        // without pgrx's `update`, which would assign a transaction id up front and turn
-        // every cache hit into a committed write. Statements that write get one anyway.
-        let table = client.select(&*kept.plan, None, &args)?;
-        read(table)
+    with_pinned_search_path(|| {
+        Spi::connect(|client| {
+            let kept: *const Kept = PLANS.with_borrow_mut(|plans| {
+                let id = statement as *const Statement as usize;
+                if let Some(kept) = plans.get(&id) {
+                    return Ok::<_, pgrx::spi::SpiError>(&**kept as *const Kept);
+                }
+                let (sql, names) = number_params(statement.sql).unwrap_or_else(|e| {
+                    error!("pg_once: bad statement text: {e}: {}", statement.sql)
+                });
+                let types: Vec<pg_sys::Oid> = names
+                    .iter()
+                    .map(
+                        |name| match params.iter().find(|(given, _)| given == name) {
+                            Some((_, value)) => value.oid(),
+                            None => error!("pg_once: statement parameter ${name} was not given"),
+                        },
+                    )
+                    .collect();
+                let arg_types: Vec<PgOid> = types.iter().map(|&t| PgOid::from(t)).collect();
+                let plan = client.prepare_mut(sql.as_str(), &arg_types)?.keep();
+                let kept = plans
+                    .entry(id)
+                    .or_insert(Box::new(Kept { plan, names, types }));
+                Ok(&**kept as *const Kept)
+            })?;
+            // SAFETY: kept plans are boxed and never removed, so the pointer stays valid.
+            let kept = unsafe { &*kept };
+            let args = in_order(kept, params);
+            // `select` on a mutating plan: a fresh snapshot per execution (read_only = false)
+            // without pgrx's `update`, which would assign a transaction id up front and turn
+            // every cache hit into a committed write. Statements that write get one anyway.
+            let table = client.select(&*kept.plan, None, &args)?;
+            read(table)
+        })
     })
     .unwrap_or_else(|e| error!("pg_once: {e}"))
+}
+
+/// Run `f` with `search_path = pg_catalog, pg_temp`, at a GUC nesting level of its own,
+/// as a function's `SET` clause would. An error inside needs no cleanup here: the abort
+/// of the (sub)transaction that catches it restores the path, as for a SET clause.
+fn with_pinned_search_path<R>(f: impl FnOnce() -> R) -> R {
+    // SAFETY: opens a GUC nesting level, sets search_path at it with GUC_ACTION_SAVE, and
+    // closes the level (restoring the caller's path) once `f` has returned.
+    unsafe {
+        let level = pg_sys::NewGUCNestLevel();
+        pg_sys::set_config_option(
+            c"search_path".as_ptr(),
+            c"pg_catalog, pg_temp".as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_SAVE,
+            true,
+            0,
+            false,
+        );
+        let result = f();
+        pg_sys::AtEOXact_GUC(true, level);
+        result
+    }
 }
 
 /// `params` in the order of the plan's `$1`, `$2`, ..., each checked against the type the

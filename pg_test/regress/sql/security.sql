@@ -35,7 +35,12 @@ CREATE FUNCTION public.always_true(bytea, bytea) RETURNS boolean
     LANGUAGE sql AS 'SELECT true';
 CREATE OPERATOR public.= (LEFTARG = bytea, RIGHTARG = bytea, FUNCTION = public.always_true);
 SET search_path = public, pg_catalog;
-SELECT outcome FROM once.claim_key('another key');
+SELECT outcome, token AS another_token FROM once.claim_key('another key') \gset
+SELECT :'outcome' AS outcome;
+-- invalidate_key's statement compares digests with "=": hijacked, invalidating an absent
+-- key would delete every key that is not running ('another key', once completed).
+SELECT once.complete_key('another key', :another_token, '"kept"') AS completed;
+SELECT once.invalidate_key('absent key') AS invalidated;
 RESET search_path;
 RESET ROLE;
 SELECT key, state FROM once.entries ORDER BY key;

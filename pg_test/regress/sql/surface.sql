@@ -37,17 +37,22 @@ SELECT name AS undescribed_setting FROM pg_settings
 -- Every function is documented, SECURITY DEFINER (but the immutable digest, the triggers,
 -- claim_next's per-row filter, which checks privileges itself, may_use_key, which
 -- answers for the role calling it, next_token, which only the claiming statements call,
--- as the owner, once per claim, and library_version, which reads nothing) and pins its
--- search_path.
+-- as the owner, once per claim, and library_version, which reads nothing), and runs its
+-- SQL with search_path pinned: a C function pins it around each statement it runs
+-- (storage/statements.rs) and must not pay for a SET clause on every call; any other
+-- SECURITY DEFINER function pins it in its declaration.
 SELECT p.oid::regprocedure AS undocumented FROM pg_proc p
  WHERE p.pronamespace IN ('once'::regnamespace, 'once_internal'::regnamespace)
    AND obj_description(p.oid, 'pg_proc') IS NULL;
 SELECT p.oid::regprocedure AS not_pinned FROM pg_proc p
  WHERE p.pronamespace IN ('once'::regnamespace, 'once_internal'::regnamespace)
-   AND p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'c')
-   AND p.proname NOT IN ('notify_key_resolved', 'wake_queue', 'namespaces_changed',
-                         'row_taken', 'may_use_key', 'next_token', 'library_version')
-   AND (NOT p.prosecdef OR NOT 'search_path=pg_catalog, pg_temp' = ANY (p.proconfig));
+   AND CASE WHEN p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'c')
+            THEN (NOT p.prosecdef AND p.proname NOT IN ('notify_key_resolved', 'wake_queue',
+                      'namespaces_changed', 'row_taken', 'may_use_key', 'next_token',
+                      'library_version'))
+                 OR EXISTS (SELECT FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')
+            ELSE p.prosecdef AND NOT 'search_path=pg_catalog, pg_temp' = ANY (p.proconfig)
+       END;
 -- The two queue functions whose statements take LIMIT n or arrays run on generic plans,
 -- which PostgreSQL would otherwise never pick for them (it planned them on every call).
 SELECT p.proname, c AS setting FROM pg_proc p, unnest(p.proconfig) AS c
