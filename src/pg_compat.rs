@@ -21,8 +21,6 @@
 //! - Reserving the `once.` prefix: `MarkGUCPrefixReserved` since 15. 14 has only
 //!   `EmitWarningsOnPlaceholders`, which warns about `once.*` placeholders already set but
 //!   cannot refuse later ones: on 14 a misspelt `SET once.poll_intervall` is accepted.
-//! - A tuple descriptor's attributes: `TupleDescData.attrs` up to 17; since 18 they follow
-//!   the `compact_attrs` array (what PostgreSQL's `TupleDescAttr` computes).
 //! - `heap_fetch`: PostgreSQL 15 added `keep_buf` (keep the buffer pinned when the answer
 //!   is false); on 14 a false answer releases it and leaves `InvalidBuffer`.
 //! - `index_beginscan`: PostgreSQL 18 added an `instrument` argument (NULL: no EXPLAIN
@@ -176,34 +174,6 @@ unsafe extern "C-unwind" fn shmem_request() {
             request();
         }
     }
-}
-
-/// Attribute `i` (0-based, below `natts`) of a tuple descriptor.
-///
-/// # Safety
-/// `desc` is a valid tuple descriptor that outlives the returned reference.
-pub unsafe fn tuple_desc_attr<'a>(
-    desc: pg_sys::TupleDesc,
-    i: usize,
-) -> &'a pg_sys::FormData_pg_attribute {
-    let natts = unsafe { (*desc).natts } as usize;
-    assert!(
-        i < natts,
-        "pg_compat::tuple_desc_attr: attribute {i} of {natts}"
-    );
-    #[cfg(not(feature = "pg18"))]
-    return unsafe { &(*desc).attrs.as_slice(natts)[i] };
-    // As TupleDescAttr in PostgreSQL 18's tupdesc.h: the full attributes follow the
-    // natts compact ones.
-    #[cfg(feature = "pg18")]
-    return unsafe {
-        &*(*desc)
-            .compact_attrs
-            .as_ptr()
-            .add(natts)
-            .cast::<pg_sys::FormData_pg_attribute>()
-            .add(i)
-    };
 }
 
 /// heap_fetch: whether `tuple.t_self` is a tuple visible to `snapshot`, read into `tuple`.

@@ -15,6 +15,7 @@ use pgrx::datum::{FromDatum, Interval, TimestampWithTimeZone};
 use pgrx::memcxt::PgMemoryContexts;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
+use std::cell::{Cell, RefCell};
 use std::ffi::CStr;
 
 /// A key's row as the claim protocol needs it, and the time it was read.
@@ -128,19 +129,11 @@ unsafe fn scan(
     // snapshot registered for the scan and for detoasting, and every value copied into
     // the caller's memory context before the slot is dropped.
     unsafe {
-        let [table_oid, index_oid] = once_relations([c"entries", c"entries_pkey"]);
+        let Some((relations, table, index)) = open_locked(true) else {
+            return Err(Blocked);
+        };
         let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
-        if !pg_sys::ConditionalLockRelationOid(table_oid, lock) {
-            return Err(Blocked);
-        }
-        if !pg_sys::ConditionalLockRelationOid(index_oid, lock) {
-            pg_sys::UnlockRelationOid(table_oid, lock);
-            return Err(Blocked);
-        }
-        let no_lock = pg_sys::NoLock as pg_sys::LOCKMODE;
-        let table = pg_sys::table_open(table_oid, no_lock);
-        let index = pg_sys::index_open(index_oid, no_lock);
-        let attnums = COLUMNS.map(|name| attnum(table, name));
+        let index = index.expect("asked for the index");
         let snapshot = if register {
             pg_sys::RegisterSnapshot(snapshot)
         } else {
@@ -166,7 +159,7 @@ unsafe fn scan(
         ) {
             pg_sys::slot_getallattrs(slot);
             let value = |i: usize| {
-                let at = attnums[i] - 1;
+                let at = relations.attnums[i] - 1;
                 (*(*slot).tts_values.add(at), *(*slot).tts_isnull.add(at))
             };
             Some(Entry {
@@ -210,12 +203,10 @@ pub fn held_elsewhere(entry: &Entry) -> bool {
     // the tid is checked against the relation's size, the header is read under a share
     // lock on its buffer, and the pin is released.
     unsafe {
-        let [table_oid] = once_relations([c"entries"]);
-        let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
-        if !pg_sys::ConditionalLockRelationOid(table_oid, lock) {
+        let Some((_, table, _)) = open_locked(false) else {
             return true;
-        }
-        let table = pg_sys::table_open(table_oid, pg_sys::NoLock as pg_sys::LOCKMODE);
+        };
+        let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
         let held = with_tuple_header(table, entry.tid, |header| {
             holder(header).is_some_and(|h| pg_sys::TransactionIdIsInProgress(h.xid))
         });
@@ -224,20 +215,101 @@ pub fn held_elsewhere(entry: &Entry) -> bool {
     }
 }
 
-/// The OIDs of relations of schema once (each lookup is a syscache probe: cheap, but
-/// taken runs once per claim_next candidate, so it looks up only what it opens).
-unsafe fn once_relations<const N: usize>(names: [&CStr; N]) -> [pg_sys::Oid; N] {
-    let namespace = pg_sys::get_namespace_oid(crate::schema::API.as_ptr(), false);
-    names.map(|name| {
-        let oid = pg_sys::get_relname_relid(name.as_ptr(), namespace);
-        if oid == pg_sys::InvalidOid {
-            error!(
-                "pg_once: relation once.{} is missing; reinstall the extension",
-                name.to_string_lossy()
-            );
+/// once.entries, its primary key and the attribute numbers of `COLUMNS`: looked up once
+/// per backend, not by name on every read (that was about 2% of a cache hit's server
+/// time), and again after any invalidation of either relation (DROP and CREATE
+/// EXTENSION, ALTER TABLE).
+#[derive(Clone, Copy)]
+struct Relations {
+    table: pg_sys::Oid,
+    index: pg_sys::Oid,
+    attnums: [usize; COLUMNS.len()],
+}
+
+thread_local! {
+    static RELATIONS: Cell<Option<Relations>> = const { Cell::new(None) };
+    static CALLBACK_REGISTERED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// A relcache invalidation of once.entries, its primary key, or of every relation: it
+/// only forgets, as an invalidation callback must (no catalog access).
+#[pg_guard]
+unsafe extern "C-unwind" fn forget_relations(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    if let Some(known) = RELATIONS.get() {
+        if relid == pg_sys::InvalidOid || relid == known.table || relid == known.index {
+            RELATIONS.set(None);
         }
-        oid
-    })
+    }
+}
+
+fn relations() -> Relations {
+    if let Some(known) = RELATIONS.get() {
+        return known;
+    }
+    if !CALLBACK_REGISTERED.replace(true) {
+        // SAFETY: registers a callback for the lifetime of the backend.
+        unsafe {
+            pg_sys::CacheRegisterRelcacheCallback(Some(forget_relations), pg_sys::Datum::from(0))
+        };
+    }
+    // SAFETY: syscache lookups by name, in a transaction (every caller runs in one).
+    let found = unsafe {
+        let namespace = pg_sys::get_namespace_oid(crate::schema::API.as_ptr(), false);
+        let relation = |name: &CStr| {
+            let oid = pg_sys::get_relname_relid(name.as_ptr(), namespace);
+            if oid == pg_sys::InvalidOid {
+                error!(
+                    "pg_once: relation once.{} is missing; reinstall the extension",
+                    name.to_string_lossy()
+                );
+            }
+            oid
+        };
+        let table = relation(c"entries");
+        Relations {
+            table,
+            index: relation(c"entries_pkey"),
+            attnums: COLUMNS.map(|name| attnum(table, name)),
+        }
+    };
+    RELATIONS.set(Some(found));
+    found
+}
+
+/// once.entries (and its primary key, if `with_index`) opened under AccessShareLock,
+/// taken only if it can be had at once (None otherwise). Unlock with `table_close` and
+/// `index_close` and that lock mode. Locking processes pending invalidations, so a
+/// relation dropped and created again meanwhile (DROP and CREATE EXTENSION) is looked up
+/// again before it is opened.
+unsafe fn open_locked(
+    with_index: bool,
+) -> Option<(Relations, pg_sys::Relation, Option<pg_sys::Relation>)> {
+    let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+    let no_lock = pg_sys::NoLock as pg_sys::LOCKMODE;
+    // SAFETY: the relations are locked before they are opened, and unlocked again when
+    // the cached OIDs turned out to be stale.
+    unsafe {
+        loop {
+            let relations = relations();
+            if !pg_sys::ConditionalLockRelationOid(relations.table, lock) {
+                return None;
+            }
+            if with_index && !pg_sys::ConditionalLockRelationOid(relations.index, lock) {
+                pg_sys::UnlockRelationOid(relations.table, lock);
+                return None;
+            }
+            if RELATIONS.get().is_none() {
+                if with_index {
+                    pg_sys::UnlockRelationOid(relations.index, lock);
+                }
+                pg_sys::UnlockRelationOid(relations.table, lock);
+                continue;
+            }
+            let table = pg_sys::table_open(relations.table, no_lock);
+            let index = with_index.then(|| pg_sys::index_open(relations.index, no_lock));
+            return Some((relations, table, index));
+        }
+    }
 }
 
 /// Is the once.entries row version at `tid` of no use to a claimer in this transaction:
@@ -270,7 +342,7 @@ pub fn taken(tid: pg_sys::ItemPointerData) -> bool {
     // against the relation's size before the page is read, the tuple header is read under
     // a share lock on its buffer, and the pin is released.
     unsafe {
-        let [table_oid] = once_relations([c"entries"]);
+        let table_oid = relations().table;
         let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
         if pg_sys::pg_class_aclcheck(table_oid, pg_sys::GetUserId(), pg_sys::ACL_SELECT as _)
             != pg_sys::AclResult::ACLCHECK_OK
@@ -388,16 +460,14 @@ unsafe fn taken_elsewhere(header: pg_sys::HeapTupleHeader) -> bool {
     }
 }
 
-/// Attribute number of column `name` of `table`.
-unsafe fn attnum(table: pg_sys::Relation, name: &CStr) -> usize {
-    let desc = (*table).rd_att;
-    (0..(*desc).natts as usize)
-        .find(|&i| {
-            let att = pg_compat::tuple_desc_attr(desc, i);
-            !att.attisdropped && CStr::from_ptr(att.attname.data.as_ptr()) == name
-        })
-        .map(|i| i + 1)
-        .unwrap_or_else(|| error!("pg_once: once.entries has no column {name:?}"))
+/// Attribute number of column `name` of relation `table`.
+unsafe fn attnum(table: pg_sys::Oid, name: &CStr) -> usize {
+    // SAFETY: a syscache lookup by name.
+    let number = unsafe { pg_sys::get_attnum(table, name.as_ptr()) };
+    if number <= 0 {
+        error!("pg_once: once.entries has no column {name:?}");
+    }
+    number as usize
 }
 
 /// Copy a value out of the slot into the current memory context.
@@ -410,11 +480,30 @@ unsafe fn copy<T: FromDatum>((datum, isnull): (pg_sys::Datum, bool)) -> Option<T
     )
 }
 
+thread_local! {
+    /// Labels of once.key_state by value OID, as read: enum_out is a syscache probe and a
+    /// palloc per read. A reinstalled type gets new OIDs, which are simply looked up anew.
+    static STATE_LABELS: RefCell<Vec<(pg_sys::Datum, String)>> = const { RefCell::new(Vec::new()) };
+}
+
 /// The label of a once.key_state value.
 unsafe fn state_label(datum: pg_sys::Datum) -> String {
-    let label = pgrx::fcinfo::direct_function_call_as_datum(pg_sys::enum_out, &[Some(datum)])
-        .expect("enum_out returns a label");
-    CStr::from_ptr(label.cast_mut_ptr())
-        .to_string_lossy()
-        .into_owned()
+    if let Some(label) = STATE_LABELS.with_borrow(|labels| {
+        labels
+            .iter()
+            .find(|(value, _)| *value == datum)
+            .map(|(_, label)| label.clone())
+    }) {
+        return label;
+    }
+    // SAFETY: enum_out of a once.key_state value read from once.entries.
+    let label = unsafe {
+        let label = pgrx::fcinfo::direct_function_call_as_datum(pg_sys::enum_out, &[Some(datum)])
+            .expect("enum_out returns a label");
+        CStr::from_ptr(label.cast_mut_ptr())
+            .to_string_lossy()
+            .into_owned()
+    };
+    STATE_LABELS.with_borrow_mut(|labels| labels.push((datum, label.clone())));
+    label
 }

@@ -7,7 +7,6 @@ mod tests {
     use crate::tests::one;
     use pgrx::pg_sys;
     use pgrx::prelude::*;
-    use std::ffi::CStr;
 
     #[pg_test]
     fn a_backend_number_is_the_same_from_inside_and_from_its_pgproc() {
@@ -58,39 +57,5 @@ mod tests {
         assert!(found);
         // Out of range is NULL, not another entry.
         assert!(unsafe { pg_compat::local_backend_status(0) }.is_null());
-    }
-
-    #[pg_test]
-    fn tuple_desc_attr_names_the_columns_in_order() {
-        let expected: Vec<String> = Spi::connect(|client| {
-            client
-                .select(
-                    "SELECT attname::text FROM pg_attribute
-                      WHERE attrelid = 'once.entries'::regclass AND attnum > 0
-                      ORDER BY attnum",
-                    None,
-                    &[],
-                )
-                .unwrap()
-                .map(|row| row.get::<String>(1).unwrap().unwrap())
-                .collect()
-        });
-        let oid = one::<pg_sys::Oid>("SELECT 'once.entries'::regclass::oid").unwrap();
-        // SAFETY: the relation is opened and closed here; names are copied out while open.
-        let names: Vec<String> = unsafe {
-            let rel = pg_sys::RelationIdGetRelation(oid);
-            let desc = (*rel).rd_att;
-            let names = (0..(*desc).natts as usize)
-                .map(|i| {
-                    let att = pg_compat::tuple_desc_attr(desc, i);
-                    CStr::from_ptr(att.attname.data.as_ptr())
-                        .to_string_lossy()
-                        .into_owned()
-                })
-                .collect();
-            pg_sys::RelationClose(rel);
-            names
-        };
-        assert_eq!(names, expected);
     }
 }
