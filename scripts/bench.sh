@@ -19,6 +19,11 @@
 #      expiry with waiting, stale-while-revalidate, XFetch and a plain table cache:
 #      computations per expiry, latency, stale answers; XFetch against its model.
 #
+# QUICK=1: a smoke run in under 5 minutes: the headline row of each section (with the
+# baseline its ratio needs), one short round each. Its report goes to the terminal and to
+# $PG_ONCE_WORK/quick.md, never to BENCHMARKS.md or results.jsonl: one round is not a
+# figure to publish. Use it to check the harness and to see a change's direction.
+#
 # SECTIONS="6" (for example) runs only those sections: their tables replace the same
 # sections of BENCHMARKS.md and their rows in bench/results/results.jsonl, each marked
 # with the day of its run; the rest stays as the last run left it.
@@ -28,6 +33,11 @@
 # SECONDS_PER_RUN (10), RTT_US (500), BLOAT_CYCLES (1000000), FRESHNESS_SECONDS (60 per
 # mode of section 7). A full run takes about 40 minutes.
 source "$(dirname "$0")/lib.sh"
+QUICK=${QUICK:-0}
+quick() { [ "$QUICK" = 1 ]; }
+if quick; then
+    : "${ROUNDS:=1}" "${QUEUE_ROUNDS:=1}" "${SECONDS_PER_RUN:=3}" "${FRESHNESS_SECONDS:=4}"
+fi
 PORT=${PG_ONCE_BENCH_PORT:-25534}
 PLAIN_PORT=$((PORT + 1))
 PROXY_PORT=$((PORT + 2))
@@ -43,6 +53,10 @@ BIN=${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release
 OUT=$REPO_ROOT/bench/results
 REPORT=$REPO_ROOT/BENCHMARKS.md
 RESULTS=$OUT/results.jsonl
+if quick; then
+    REPORT=$PG_ONCE_WORK/quick.md
+    RESULTS=$PG_ONCE_WORK/quick-results.jsonl
+fi
 SECTIONS=${SECTIONS:-1 2 3 4 5 6 7}
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 ALL_SECTIONS=no
@@ -101,7 +115,7 @@ section_rows() {
     5) echo queue bloat ;; 6) echo pooled ;; 7) echo freshness ;;
     esac
 }
-if [ "$ALL_SECTIONS" = yes ]; then
+if [ "$ALL_SECTIONS" = yes ] || quick; then
     : >"$RESULTS"
 else
     # Keep the other sections' rows; this run writes its own anew.
@@ -170,7 +184,9 @@ pooled_section() {
     "$venv/bin/pip" install --quiet --disable-pip-version-check "$REPO_ROOT/clients/python"
     pgbouncer_start bench-bouncer "$BOUNCER_PORT" "$PORT" 6
     local rows=$PG_ONCE_WORK/pooled.jsonl
-    "$venv/bin/python" "$REPO_ROOT/bench/pooled.py" --dsn "$DSN" \
+    local only=()
+    quick && only=(--setups pgbouncer --rows 100x4)
+    "$venv/bin/python" "$REPO_ROOT/bench/pooled.py" --dsn "$DSN" "${only[@]}" \
         --bouncer-dsn "host=127.0.0.1 port=$BOUNCER_PORT user=postgres dbname=postgres" >"$rows"
     pgbouncer_stop bench-bouncer
     sed 's/^{/{"bench":"pooled",/' "$rows" >>"$RESULTS"
@@ -264,8 +280,10 @@ freshness_section() {
     local before after load_before machine
     before="$(machine_ticks) $(bench_ticks)"
     load_before=$(cut -d' ' -f1 /proc/loadavg)
+    local short=(--rounds 4)
+    quick && short=(--rounds 1 --warmup 2 --cooldown 1)
     "$venv/bin/python" "$REPO_ROOT/bench/freshness.py" run --dsn "$DSN" \
-        --duration "$FRESHNESS_SECONDS" --rounds 4 >"$rows"
+        --duration "$FRESHNESS_SECONDS" "${short[@]}" >"$rows"
     after="$(machine_ticks) $(bench_ticks)"
     machine=$(awk -v b="$before" -v a="$after" -v l0="$load_before" -v l1="$(cut -d' ' -f1 /proc/loadavg)" -v n="$(nproc)" \
         -v version="$(grep -m1 '^version' "$REPO_ROOT/Cargo.toml" | cut -d'"' -f2)" \
@@ -376,6 +394,11 @@ echo "round-trip time, as between a pod and its database."
 echo
 echo "| A vs B | A tx/s | B tx/s | A / B |"
 echo "|---|---|---|---|"
+if quick; then
+    compare once_hit pk_select 8 "claim_key hit vs primary-key SELECT, 8 clients"
+    echo
+fi
+if ! quick; then
 for c in 1 8 32; do
     compare once_cycle handmade_cycle "$c" "claim+complete vs hand-made, $c clients, local socket"
 done
@@ -390,6 +413,7 @@ compare once_hit pk_select 8 "claim_key hit vs primary-key SELECT, 8 clients, ${
 cluster_psql bench "$PORT" -q -f "$SQL/namespace_setup.sql" >/dev/null
 compare once_hit_namespace once_hit 8 "claim_key hit in a namespace vs outside, 8 clients, as an application role" socket bench_app
 echo
+fi
 
 fi
 
@@ -405,21 +429,24 @@ echo "for callers that retry claim_key every 100 ms (the usual \"timeout and ret
 echo
 echo "| how callers wait | computations | p50 ms | p99 ms | max ms | max vs retry every 100 ms |"
 echo "|---|---|---|---|---|---|"
-for callers in 20 200; do
+stampede_callers="20 200"
+quick && stampede_callers=200
+for callers in $stampede_callers; do
     progress "stampede, $callers callers"
     base=$(harness --dsn "$DSN" --label "$callers callers, retry claim_key every 100 ms" stampede --strategy poll100 --callers "$callers")
     rows=(
         "$(harness --dsn "$DSN" --label "$callers callers, claim_key(wait), preloaded: woken" stampede --strategy server --callers "$callers")"
         "$(harness --dsn "$PLAIN_DSN" --label "$callers callers, claim_key(wait), not preloaded: polls every 20 ms" stampede --strategy server --callers "$callers")"
     )
-    if [ "$callers" = 200 ]; then
+    if [ "$callers" = 200 ] && ! quick; then
         rows+=(
             "$(harness --dsn "$DSN" --label "200 callers, LISTEN first, preloaded: relayed NOTIFY" stampede --strategy listen)"
             "$(harness --dsn "$PLAIN_DSN" --label "200 callers, LISTEN first, not preloaded: direct NOTIFY" stampede --strategy listen)"
         )
     fi
+    quick && rows=("${rows[0]}")
     rows+=("$base")
-    [ "$callers" = 200 ] && rows+=("$(harness --dsn "$DSN" --label "200 callers, retry claim_key every 1 s" stampede --strategy poll1000)")
+    [ "$callers" = 200 ] && ! quick && rows+=("$(harness --dsn "$DSN" --label "200 callers, retry claim_key every 1 s" stampede --strategy poll1000)")
     progress_done
     for row in "${rows[@]}"; do
         echo "$row $(ratio_of_column "$row" "$base" 6)x |"
@@ -439,11 +466,9 @@ echo "| design | takeover ms | vs lease only |"
 echo "|---|---|---|"
 progress "failover"
 base=$(harness --dsn "$DSN" --label "lease only (once.backend_liveness = off), 5 s lease" takeover --lease-s 5 --lease-only)
-rows=(
-    "$(harness --dsn "$DSN" --label "pg_once preloaded, 30 s lease" takeover)"
-    "$(harness --dsn "$PLAIN_DSN" --label "pg_once not preloaded, 30 s lease" takeover)"
-    "$base"
-)
+rows=("$(harness --dsn "$DSN" --label "pg_once preloaded, 30 s lease" takeover)")
+quick || rows+=("$(harness --dsn "$PLAIN_DSN" --label "pg_once not preloaded, 30 s lease" takeover)")
+rows+=("$base")
 progress_done
 for row in "${rows[@]}"; do
     echo "$row $(ratio_of_column "$row" "$base" 3)x |"
@@ -462,11 +487,13 @@ echo "same machine."
 echo
 echo "| listeners | once.notify | tx/s | vs off |"
 echo "|---|---|---|---|"
-for kind in idle reading; do
+listener_kinds="idle reading" notify_modes="off relay direct"
+quick && listener_kinds=reading notify_modes="off relay"
+for kind in $listener_kinds; do
     flag=() runs_off="" runs_relay="" runs_direct=""
     [ "$kind" = idle ] && flag=(--idle)
     for ((r = 1; r <= ROUNDS; r++)); do
-        for mode in off relay direct; do
+        for mode in $notify_modes; do
             progress "$kind listeners, once.notify = $mode, round $r/$ROUNDS"
             # Fresh listeners for every run, so idle ones start with empty socket buffers.
             exec 3> >("$BIN/bench" --dsn "$DSN" listeners --count 100 "${flag[@]}" >/dev/null 2>&1)
@@ -479,7 +506,7 @@ for kind in idle reading; do
     done
     progress_done
     read -r off _ _ <<<"$(stats "$runs_off")"
-    for mode in off relay direct; do
+    for mode in $notify_modes; do
         runs_var="runs_$mode"
         read -r m min max <<<"$(stats "${!runs_var}")"
         printf '| 100 %s | %s | %s (%s-%s) | %.0f%% |\n' "$kind" "$mode" "$m" "$min" "$max" "$(awk -v a="$m" -v b="$off" 'BEGIN {print 100 * a / b}')"
@@ -529,11 +556,12 @@ setup_label() {
     *) echo "$1" ;;
     esac
 }
-SETUPS="1 4 16 64 64c$POOL 64f$POOL"
+SETUPS="1 4 16 64 64c$POOL 64f$POOL" QUEUE_BATCHES="1 10"
+quick && SETUPS=4 QUEUE_BATCHES=10
 # Each round visits every setup, so that a slow spell of the machine (a checkpoint,
 # autovacuum of what earlier sections left) lands on several of them rather than on all
 # rounds of one.
-for n in 1 10; do
+for n in $QUEUE_BATCHES; do
     declare -A once_runs=() plain_runs=()
     peak_once=0 peak_plain=0
     for ((r = 1; r <= QUEUE_ROUNDS; r++)); do
@@ -545,7 +573,8 @@ for n in 1 10; do
             plain_runs[$w]+=" $(queue_round plain "${w%%[cf]*}" "$n" $(setup_options "$w"))"
         done
     done
-    for w in 1 4 16 64; do
+    for w in $SETUPS; do
+        [[ $w == *[cf]* ]] && continue
         read -r m _ _ <<<"$(stats "${once_runs[$w]}")"
         peak_once=$(awk -v a="$m" -v b="$peak_once" 'BEGIN {print (a > b ? a : b)}')
         read -r m _ _ <<<"$(stats "${plain_runs[$w]}")"
@@ -563,6 +592,7 @@ for n in 1 10; do
     unset once_runs plain_runs
 done
 echo
+if ! quick; then
 echo "Sizes of once.entries over $BLOAT_CYCLES claim_next + complete_key + enqueue_key(refresh)"
 echo "cycles on 10,000 keys, 8 workers, in a database of their own, autovacuum on, reap_stale"
 echo "every second with once.history_retention = 1 minute:"
@@ -583,6 +613,7 @@ print()
 print("%d cycles in %.0f s (%.0f cycles/s)." % (r["cycles"], r["seconds"], r["cycles"] / r["seconds"]))
 '
 fi
+fi
 
 if want 6; then
 pooled_section
@@ -593,7 +624,7 @@ freshness_section
 fi
 }
 
-if [ "$ALL_SECTIONS" = yes ]; then
+if [ "$ALL_SECTIONS" = yes ] || quick; then
     report >"$REPORT"
 else
     # Replace only the sections this run measured, each marked with the day of its run.
@@ -611,6 +642,11 @@ for n, body in new.items():
     old[n] = f"{title}\n\n_Measured on {day} by `SECTIONS=\"{sections}\" scripts/bench.sh`._\n{rest}"
 open(report, "w").write(head + "".join(old[n] for n in sorted(old, key=int)))
 PY
+fi
+if quick; then
+    say "quick run: not published; wrote $REPORT"
+    cat "$REPORT"
+    exit 0
 fi
 say "plotting"
 venv=$PG_ONCE_WORK/plot-venv
