@@ -54,12 +54,18 @@ hit | pk_select | cycle | handmade_cycle)
 queue | plain_queue)
     with=once
     [ "$WORKLOAD" = plain_queue ] && with=plain
-    # The harness first fills the queue (for as long as the run is meant to last), then
-    # works for 1 s before it counts: sample well after both.
+    # The harness first fills the queue (for as long as the run is meant to last, which
+    # takes a while) and vacuums it: sample only once its workers are at work.
     "${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/bench" --dsn "$DSN" --rounds 1 queue \
-        --with "$with" --workers 4 --batch 10 --seconds $((SECONDS_SAMPLED + 40)) \
+        --with "$with" --workers 4 --batch 10 --seconds $((SECONDS_SAMPLED + 10)) \
         >"$PG_ONCE_WORK/profile.load" 2>&1 &
-    warmup=35
+    for ((i = 0; i < 600; i++)); do
+        working=$(cluster_psql profile "$PORT" -Atc "SELECT count(*) FROM pg_stat_activity
+            WHERE query LIKE '%claim_next%' OR query LIKE '%SKIP LOCKED%'")
+        [ "$working" -gt 1 ] && break
+        sleep 0.2
+    done
+    warmup=3
     ;;
 *)
     echo "unknown workload $WORKLOAD" >&2
