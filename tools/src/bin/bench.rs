@@ -482,20 +482,7 @@ async fn queue(
                 )
                 .await?;
         }
-        QueueImpl::Plain => {
-            admin
-                .batch_execute(&format!(
-                    "CREATE TABLE {name} (id bigserial PRIMARY KEY, state text NOT NULL DEFAULT 'queued',
-                         payload jsonb, result jsonb, errors int NOT NULL DEFAULT 0,
-                         priority int NOT NULL DEFAULT 0, run_at timestamptz NOT NULL DEFAULT now(),
-                         worker text, locked_at timestamptz);
-                     CREATE INDEX ON {name} (errors, priority, run_at) WHERE state = 'queued';"
-                ))
-                .await?;
-            admin
-                .execute(&format!("INSERT INTO {name} (payload) SELECT '{{}}' FROM generate_series(1, $1::bigint)"), &[&jobs])
-                .await?;
-        }
+        QueueImpl::Plain => create_plain_queue(&admin, &name, jobs).await?,
     }
     admin.batch_execute("VACUUM ANALYZE").await?;
     settle(&admin).await?;
@@ -521,60 +508,20 @@ async fn queue(
         tasks.push(tokio::spawn(async move {
             let worker = format!("w{w}");
             let client = connection.lock().await;
-            let (claim, complete) = match with {
-                QueueImpl::Once => (
-                    client.prepare("SELECT key, token FROM once.claim_next($1, worker => $2, n => $3::bigint::int)").await?,
-                    if batch == 1 {
-                        client.prepare("SELECT once.complete_key($1, $2, '{\"ok\": true}')").await?
-                    } else {
-                        client.prepare("SELECT count(*) FROM once.complete_keys($1::text[], $2::bigint[], array_fill('{\"ok\": true}'::jsonb, ARRAY[cardinality($1::text[])]))").await?
-                    },
-                ),
-                QueueImpl::Plain => (
-                    client
-                        .prepare(&format!(
-                            "UPDATE {name} SET state = 'running', worker = $2, locked_at = now()
-                              WHERE id IN (SELECT id FROM {name}
-                                            WHERE state = 'queued' AND run_at <= now() AND $1::text IS NOT NULL
-                                            ORDER BY errors, priority, run_at
-                                            LIMIT $3 FOR UPDATE SKIP LOCKED)
-                             RETURNING id::text, 0::bigint"
-                        ))
-                        .await?,
-                    client
-                        .prepare(&format!(
-                            "UPDATE {name} SET state = 'done', result = '{{\"ok\": true}}' WHERE id = ANY($1::text[]::bigint[])"
-                        ))
-                        .await?,
-                ),
-            };
+            let statements = QueueStatements::prepare(&client, with, &name, batch).await?;
             drop(client);
             while Instant::now() < deadline {
                 let _turn = gate.acquire().await?;
-                let rows = connection
-                    .lock()
-                    .await
-                    .query(&claim, &[&name, &worker, &(batch as i64)])
+                let (keys, tokens) = statements
+                    .claim(&*connection.lock().await, &name, &worker)
                     .await?;
-                if rows.is_empty() {
+                if keys.is_empty() {
                     dry.store(true, std::sync::atomic::Ordering::Relaxed);
                     break;
                 }
-                let keys: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
-                let tokens: Vec<i64> = rows.iter().map(|r| r.get(1)).collect();
-                let client = connection.lock().await;
-                match (with, batch) {
-                    (QueueImpl::Once, 1) => {
-                        client.query_one(&complete, &[&keys[0], &tokens[0]]).await?;
-                    }
-                    (QueueImpl::Once, _) => {
-                        client.query_one(&complete, &[&keys, &tokens]).await?;
-                    }
-                    (QueueImpl::Plain, _) => {
-                        client.execute(&complete, &[&keys]).await?;
-                    }
-                }
-                drop(client);
+                statements
+                    .complete(&*connection.lock().await, &keys, &tokens)
+                    .await?;
                 if Instant::now() >= counted_from {
                     done.fetch_add(keys.len() as u64, std::sync::atomic::Ordering::Relaxed);
                 }
@@ -587,6 +534,41 @@ async fn queue(
     }
     let elapsed = counted_from.elapsed().as_secs_f64();
     let done = done.load(std::sync::atomic::Ordering::Relaxed);
+    drop_queue(&admin, with, &name).await?;
+    anyhow::ensure!(
+        !dry.load(std::sync::atomic::Ordering::Relaxed),
+        "the queue ran dry: raise JOBS_PER_SECOND_CAP"
+    );
+    Ok(json!({
+        "bench": "queue", "with": format!("{with:?}").to_lowercase(), "workers": workers,
+        "connections": connections, "in_flight": in_flight, "batch": batch, "jobs": done, "cycles_per_s": done as f64 / elapsed,
+    }))
+}
+
+/// A hand-written queue table, `rows` jobs queued: the plain baseline of `queue` and `hold`.
+async fn create_plain_queue(admin: &Client, name: &str, rows: i64) -> Result<()> {
+    admin
+        .batch_execute(&format!(
+            "CREATE TABLE {name} (id bigserial PRIMARY KEY, state text NOT NULL DEFAULT 'queued',
+                 payload jsonb, result jsonb, errors int NOT NULL DEFAULT 0,
+                 priority int NOT NULL DEFAULT 0, run_at timestamptz NOT NULL DEFAULT now(),
+                 worker text, locked_at timestamptz);
+             CREATE INDEX ON {name} (errors, priority, run_at) WHERE state = 'queued';"
+        ))
+        .await?;
+    admin
+        .execute(
+            &format!(
+                "INSERT INTO {name} (payload) SELECT '{{}}' FROM generate_series(1, $1::bigint)"
+            ),
+            &[&rows],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Remove a benchmark queue and everything its jobs left behind.
+async fn drop_queue(admin: &Client, with: QueueImpl, name: &str) -> Result<()> {
     match with {
         QueueImpl::Once => {
             admin
@@ -601,14 +583,89 @@ async fn queue(
         }
         QueueImpl::Plain => admin.batch_execute(&format!("DROP TABLE {name}")).await?,
     }
-    anyhow::ensure!(
-        !dry.load(std::sync::atomic::Ordering::Relaxed),
-        "the queue ran dry: raise JOBS_PER_SECOND_CAP"
-    );
-    Ok(json!({
-        "bench": "queue", "with": format!("{with:?}").to_lowercase(), "workers": workers,
-        "connections": connections, "in_flight": in_flight, "batch": batch, "jobs": done, "cycles_per_s": done as f64 / elapsed,
-    }))
+    Ok(())
+}
+
+/// A worker's two statements, prepared on its connection: claim up to `batch` jobs of
+/// queue `name`, and complete them (pg_once's claim_next and complete_key(s), or the plain
+/// table's UPDATEs). Jobs are (key, token) pairs; the plain table's keys are its ids and
+/// its tokens 0.
+struct QueueStatements {
+    with: QueueImpl,
+    batch: i32,
+    claim: tokio_postgres::Statement,
+    complete: tokio_postgres::Statement,
+}
+
+impl QueueStatements {
+    async fn prepare(client: &Client, with: QueueImpl, name: &str, batch: i32) -> Result<Self> {
+        let (claim, complete) = match with {
+            QueueImpl::Once => (
+                client.prepare("SELECT key, token FROM once.claim_next($1, worker => $2, n => $3::bigint::int)").await?,
+                if batch == 1 {
+                    client.prepare("SELECT once.complete_key($1, $2, '{\"ok\": true}')").await?
+                } else {
+                    client.prepare("SELECT count(*) FROM once.complete_keys($1::text[], $2::bigint[], array_fill('{\"ok\": true}'::jsonb, ARRAY[cardinality($1::text[])]))").await?
+                },
+            ),
+            QueueImpl::Plain => (
+                client
+                    .prepare(&format!(
+                        "UPDATE {name} SET state = 'running', worker = $2, locked_at = now()
+                          WHERE id IN (SELECT id FROM {name}
+                                        WHERE state = 'queued' AND run_at <= now() AND $1::text IS NOT NULL
+                                        ORDER BY errors, priority, run_at
+                                        LIMIT $3 FOR UPDATE SKIP LOCKED)
+                         RETURNING id::text, 0::bigint"
+                    ))
+                    .await?,
+                client
+                    .prepare(&format!(
+                        "UPDATE {name} SET state = 'done', result = '{{\"ok\": true}}' WHERE id = ANY($1::text[]::bigint[])"
+                    ))
+                    .await?,
+            ),
+        };
+        Ok(QueueStatements {
+            with,
+            batch,
+            claim,
+            complete,
+        })
+    }
+
+    /// Up to `batch` jobs for `worker`; none when the queue has nothing ready.
+    async fn claim(
+        &self,
+        client: &Client,
+        name: &str,
+        worker: &str,
+    ) -> Result<(Vec<String>, Vec<i64>)> {
+        let rows = client
+            .query(&self.claim, &[&name, &worker, &(self.batch as i64)])
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))
+            .unzip())
+    }
+
+    async fn complete(&self, client: &Client, keys: &[String], tokens: &[i64]) -> Result<()> {
+        match (self.with, self.batch) {
+            (QueueImpl::Once, 1) => {
+                client
+                    .query_one(&self.complete, &[&keys[0], &tokens[0]])
+                    .await?;
+            }
+            (QueueImpl::Once, _) => {
+                client.query_one(&self.complete, &[&keys, &tokens]).await?;
+            }
+            (QueueImpl::Plain, _) => {
+                client.execute(&self.complete, &[&keys]).await?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Start a measurement from a quiet server: the previous run's dirty pages written and no
