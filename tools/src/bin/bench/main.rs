@@ -1,6 +1,11 @@
 //! Benchmark harness for what pgbench cannot measure: stampedes on one key (computations,
 //! and latency from completion to each caller's answer), takeover after a killed owner,
-//! and idle LISTEN connections. scripts/bench.sh drives it; each run prints one JSON line.
+//! idle LISTEN connections, queues (also under a held snapshot, and their sizes over
+//! millions of cycles) and the memory of many idle connections. scripts/bench.sh drives
+//! it; each run prints markdown rows (or, for bloat, one JSON line) and appends its raw
+//! figures to --json-out.
+
+mod memory;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -81,6 +86,19 @@ enum What {
         #[arg(long, default_value_t = 8)]
         workers: usize,
     },
+    /// Open `connections` connections that each run what a pg_once caller runs (or, with
+    /// --baseline, a primary-key SELECT, an INSERT and an UPDATE), then, while they sit
+    /// idle, read each backend's memory from /proc/<pid>/smaps_rollup (so run it on the
+    /// server's machine) and the shared memory of pg_once and of the whole server. The
+    /// server must preload pg_once and allow connections + 20 connections; the open-file
+    /// limit must allow connections + 64 files. Row: private memory per backend (median,
+    /// max), Pss (median, max), pg_once's shared memory, the server's, in MB.
+    Memory {
+        #[arg(long, default_value_t = 100)]
+        connections: usize,
+        #[arg(long)]
+        baseline: bool,
+    },
     /// Hold LISTEN connections on channel once until stdin closes; print what they got.
     Listeners {
         #[arg(long, default_value_t = 100)]
@@ -160,17 +178,12 @@ async fn main() -> Result<()> {
                 workers,
             } => return bloat(&args.dsn, keys, cycles, workers).await,
             What::Listeners { count, idle } => return listeners(&args.dsn, count, idle).await,
+            What::Memory {
+                connections,
+                baseline,
+            } => memory::memory(&args.dsn, connections, baseline).await?,
         };
-        if let Some(path) = &args.json_out {
-            use std::io::Write;
-            let mut file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)?;
-            let mut line = round.clone();
-            line["label"] = json!(args.label);
-            writeln!(file, "{line}")?;
-        }
+        append_json(args.json_out.as_deref(), &args.label, &round)?;
         rounds.push(round);
         // Let the backends of this round's connections exit before the next round.
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -179,24 +192,52 @@ async fn main() -> Result<()> {
     Ok(())
 }
 
+/// Append a run's figures to `path`, one JSON object per line, with the row's label.
+fn append_json(
+    path: Option<&std::path::Path>,
+    label: &str,
+    figures: &serde_json::Value,
+) -> Result<()> {
+    use std::io::Write;
+    let Some(path) = path else { return Ok(()) };
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    let mut line = figures.clone();
+    line["label"] = json!(label);
+    writeln!(file, "{line}")?;
+    Ok(())
+}
+
 /// `| label | figure: median (min-max) | ... |` over rounds, for the figures a bench reports.
 fn markdown_row(label: &str, rounds: &[serde_json::Value]) -> String {
-    let figures: Vec<&str> = match rounds[0]["bench"].as_str() {
-        Some("stampede") => vec!["computations", "p50_ms", "p99_ms", "max_ms"],
-        Some("queue") => vec!["cycles_per_s"],
-        _ => vec!["takeover_ms"],
+    // (figure, decimals)
+    let figures: Vec<(&str, usize)> = match rounds[0]["bench"].as_str() {
+        Some("stampede") => vec![
+            ("computations", 0),
+            ("p50_ms", 1),
+            ("p99_ms", 1),
+            ("max_ms", 1),
+        ],
+        Some("queue") => vec![("cycles_per_s", 1)],
+        Some("memory") => vec![
+            ("private_median_mb", 2),
+            ("private_max_mb", 2),
+            ("pss_median_mb", 2),
+            ("pss_max_mb", 2),
+            ("once_shmem_mb", 2),
+            ("shared_memory_mb", 0),
+        ],
+        _ => vec![("takeover_ms", 1)],
     };
     let mut row = format!("| {label} |");
-    for figure in figures {
+    for (figure, decimals) in figures {
         let mut values: Vec<f64> = rounds.iter().filter_map(|r| r[figure].as_f64()).collect();
         values.sort_by(f64::total_cmp);
         let median = values[values.len() / 2];
         let (min, max) = (values[0], values[values.len() - 1]);
-        if figure == "computations" {
-            row += &format!(" {median:.0} ({min:.0}-{max:.0}) |");
-        } else {
-            row += &format!(" {median:.1} ({min:.1}-{max:.1}) |");
-        }
+        row += &format!(" {median:.decimals$} ({min:.decimals$}-{max:.decimals$}) |");
     }
     row
 }
