@@ -5,6 +5,7 @@
 //! it; each run prints markdown rows (or, for bloat, one JSON line) and appends its raw
 //! figures to --json-out.
 
+mod hold;
 mod memory;
 
 use anyhow::{Context, Result};
@@ -99,6 +100,34 @@ enum What {
         #[arg(long)]
         baseline: bool,
     },
+    /// A queue in steady state (`keys` keys cycled through claim, complete and re-queue by
+    /// `workers` workers) while, after `warmup` + `before` s, another session holds a
+    /// REPEATABLE READ snapshot for `hold` s; the run goes on for `after` s. Prints a row
+    /// every `interval` s (elapsed s, phase, jobs/s, heap, indexes, dead tuples,
+    /// autovacuums of the queue table), an empty line, then the summary row (median jobs/s
+    /// before, held, over the last 30 s after; seconds from the release until an interval
+    /// reaches 90% of the rate before, and until the table's first autovacuum).
+    Hold {
+        #[arg(long, value_enum)]
+        with: QueueImpl,
+        #[arg(long, default_value_t = 4)]
+        workers: usize,
+        #[arg(long, default_value_t = 10)]
+        batch: i32,
+        #[arg(long, default_value_t = 10_000)]
+        keys: i32,
+        /// Seconds of cycles before `before` starts, counted in no median.
+        #[arg(long, default_value_t = 0)]
+        warmup: u64,
+        #[arg(long, default_value_t = 30)]
+        before: u64,
+        #[arg(long, default_value_t = 60)]
+        hold: u64,
+        #[arg(long, default_value_t = 60)]
+        after: u64,
+        #[arg(long, default_value_t = 5)]
+        interval: u64,
+    },
     /// Hold LISTEN connections on channel once until stdin closes; print what they got.
     Listeners {
         #[arg(long, default_value_t = 100)]
@@ -182,6 +211,33 @@ async fn main() -> Result<()> {
                 connections,
                 baseline,
             } => memory::memory(&args.dsn, connections, baseline).await?,
+            What::Hold {
+                with,
+                workers,
+                batch,
+                keys,
+                warmup,
+                before,
+                hold,
+                after,
+                interval,
+            } => {
+                let shape = hold::Shape {
+                    with,
+                    workers,
+                    batch,
+                    keys,
+                };
+                let at = hold::Schedule {
+                    warmup: Duration::from_secs(warmup),
+                    before: Duration::from_secs(before),
+                    hold: Duration::from_secs(hold),
+                    after: Duration::from_secs(after),
+                    interval: Duration::from_secs(interval),
+                };
+                let run = hold::hold(&args.dsn, &args.label, shape, at).await?;
+                return append_json(args.json_out.as_deref(), &args.label, &run);
+            }
         };
         append_json(args.json_out.as_deref(), &args.label, &round)?;
         rounds.push(round);
