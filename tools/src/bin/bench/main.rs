@@ -78,7 +78,9 @@ enum What {
     },
     /// Cycle `keys` keys through claim_next, complete_key and enqueue_key(refresh) until
     /// `cycles` cycles are done, calling reap_stale meanwhile; report table and index sizes
-    /// after the first `keys` cycles and at the end.
+    /// (each index of once.entries too) after the first `keys` cycles, at a tenth, a
+    /// quarter and half of the run, every `every` cycles, and at the end. Prints one JSON
+    /// line.
     Bloat {
         #[arg(long, default_value_t = 10_000)]
         keys: i32,
@@ -86,6 +88,9 @@ enum What {
         cycles: u64,
         #[arg(long, default_value_t = 8)]
         workers: usize,
+        /// Also measure every this many cycles, to draw the sizes' curve.
+        #[arg(long)]
+        every: Option<u64>,
     },
     /// Open `connections` connections that each run what a pg_once caller runs (or, with
     /// --baseline, a primary-key SELECT, an INSERT and an UPDATE), then, while they sit
@@ -205,7 +210,12 @@ async fn main() -> Result<()> {
                 keys,
                 cycles,
                 workers,
-            } => return bloat(&args.dsn, keys, cycles, workers).await,
+                every,
+            } => {
+                let run = bloat(&args.dsn, keys, cycles, workers, every).await?;
+                println!("{run}");
+                return append_json(args.json_out.as_deref(), &args.label, &run);
+            }
             What::Listeners { count, idle } => return listeners(&args.dsn, count, idle).await,
             What::Memory {
                 connections,
@@ -787,7 +797,13 @@ async fn settle(admin: &tokio_postgres::Client) -> Result<()> {
     Ok(())
 }
 
-async fn bloat(dsn: &str, keys: i32, cycles: u64, workers: usize) -> Result<()> {
+async fn bloat(
+    dsn: &str,
+    keys: i32,
+    cycles: u64,
+    workers: usize,
+    every: Option<u64>,
+) -> Result<serde_json::Value> {
     let admin = once::connect(dsn).await?;
     admin
         .execute("SELECT once.create_queue('bloat')", &[])
@@ -795,22 +811,41 @@ async fn bloat(dsn: &str, keys: i32, cycles: u64, workers: usize) -> Result<()> 
     admin
         .execute("SELECT count(once.enqueue_key('bloat/' || i, queue => 'bloat')) FROM generate_series(1, $1) i", &[&keys])
         .await?;
+    let started = Instant::now();
     let sizes_after = |cycles: u64| {
         let admin = &admin;
         async move {
             let row = admin
                 .query_one(
                     "SELECT pg_relation_size('once.entries'), pg_indexes_size('once.entries'),
-                            pg_total_relation_size('once.attempts'), n_dead_tup
+                            pg_total_relation_size('once.attempts'), n_dead_tup, autovacuum_count
                        FROM pg_stat_user_tables WHERE relid = 'once.entries'::regclass",
                     &[],
                 )
                 .await?;
-            let (heap, indexes, history, dead): (i64, i64, i64, i64) =
-                (row.get(0), row.get(1), row.get(2), row.get(3));
-            anyhow::Ok(
-                json!({"cycles": cycles, "heap_bytes": heap, "index_bytes": indexes, "attempts_bytes": history, "dead_tuples": dead}),
-            )
+            let (heap, indexes, history, dead, vacuums): (i64, i64, i64, i64, i64) =
+                (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+            let each_index: serde_json::Map<String, serde_json::Value> = admin
+                .query(
+                    "SELECT indexrelid::regclass::text, pg_relation_size(indexrelid)
+                       FROM pg_index WHERE indrelid = 'once.entries'::regclass",
+                    &[],
+                )
+                .await?
+                .iter()
+                .map(|r| (r.get::<_, String>(0), json!(r.get::<_, i64>(1))))
+                .collect();
+            let seconds = started.elapsed().as_secs_f64();
+            eprintln!(
+                "\r  bloat: after {cycles} cycles ({seconds:.0} s): heap {:.1} MB, indexes {:.1} MB, {dead} dead rows",
+                heap as f64 / 1e6,
+                indexes as f64 / 1e6,
+            );
+            anyhow::Ok(json!({
+                "cycles": cycles, "seconds": seconds, "heap_bytes": heap, "index_bytes": indexes,
+                "index_bytes_each": each_index, "attempts_bytes": history, "dead_tuples": dead,
+                "autovacuums": vacuums,
+            }))
         }
     };
     let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -842,9 +877,8 @@ async fn bloat(dsn: &str, keys: i32, cycles: u64, workers: usize) -> Result<()> 
             anyhow::Ok(())
         }));
     }
-    let started = Instant::now();
-    // Sizes after the first pass over every key, then at fractions of the run: a bounded
-    // table levels off.
+    // Sizes after the first pass over every key, then at fractions of the run (and every
+    // `every` cycles): a bounded table levels off.
     let mut checkpoints: Vec<u64> = vec![keys as u64];
     checkpoints.extend(
         [10, 4, 2]
@@ -852,13 +886,20 @@ async fn bloat(dsn: &str, keys: i32, cycles: u64, workers: usize) -> Result<()> 
             .map(|d| cycles / d)
             .filter(|&c| c > keys as u64),
     );
+    if let Some(every) = every.filter(|&e| e > 0) {
+        checkpoints.extend((every..cycles).step_by(every as usize));
+    }
     checkpoints.sort_unstable();
+    checkpoints.dedup();
     let mut next_print = Instant::now();
     while done.load(std::sync::atomic::Ordering::Relaxed) < cycles {
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
         let n = done.load(std::sync::atomic::Ordering::Relaxed);
-        if checkpoints.first().is_some_and(|&c| n >= c) {
-            let c = checkpoints.remove(0);
+        // One row for the checkpoints passed since the last look, under the last of them.
+        let passed = checkpoints.partition_point(|&c| c <= n);
+        if passed > 0 {
+            let c = checkpoints[passed - 1];
+            checkpoints.drain(..passed);
             report.push(sizes_after(c).await?);
         }
         if Instant::now() >= next_print {
@@ -887,10 +928,8 @@ async fn bloat(dsn: &str, keys: i32, cycles: u64, workers: usize) -> Result<()> 
     admin
         .execute("DELETE FROM once.queues WHERE name = 'bloat'", &[])
         .await?;
-    println!(
-        "{}",
+    Ok(
         json!({"bench": "bloat", "keys": keys, "cycles": cycles, "workers": workers,
-                          "seconds": started.elapsed().as_secs_f64(), "sizes": report})
-    );
-    Ok(())
+               "seconds": started.elapsed().as_secs_f64(), "sizes": report}),
+    )
 }
