@@ -227,7 +227,10 @@ pub async fn hold(dsn: &str, label: &str, shape: Shape, at: Schedule) -> Result<
             .map(|s| s.jobs_per_s)
             .collect();
         rates.sort_by(f64::total_cmp);
-        rates.get(rates.len() / 2).copied()
+        let n = rates.len();
+        // Of an even count, the mean of the middle two: a short phase has only a few
+        // intervals, and the upper one of two would be its best.
+        (n > 0).then(|| (rates[(n - 1) / 2] + rates[n / 2]) / 2.0)
     };
     let before = median_of(&|s| s.phase == "before").context("no interval before the snapshot")?;
     let held = median_of(&|s| s.phase == "held");
