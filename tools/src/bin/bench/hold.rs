@@ -169,10 +169,9 @@ pub async fn hold(dsn: &str, label: &str, shape: Shape, at: Schedule) -> Result<
             .await?
             .get(0);
         anyhow::ensure!(holds, "the holding session has no snapshot");
-        let taken = Instant::now();
         tokio::time::sleep_until((started + at.warmup + at.before + at.hold).into()).await;
         holder.batch_execute("COMMIT").await?;
-        anyhow::Ok((taken, Instant::now()))
+        anyhow::Ok(Instant::now())
     });
 
     let total = at.warmup + at.before + at.hold + at.after;
@@ -182,6 +181,10 @@ pub async fn hold(dsn: &str, label: &str, shape: Shape, at: Schedule) -> Result<
     while tick + at.interval <= started + total + Duration::from_millis(1) {
         tick += at.interval;
         tokio::time::sleep_until(tick.into()).await;
+        if tasks.iter().any(|t| t.is_finished()) {
+            // Workers end before `stop` only by failing: say why now, not at the end.
+            break;
+        }
         let now = done.load(Ordering::Relaxed);
         let jobs_per_s = (now - counted) as f64 / at.interval.as_secs_f64();
         counted = now;
@@ -210,7 +213,7 @@ pub async fn hold(dsn: &str, label: &str, shape: Shape, at: Schedule) -> Result<
     for t in tasks {
         t.await??;
     }
-    let (_taken, released) = snapshot.await??;
+    let released = snapshot.await??;
     if let Some(reaper) = reaper {
         // It only ends by failing.
         if reaper.is_finished() {
