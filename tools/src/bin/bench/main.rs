@@ -1,6 +1,12 @@
 //! Benchmark harness for what pgbench cannot measure: stampedes on one key (computations,
 //! and latency from completion to each caller's answer), takeover after a killed owner,
-//! and idle LISTEN connections. scripts/bench.sh drives it; each run prints one JSON line.
+//! idle LISTEN connections, queues (also under a held snapshot, and their sizes over
+//! millions of cycles) and the memory of many idle connections. scripts/bench.sh drives
+//! it; each run prints markdown rows (or, for bloat, one JSON line) and appends its raw
+//! figures to --json-out.
+
+mod hold;
+mod memory;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -72,7 +78,9 @@ enum What {
     },
     /// Cycle `keys` keys through claim_next, complete_key and enqueue_key(refresh) until
     /// `cycles` cycles are done, calling reap_stale meanwhile; report table and index sizes
-    /// after the first `keys` cycles and at the end.
+    /// (each index of once.entries too) after the first `keys` cycles, at a tenth, a
+    /// quarter and half of the run, every `every` cycles, and at the end. Prints one JSON
+    /// line.
     Bloat {
         #[arg(long, default_value_t = 10_000)]
         keys: i32,
@@ -80,6 +88,50 @@ enum What {
         cycles: u64,
         #[arg(long, default_value_t = 8)]
         workers: usize,
+        /// Also measure every this many cycles, to draw the sizes' curve.
+        #[arg(long)]
+        every: Option<u64>,
+    },
+    /// Open `connections` connections that each run what a pg_once caller runs (or, with
+    /// --baseline, a primary-key SELECT, an INSERT and an UPDATE), then, while they sit
+    /// idle, read each backend's memory from /proc/<pid>/smaps_rollup (so run it on the
+    /// server's machine) and the shared memory of pg_once and of the whole server. The
+    /// server must preload pg_once and allow connections + 20 connections; the open-file
+    /// limit must allow connections + 64 files. Row: private memory per backend (median,
+    /// max), Pss (median, max), pg_once's shared memory, the server's, in MB.
+    Memory {
+        #[arg(long, default_value_t = 100)]
+        connections: usize,
+        #[arg(long)]
+        baseline: bool,
+    },
+    /// A queue in steady state (`keys` keys cycled through claim, complete and re-queue by
+    /// `workers` workers) while, after `warmup` + `before` s, another session holds a
+    /// REPEATABLE READ snapshot for `hold` s; the run goes on for `after` s. Prints a row
+    /// every `interval` s (elapsed s, phase, jobs/s, heap, indexes, dead tuples,
+    /// autovacuums of the queue table), an empty line, then the summary row (median jobs/s
+    /// before, held, over the last 30 s after; seconds from the release until an interval
+    /// reaches 90% of the rate before, and until the table's first autovacuum).
+    Hold {
+        #[arg(long, value_enum)]
+        with: QueueImpl,
+        #[arg(long, default_value_t = 4)]
+        workers: usize,
+        #[arg(long, default_value_t = 10)]
+        batch: i32,
+        #[arg(long, default_value_t = 10_000)]
+        keys: i32,
+        /// Seconds of cycles before `before` starts, counted in no median.
+        #[arg(long, default_value_t = 0)]
+        warmup: u64,
+        #[arg(long, default_value_t = 30)]
+        before: u64,
+        #[arg(long, default_value_t = 60)]
+        hold: u64,
+        #[arg(long, default_value_t = 60)]
+        after: u64,
+        #[arg(long, default_value_t = 5)]
+        interval: u64,
     },
     /// Hold LISTEN connections on channel once until stdin closes; print what they got.
     Listeners {
@@ -158,19 +210,46 @@ async fn main() -> Result<()> {
                 keys,
                 cycles,
                 workers,
-            } => return bloat(&args.dsn, keys, cycles, workers).await,
+                every,
+            } => {
+                let run = bloat(&args.dsn, keys, cycles, workers, every).await?;
+                println!("{run}");
+                return append_json(args.json_out.as_deref(), &args.label, &run);
+            }
             What::Listeners { count, idle } => return listeners(&args.dsn, count, idle).await,
+            What::Memory {
+                connections,
+                baseline,
+            } => memory::memory(&args.dsn, connections, baseline).await?,
+            What::Hold {
+                with,
+                workers,
+                batch,
+                keys,
+                warmup,
+                before,
+                hold,
+                after,
+                interval,
+            } => {
+                let shape = hold::Shape {
+                    with,
+                    workers,
+                    batch,
+                    keys,
+                };
+                let at = hold::Schedule {
+                    warmup: Duration::from_secs(warmup),
+                    before: Duration::from_secs(before),
+                    hold: Duration::from_secs(hold),
+                    after: Duration::from_secs(after),
+                    interval: Duration::from_secs(interval),
+                };
+                let run = hold::hold(&args.dsn, &args.label, shape, at).await?;
+                return append_json(args.json_out.as_deref(), &args.label, &run);
+            }
         };
-        if let Some(path) = &args.json_out {
-            use std::io::Write;
-            let mut file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)?;
-            let mut line = round.clone();
-            line["label"] = json!(args.label);
-            writeln!(file, "{line}")?;
-        }
+        append_json(args.json_out.as_deref(), &args.label, &round)?;
         rounds.push(round);
         // Let the backends of this round's connections exit before the next round.
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -179,24 +258,52 @@ async fn main() -> Result<()> {
     Ok(())
 }
 
+/// Append a run's figures to `path`, one JSON object per line, with the row's label.
+fn append_json(
+    path: Option<&std::path::Path>,
+    label: &str,
+    figures: &serde_json::Value,
+) -> Result<()> {
+    use std::io::Write;
+    let Some(path) = path else { return Ok(()) };
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    let mut line = figures.clone();
+    line["label"] = json!(label);
+    writeln!(file, "{line}")?;
+    Ok(())
+}
+
 /// `| label | figure: median (min-max) | ... |` over rounds, for the figures a bench reports.
 fn markdown_row(label: &str, rounds: &[serde_json::Value]) -> String {
-    let figures: Vec<&str> = match rounds[0]["bench"].as_str() {
-        Some("stampede") => vec!["computations", "p50_ms", "p99_ms", "max_ms"],
-        Some("queue") => vec!["cycles_per_s"],
-        _ => vec!["takeover_ms"],
+    // (figure, decimals)
+    let figures: Vec<(&str, usize)> = match rounds[0]["bench"].as_str() {
+        Some("stampede") => vec![
+            ("computations", 0),
+            ("p50_ms", 1),
+            ("p99_ms", 1),
+            ("max_ms", 1),
+        ],
+        Some("queue") => vec![("cycles_per_s", 1)],
+        Some("memory") => vec![
+            ("private_median_mb", 2),
+            ("private_max_mb", 2),
+            ("pss_median_mb", 2),
+            ("pss_max_mb", 2),
+            ("once_shmem_mb", 2),
+            ("shared_memory_mb", 0),
+        ],
+        _ => vec![("takeover_ms", 1)],
     };
     let mut row = format!("| {label} |");
-    for figure in figures {
+    for (figure, decimals) in figures {
         let mut values: Vec<f64> = rounds.iter().filter_map(|r| r[figure].as_f64()).collect();
         values.sort_by(f64::total_cmp);
         let median = values[values.len() / 2];
         let (min, max) = (values[0], values[values.len() - 1]);
-        if figure == "computations" {
-            row += &format!(" {median:.0} ({min:.0}-{max:.0}) |");
-        } else {
-            row += &format!(" {median:.1} ({min:.1}-{max:.1}) |");
-        }
+        row += &format!(" {median:.decimals$} ({min:.decimals$}-{max:.decimals$}) |");
     }
     row
 }
@@ -482,20 +589,7 @@ async fn queue(
                 )
                 .await?;
         }
-        QueueImpl::Plain => {
-            admin
-                .batch_execute(&format!(
-                    "CREATE TABLE {name} (id bigserial PRIMARY KEY, state text NOT NULL DEFAULT 'queued',
-                         payload jsonb, result jsonb, errors int NOT NULL DEFAULT 0,
-                         priority int NOT NULL DEFAULT 0, run_at timestamptz NOT NULL DEFAULT now(),
-                         worker text, locked_at timestamptz);
-                     CREATE INDEX ON {name} (errors, priority, run_at) WHERE state = 'queued';"
-                ))
-                .await?;
-            admin
-                .execute(&format!("INSERT INTO {name} (payload) SELECT '{{}}' FROM generate_series(1, $1::bigint)"), &[&jobs])
-                .await?;
-        }
+        QueueImpl::Plain => create_plain_queue(&admin, &name, jobs).await?,
     }
     admin.batch_execute("VACUUM ANALYZE").await?;
     settle(&admin).await?;
@@ -521,60 +615,20 @@ async fn queue(
         tasks.push(tokio::spawn(async move {
             let worker = format!("w{w}");
             let client = connection.lock().await;
-            let (claim, complete) = match with {
-                QueueImpl::Once => (
-                    client.prepare("SELECT key, token FROM once.claim_next($1, worker => $2, n => $3::bigint::int)").await?,
-                    if batch == 1 {
-                        client.prepare("SELECT once.complete_key($1, $2, '{\"ok\": true}')").await?
-                    } else {
-                        client.prepare("SELECT count(*) FROM once.complete_keys($1::text[], $2::bigint[], array_fill('{\"ok\": true}'::jsonb, ARRAY[cardinality($1::text[])]))").await?
-                    },
-                ),
-                QueueImpl::Plain => (
-                    client
-                        .prepare(&format!(
-                            "UPDATE {name} SET state = 'running', worker = $2, locked_at = now()
-                              WHERE id IN (SELECT id FROM {name}
-                                            WHERE state = 'queued' AND run_at <= now() AND $1::text IS NOT NULL
-                                            ORDER BY errors, priority, run_at
-                                            LIMIT $3 FOR UPDATE SKIP LOCKED)
-                             RETURNING id::text, 0::bigint"
-                        ))
-                        .await?,
-                    client
-                        .prepare(&format!(
-                            "UPDATE {name} SET state = 'done', result = '{{\"ok\": true}}' WHERE id = ANY($1::text[]::bigint[])"
-                        ))
-                        .await?,
-                ),
-            };
+            let statements = QueueStatements::prepare(&client, with, &name, batch).await?;
             drop(client);
             while Instant::now() < deadline {
                 let _turn = gate.acquire().await?;
-                let rows = connection
-                    .lock()
-                    .await
-                    .query(&claim, &[&name, &worker, &(batch as i64)])
+                let (keys, tokens) = statements
+                    .claim(&*connection.lock().await, &name, &worker)
                     .await?;
-                if rows.is_empty() {
+                if keys.is_empty() {
                     dry.store(true, std::sync::atomic::Ordering::Relaxed);
                     break;
                 }
-                let keys: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
-                let tokens: Vec<i64> = rows.iter().map(|r| r.get(1)).collect();
-                let client = connection.lock().await;
-                match (with, batch) {
-                    (QueueImpl::Once, 1) => {
-                        client.query_one(&complete, &[&keys[0], &tokens[0]]).await?;
-                    }
-                    (QueueImpl::Once, _) => {
-                        client.query_one(&complete, &[&keys, &tokens]).await?;
-                    }
-                    (QueueImpl::Plain, _) => {
-                        client.execute(&complete, &[&keys]).await?;
-                    }
-                }
-                drop(client);
+                statements
+                    .complete(&*connection.lock().await, &keys, &tokens)
+                    .await?;
                 if Instant::now() >= counted_from {
                     done.fetch_add(keys.len() as u64, std::sync::atomic::Ordering::Relaxed);
                 }
@@ -587,6 +641,41 @@ async fn queue(
     }
     let elapsed = counted_from.elapsed().as_secs_f64();
     let done = done.load(std::sync::atomic::Ordering::Relaxed);
+    drop_queue(&admin, with, &name).await?;
+    anyhow::ensure!(
+        !dry.load(std::sync::atomic::Ordering::Relaxed),
+        "the queue ran dry: raise JOBS_PER_SECOND_CAP"
+    );
+    Ok(json!({
+        "bench": "queue", "with": format!("{with:?}").to_lowercase(), "workers": workers,
+        "connections": connections, "in_flight": in_flight, "batch": batch, "jobs": done, "cycles_per_s": done as f64 / elapsed,
+    }))
+}
+
+/// A hand-written queue table, `rows` jobs queued: the plain baseline of `queue` and `hold`.
+async fn create_plain_queue(admin: &Client, name: &str, rows: i64) -> Result<()> {
+    admin
+        .batch_execute(&format!(
+            "CREATE TABLE {name} (id bigserial PRIMARY KEY, state text NOT NULL DEFAULT 'queued',
+                 payload jsonb, result jsonb, errors int NOT NULL DEFAULT 0,
+                 priority int NOT NULL DEFAULT 0, run_at timestamptz NOT NULL DEFAULT now(),
+                 worker text, locked_at timestamptz);
+             CREATE INDEX ON {name} (errors, priority, run_at) WHERE state = 'queued';"
+        ))
+        .await?;
+    admin
+        .execute(
+            &format!(
+                "INSERT INTO {name} (payload) SELECT '{{}}' FROM generate_series(1, $1::bigint)"
+            ),
+            &[&rows],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Remove a benchmark queue and everything its jobs left behind.
+async fn drop_queue(admin: &Client, with: QueueImpl, name: &str) -> Result<()> {
     match with {
         QueueImpl::Once => {
             admin
@@ -601,14 +690,89 @@ async fn queue(
         }
         QueueImpl::Plain => admin.batch_execute(&format!("DROP TABLE {name}")).await?,
     }
-    anyhow::ensure!(
-        !dry.load(std::sync::atomic::Ordering::Relaxed),
-        "the queue ran dry: raise JOBS_PER_SECOND_CAP"
-    );
-    Ok(json!({
-        "bench": "queue", "with": format!("{with:?}").to_lowercase(), "workers": workers,
-        "connections": connections, "in_flight": in_flight, "batch": batch, "jobs": done, "cycles_per_s": done as f64 / elapsed,
-    }))
+    Ok(())
+}
+
+/// A worker's two statements, prepared on its connection: claim up to `batch` jobs of
+/// queue `name`, and complete them (pg_once's claim_next and complete_key(s), or the plain
+/// table's UPDATEs). Jobs are (key, token) pairs; the plain table's keys are its ids and
+/// its tokens 0.
+struct QueueStatements {
+    with: QueueImpl,
+    batch: i32,
+    claim: tokio_postgres::Statement,
+    complete: tokio_postgres::Statement,
+}
+
+impl QueueStatements {
+    async fn prepare(client: &Client, with: QueueImpl, name: &str, batch: i32) -> Result<Self> {
+        let (claim, complete) = match with {
+            QueueImpl::Once => (
+                client.prepare("SELECT key, token FROM once.claim_next($1, worker => $2, n => $3::bigint::int)").await?,
+                if batch == 1 {
+                    client.prepare("SELECT once.complete_key($1, $2, '{\"ok\": true}')").await?
+                } else {
+                    client.prepare("SELECT count(*) FROM once.complete_keys($1::text[], $2::bigint[], array_fill('{\"ok\": true}'::jsonb, ARRAY[cardinality($1::text[])]))").await?
+                },
+            ),
+            QueueImpl::Plain => (
+                client
+                    .prepare(&format!(
+                        "UPDATE {name} SET state = 'running', worker = $2, locked_at = now()
+                          WHERE id IN (SELECT id FROM {name}
+                                        WHERE state = 'queued' AND run_at <= now() AND $1::text IS NOT NULL
+                                        ORDER BY errors, priority, run_at
+                                        LIMIT $3 FOR UPDATE SKIP LOCKED)
+                         RETURNING id::text, 0::bigint"
+                    ))
+                    .await?,
+                client
+                    .prepare(&format!(
+                        "UPDATE {name} SET state = 'done', result = '{{\"ok\": true}}' WHERE id = ANY($1::text[]::bigint[])"
+                    ))
+                    .await?,
+            ),
+        };
+        Ok(QueueStatements {
+            with,
+            batch,
+            claim,
+            complete,
+        })
+    }
+
+    /// Up to `batch` jobs for `worker`; none when the queue has nothing ready.
+    async fn claim(
+        &self,
+        client: &Client,
+        name: &str,
+        worker: &str,
+    ) -> Result<(Vec<String>, Vec<i64>)> {
+        let rows = client
+            .query(&self.claim, &[&name, &worker, &(self.batch as i64)])
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))
+            .unzip())
+    }
+
+    async fn complete(&self, client: &Client, keys: &[String], tokens: &[i64]) -> Result<()> {
+        match (self.with, self.batch) {
+            (QueueImpl::Once, 1) => {
+                client
+                    .query_one(&self.complete, &[&keys[0], &tokens[0]])
+                    .await?;
+            }
+            (QueueImpl::Once, _) => {
+                client.query_one(&self.complete, &[&keys, &tokens]).await?;
+            }
+            (QueueImpl::Plain, _) => {
+                client.execute(&self.complete, &[&keys]).await?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Start a measurement from a quiet server: the previous run's dirty pages written and no
@@ -633,7 +797,13 @@ async fn settle(admin: &tokio_postgres::Client) -> Result<()> {
     Ok(())
 }
 
-async fn bloat(dsn: &str, keys: i32, cycles: u64, workers: usize) -> Result<()> {
+async fn bloat(
+    dsn: &str,
+    keys: i32,
+    cycles: u64,
+    workers: usize,
+    every: Option<u64>,
+) -> Result<serde_json::Value> {
     let admin = once::connect(dsn).await?;
     admin
         .execute("SELECT once.create_queue('bloat')", &[])
@@ -641,22 +811,41 @@ async fn bloat(dsn: &str, keys: i32, cycles: u64, workers: usize) -> Result<()> 
     admin
         .execute("SELECT count(once.enqueue_key('bloat/' || i, queue => 'bloat')) FROM generate_series(1, $1) i", &[&keys])
         .await?;
+    let started = Instant::now();
     let sizes_after = |cycles: u64| {
         let admin = &admin;
         async move {
             let row = admin
                 .query_one(
                     "SELECT pg_relation_size('once.entries'), pg_indexes_size('once.entries'),
-                            pg_total_relation_size('once.attempts'), n_dead_tup
+                            pg_total_relation_size('once.attempts'), n_dead_tup, autovacuum_count
                        FROM pg_stat_user_tables WHERE relid = 'once.entries'::regclass",
                     &[],
                 )
                 .await?;
-            let (heap, indexes, history, dead): (i64, i64, i64, i64) =
-                (row.get(0), row.get(1), row.get(2), row.get(3));
-            anyhow::Ok(
-                json!({"cycles": cycles, "heap_bytes": heap, "index_bytes": indexes, "attempts_bytes": history, "dead_tuples": dead}),
-            )
+            let (heap, indexes, history, dead, vacuums): (i64, i64, i64, i64, i64) =
+                (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+            let each_index: serde_json::Map<String, serde_json::Value> = admin
+                .query(
+                    "SELECT indexrelid::regclass::text, pg_relation_size(indexrelid)
+                       FROM pg_index WHERE indrelid = 'once.entries'::regclass",
+                    &[],
+                )
+                .await?
+                .iter()
+                .map(|r| (r.get::<_, String>(0), json!(r.get::<_, i64>(1))))
+                .collect();
+            let seconds = started.elapsed().as_secs_f64();
+            eprintln!(
+                "\r  bloat: after {cycles} cycles ({seconds:.0} s): heap {:.1} MB, indexes {:.1} MB, {dead} dead rows",
+                heap as f64 / 1e6,
+                indexes as f64 / 1e6,
+            );
+            anyhow::Ok(json!({
+                "cycles": cycles, "seconds": seconds, "heap_bytes": heap, "index_bytes": indexes,
+                "index_bytes_each": each_index, "attempts_bytes": history, "dead_tuples": dead,
+                "autovacuums": vacuums,
+            }))
         }
     };
     let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -688,9 +877,8 @@ async fn bloat(dsn: &str, keys: i32, cycles: u64, workers: usize) -> Result<()> 
             anyhow::Ok(())
         }));
     }
-    let started = Instant::now();
-    // Sizes after the first pass over every key, then at fractions of the run: a bounded
-    // table levels off.
+    // Sizes after the first pass over every key, then at fractions of the run (and every
+    // `every` cycles): a bounded table levels off.
     let mut checkpoints: Vec<u64> = vec![keys as u64];
     checkpoints.extend(
         [10, 4, 2]
@@ -698,13 +886,20 @@ async fn bloat(dsn: &str, keys: i32, cycles: u64, workers: usize) -> Result<()> 
             .map(|d| cycles / d)
             .filter(|&c| c > keys as u64),
     );
+    if let Some(every) = every.filter(|&e| e > 0) {
+        checkpoints.extend((every..cycles).step_by(every as usize));
+    }
     checkpoints.sort_unstable();
+    checkpoints.dedup();
     let mut next_print = Instant::now();
     while done.load(std::sync::atomic::Ordering::Relaxed) < cycles {
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
         let n = done.load(std::sync::atomic::Ordering::Relaxed);
-        if checkpoints.first().is_some_and(|&c| n >= c) {
-            let c = checkpoints.remove(0);
+        // One row for the checkpoints passed since the last look, under the last of them.
+        let passed = checkpoints.partition_point(|&c| c <= n);
+        if passed > 0 {
+            let c = checkpoints[passed - 1];
+            checkpoints.drain(..passed);
             report.push(sizes_after(c).await?);
         }
         if Instant::now() >= next_print {
@@ -733,10 +928,8 @@ async fn bloat(dsn: &str, keys: i32, cycles: u64, workers: usize) -> Result<()> 
     admin
         .execute("DELETE FROM once.queues WHERE name = 'bloat'", &[])
         .await?;
-    println!(
-        "{}",
+    Ok(
         json!({"bench": "bloat", "keys": keys, "cycles": cycles, "workers": workers,
-                          "seconds": started.elapsed().as_secs_f64(), "sizes": report})
-    );
-    Ok(())
+               "seconds": started.elapsed().as_secs_f64(), "sizes": report}),
+    )
 }
