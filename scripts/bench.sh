@@ -18,6 +18,10 @@
 #   7. freshness: open-loop Poisson traffic on 100 keys whose results expire, for today's
 #      expiry with waiting, stale-while-revalidate, XFetch and a plain table cache:
 #      computations per expiry, latency, stale answers; XFetch against its model.
+#   8. growth and memory: the queue while another session holds a REPEATABLE READ snapshot
+#      for 60 s (jobs/s and sizes before, during and after, vs the plain table); memory of
+#      a backend that used pg_once vs a plain application connection, at 100 and 1,000
+#      connections, and pg_once's shared memory.
 #
 # QUICK=1: a smoke run in under 5 minutes: the headline row of each section (with the
 # baseline its ratio needs), one short round each. Its report goes to the terminal and to
@@ -57,16 +61,16 @@ if quick; then
     REPORT=$PG_ONCE_WORK/quick.md
     RESULTS=$PG_ONCE_WORK/quick-results.jsonl
 fi
-SECTIONS=${SECTIONS:-1 2 3 4 5 6 7}
+SECTIONS=${SECTIONS:-1 2 3 4 5 6 7 8}
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 ALL_SECTIONS=no
-[ "$SECTIONS" = "1 2 3 4 5 6 7" ] && ALL_SECTIONS=yes
+[ "$SECTIONS" = "1 2 3 4 5 6 7 8" ] && ALL_SECTIONS=yes
 FRESHNESS_SECONDS=${FRESHNESS_SECONDS:-60}
 
 ensure_toolchain
 install_extension release
 # Sections 1 to 5 use the Rust tools (6 and 7 are Python): build them only for those.
-if want 1 || want 2 || want 3 || want 4 || want 5; then
+if want 1 || want 2 || want 3 || want 4 || want 5 || want 8; then
     say "building the benchmark tools"
     (cd "$REPO_ROOT" && cargo build --release --quiet -p pg_once_tools --bin bench --bin latency_proxy)
 fi
@@ -76,7 +80,8 @@ fi
 # pages, and so do the benchmark clusters when the kernel lets us reserve them (2 clusters
 # of 256 MB need about 300 pages of 2 MB). The reservation is given back at exit.
 HUGE_PAGES=off
-HUGE_PAGES_NEEDED=320
+# The preloaded cluster allows 1,100 connections (section 8), which adds about 80 MB.
+HUGE_PAGES_NEEDED=400
 HUGE_PAGES_BEFORE=$(cat /proc/sys/vm/nr_hugepages 2>/dev/null || echo 0)
 enough_huge_pages() {
     [ "$(awk '/HugePages_Free/ {print $2}' /proc/meminfo 2>/dev/null)" -ge "$HUGE_PAGES_NEEDED" ] 2>/dev/null
@@ -92,8 +97,8 @@ restore_huge_pages() {
 }
 trap restore_huge_pages EXIT
 say "starting throwaway clusters on 127.0.0.1:$PORT (preloaded) and :$PLAIN_PORT (not), huge pages $HUGE_PAGES"
-cluster_start bench "$PORT" "shared_preload_libraries = 'pg_once'" "once.databases = 'postgres'" \
-    "huge_pages = $HUGE_PAGES"
+cluster_start bench "$PORT" "shared_preload_libraries = 'pg_once'" "once.databases = 'postgres,hold'" \
+    "huge_pages = $HUGE_PAGES" "max_connections = 1100"
 cluster_start bench-plain "$PLAIN_PORT" "huge_pages = $HUGE_PAGES"
 proxy=""
 if want 1; then
@@ -112,7 +117,7 @@ mkdir -p "$OUT"
 section_rows() {
     case $1 in
     1) echo pgbench ;; 2) echo stampede ;; 3) echo takeover ;; 4) echo listeners ;;
-    5) echo queue bloat ;; 6) echo pooled ;; 7) echo freshness ;;
+    5) echo queue bloat ;; 6) echo pooled ;; 7) echo freshness ;; 8) echo hold memory ;;
     esac
 }
 if [ "$ALL_SECTIONS" = yes ] || quick; then
@@ -365,6 +370,79 @@ EOF
     echo
 }
 
+# Section 8: the queue under a held snapshot, in a database of its own that the pg_once
+# worker serves (once.databases), then memory per backend and shared memory.
+growth_and_memory_section() {
+    say "8/8 growth under a held snapshot, memory"
+    local warmup=60 before=30 hold=60 after=60 sides="once plain"
+    quick && warmup=0 before=5 hold=15 after=20 sides=once
+    cluster_psql bench "$PORT" -q -c "DROP DATABASE IF EXISTS hold" -c "CREATE DATABASE hold" >/dev/null
+    cluster_psql bench "$PORT" -q -d hold -c "CREATE EXTENSION pg_once" \
+        -c "ALTER DATABASE hold SET once.history_retention = '1min'" >/dev/null
+    local hold_dsn="host=127.0.0.1 port=$PORT user=postgres dbname=hold" rows=() with
+    for with in $sides; do
+        progress "held snapshot, $with"
+        rows+=("$(HARNESS_ROUNDS=1 harness --dsn "$hold_dsn" --label "$with" hold --with "$with" \
+            --workers 4 --batch 10 --keys 10000 --warmup "$warmup" --before "$before" \
+            --hold "$hold" --after "$after" --interval 5 2>/dev/null | tail -1)")
+    done
+    progress_done
+    echo "## 8. Growth under a held snapshot; memory"
+    echo
+    echo "A queue in steady state: 10,000 keys cycled by 4 workers through claim_next (n = 10),"
+    echo "complete_keys and enqueue_key(refresh) (the plain table: the same statements as in"
+    echo "section 5, and an UPDATE back to queued), in a database the pg_once worker serves,"
+    echo "autovacuum on. After ${warmup} s of warm-up and ${before} s measured, another session opens a"
+    echo "REPEATABLE READ transaction, reads once and keeps it open for ${hold} s (the usual way a"
+    echo "queue table bloats in production), then commits; the run goes on for ${after} s. Jobs/s are"
+    echo "medians of 5 s intervals (after: the last 30 s); sizes are the queue table's at the end."
+    echo
+    echo "| queue | before jobs/s | held | after | back to 90% of before | first autovacuum after the release |"
+    echo "|---|---|---|---|---|---|"
+    local row
+    for row in "${rows[@]}"; do echo "$row"; done
+    echo
+    echo "Sizes of the queue table (heap / indexes) at the end of each phase:"
+    echo
+    python3 - "$RESULTS" <<'PY'
+import json, sys
+runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+runs = [r for r in runs if r.get("bench") == "hold"][-2:]
+mb = lambda b: "%.1f MB" % (b / 1e6)
+print("| queue | before | held | after |")
+print("|---|---|---|---|")
+for r in runs:
+    ends = {}
+    for i in r["intervals"]:
+        ends[i["phase"]] = i
+    cells = [f"{mb(ends[p]['heap_bytes'])} / {mb(ends[p]['index_bytes'])}" if p in ends else "-"
+             for p in ("before", "held", "after")]
+    print(f"| {r['with']} | " + " | ".join(cells) + " |")
+PY
+    echo
+    ulimit -n 4096
+    local counts="100 1000"
+    quick && counts=100
+    echo "Memory of one server process after a pg_once workload (a hit, a claim+complete cycle"
+    echo "and a claim_next+complete_key on a queued job) vs a plain application connection (a"
+    echo "primary-key SELECT, an INSERT and an UPDATE), all connections open and idle, from"
+    echo "/proc/<pid>/smaps_rollup: private (clean + dirty) and proportional set size, median and"
+    echo "largest over the connections. Shared memory: pg_once's segment and the server's total"
+    echo "(shared_memory_size) with max_connections = 1100; pg_once's grows with max_connections"
+    echo "(a slot per backend), not with the connections open."
+    echo
+    echo "| connections | private MB median | private MB max | Pss MB median | Pss MB max | pg_once shared MB | server shared MB |"
+    echo "|---|---|---|---|---|---|---|"
+    local n
+    for n in $counts; do
+        progress "memory, $n connections"
+        HARNESS_ROUNDS=1 harness --dsn "$DSN" --label "pg_once, $n" memory --connections "$n" 2>/dev/null
+        HARNESS_ROUNDS=1 harness --dsn "$DSN" --label "plain connection, $n" memory --connections "$n" --baseline 2>/dev/null
+    done
+    progress_done
+    echo
+}
+
 report() {
 cat <<EOF
 # pg_once benchmarks
@@ -600,7 +678,7 @@ echo
 cluster_psql bench "$PORT" -q -c "CREATE DATABASE bloat" >/dev/null
 cluster_psql bench "$PORT" -q -d bloat -c "CREATE EXTENSION pg_once" \
     -c "ALTER DATABASE bloat SET once.history_retention = '1min'" >/dev/null
-"$BIN/bench" --dsn "host=127.0.0.1 port=$PORT user=postgres dbname=bloat" bloat --keys 10000 --cycles "$BLOAT_CYCLES" --workers 8 | tee -a "$RESULTS" |
+"$BIN/bench" --dsn "host=127.0.0.1 port=$PORT user=postgres dbname=bloat" bloat --keys 10000 --cycles "$BLOAT_CYCLES" --workers 8 --every $((BLOAT_CYCLES / 10)) 2>/dev/null | tee -a "$RESULTS" |
     python3 -c '
 import json, sys
 r = json.loads(sys.stdin.read())
@@ -621,6 +699,10 @@ fi
 
 if want 7; then
 freshness_section
+fi
+
+if want 8; then
+growth_and_memory_section
 fi
 }
 
