@@ -395,7 +395,7 @@ growth_and_memory_section() {
     echo "autovacuum on. After ${warmup} s of warm-up and ${before} s measured, another session opens a"
     echo "REPEATABLE READ transaction, reads once and keeps it open for ${hold} s (the usual way a"
     echo "queue table bloats in production), then commits; the run goes on for ${after} s. Jobs/s are"
-    echo "medians of 5 s intervals (after: the last 30 s); sizes are the queue table's at the end."
+    echo "medians of 5 s intervals (after: the last 30 s); the sizes below are at the end of each phase."
     echo
     echo "| queue | before jobs/s | held | after | back to 90% of before | first autovacuum after the release |"
     echo "|---|---|---|---|---|---|"
@@ -449,7 +449,7 @@ cat <<EOF
 
 Written by \`scripts/bench.sh\` on $(date -u +%Y-%m-%d): $(nproc) cores, $(free -g | awk '/Mem/ {print $2}') GiB,
 PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}') (fsync off, shared_buffers 256MB, huge pages $HUGE_PAGES), pg_once $(grep -m1 '^version' "$REPO_ROOT/Cargo.toml" | cut -d'"' -f2) release build,
-clients on the same machine. Every figure is the median of $ROUNDS runs ($QUEUE_ROUNDS in section 5; one in section 6; 4 rounds in section 7), with the range in
+clients on the same machine. Every figure is the median of $ROUNDS runs ($QUEUE_ROUNDS in section 5; one in sections 6 and 8; 4 rounds in section 7), with the range in
 parentheses; ratios compare medians from the same run. Comparisons (sections 1, 4 and 5)
 alternate their two sides run by run; stampede and failover rows run their rounds back to
 back. Raw figures:
