@@ -49,6 +49,15 @@ def expire_into_stale_window(client, key, value="v1"):
     time.sleep(0.7)
 
 
+async def async_expire_into_stale_window(setup, key, value="v1"):
+    """expire_into_stale_window with an async client of its own, closed before returning."""
+    async with setup.async_client() as filler:
+        async def compute():
+            return value
+        assert await filler.get_or_compute(key, compute, ttl=0.5, stale=60) == value
+    await asyncio.sleep(0.7)
+
+
 def test_stale_window_answers_at_once_and_one_background_refresh_replaces_the_value(clients, key, admin):
     expire_into_stale_window(clients(), key)
     readers = [clients() for _ in range(4)]   # four clients: four "processes" to the server
@@ -229,11 +238,7 @@ def test_freshness_options_are_checked_before_anything_is_claimed(clients, key, 
 
 def test_async_stale_window_and_background_refresh_task(setup, key, admin):
     async def main():
-        async with setup.async_client() as filler:
-            async def v1():
-                return "v1"
-            assert await filler.get_or_compute(key, v1, ttl=0.5, stale=60) == "v1"
-        await asyncio.sleep(0.7)
+        await async_expire_into_stale_window(setup, key)
         computed = []
 
         async def refresh():
@@ -257,11 +262,7 @@ def test_async_stale_window_and_background_refresh_task(setup, key, admin):
 
 def test_async_close_cancels_a_refresh_still_running_and_gives_its_claim_back(setup, key, admin):
     async def main():
-        async with setup.async_client() as filler:
-            async def v1():
-                return "v1"
-            assert await filler.get_or_compute(key, v1, ttl=0.5, stale=60) == "v1"
-        await asyncio.sleep(0.7)
+        await async_expire_into_stale_window(setup, key)
         cancelled = []
 
         async def hang():
