@@ -97,6 +97,17 @@ BEGIN
 END
 $$;
 
+-- Completions record their history themselves (completions_recorded in
+-- src/protocol/rules.rs): the trigger records every other end of an attempt.
+DROP TRIGGER entries_record_attempt ON once.entries;
+CREATE TRIGGER entries_record_attempt
+    AFTER UPDATE ON once.entries
+    FOR EACH ROW
+    WHEN (OLD.state = 'running' AND OLD.queue IS NOT NULL
+          AND (NEW.state <> 'running' OR NEW.token <> OLD.token)
+          AND NEW.last_outcome IS DISTINCT FROM 'completed')
+    EXECUTE FUNCTION once_internal.record_attempt();
+
 -- New functions.
 CREATE FUNCTION once.create_namespace(
     prefix text,

@@ -416,7 +416,9 @@ CREATE TRIGGER entries_wake_queue
     EXECUTE FUNCTION once_internal.wake_queue();
 
 -- Record how each attempt at a queued key ended: as the statement that ended it says in
--- last_outcome, or cancelled when the key was deleted (invalidated).
+-- last_outcome, or cancelled when the key was deleted (invalidated). Completions are the
+-- exception: the statements that complete keys append their history themselves, one
+-- INSERT per batch instead of one per key (completions_recorded in src/protocol/rules.rs).
 CREATE FUNCTION once_internal.record_attempt() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp
@@ -436,7 +438,8 @@ CREATE TRIGGER entries_record_attempt
     AFTER UPDATE ON once.entries
     FOR EACH ROW
     WHEN (OLD.state = 'running' AND OLD.queue IS NOT NULL
-          AND (NEW.state <> 'running' OR NEW.token <> OLD.token))
+          AND (NEW.state <> 'running' OR NEW.token <> OLD.token)
+          AND NEW.last_outcome IS DISTINCT FROM 'completed')
     EXECUTE FUNCTION once_internal.record_attempt();
 
 CREATE TRIGGER entries_record_cancelled_attempt

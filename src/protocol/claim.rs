@@ -138,7 +138,15 @@ static COMPLETE: Statement = Statement::new(concat!(
     completed!("$result", "d."),
     "
        FROM (SELECT random() AS draw, clock_timestamp() AS now) d
-      WHERE key_hash = $key_hash AND token = $token AND state = 'running'"
+      WHERE key_hash = $key_hash AND token = $token AND state = 'running'
+     RETURNING ",
+    ended_attempt_columns!()
+));
+
+// The history of a queued key that complete_key completed (rules::completions_recorded).
+static RECORD_COMPLETION: Statement = Statement::new(completions_recorded!(
+    "(SELECT $key_hash::bytea, $key::text, $queue::text, $token::bigint, $owner::text,
+             $claimed_at::timestamptz) AS ended (key_hash, key, queue, token, owner, claimed_at)"
 ));
 
 // A failure is served to callers until retry_at; a queued key goes back to its queue
@@ -570,8 +578,29 @@ pub fn complete(key: &Key, token: i64, result: Jsonb, policy: &Policy) -> bool {
     let args = params![key_hash = key.hash_param(), token = token, result = result]
         .into_iter()
         .chain(policy.params());
-    let done = statements::run(&COMPLETE, args, |table| Ok(table.len() == 1));
-    resolved_by_owner(key, done, Counter::Completed)
+    let ended = statements::run(&COMPLETE, args, |table| {
+        if table.is_empty() {
+            return Ok(None);
+        }
+        let row = table.first();
+        Ok(Some((
+            row.get_by_name::<String, _>("queue")?,
+            row.get_by_name::<String, _>("owner")?,
+            row.get_by_name::<TimestampWithTimeZone, _>("claimed_at")?,
+        )))
+    });
+    if let Some((Some(queue), owner, claimed_at)) = &ended {
+        let args = params![
+            key_hash = key.hash_param(),
+            key = key.text,
+            queue = queue.as_str(),
+            token = token,
+            owner = owner.as_deref(),
+            claimed_at = *claimed_at,
+        ];
+        statements::run(&RECORD_COMPLETION, args, |_| Ok(()));
+    }
+    resolved_by_owner(key, ended.is_some(), Counter::Completed)
 }
 
 /// Record a failure of a claim; false when the claim is no longer current.

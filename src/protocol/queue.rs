@@ -143,15 +143,23 @@ static COMPLETE_MANY: Statement = Statement::new(concat!(
          SELECT key_hash FROM once.entries
           WHERE key_hash = ANY ($key_hashes) AND state = 'running'
           ORDER BY key_hash
-            FOR UPDATE)
-     UPDATE once.entries AS e
-        SET ",
+            FOR UPDATE),
+     ended AS (
+         UPDATE once.entries AS e
+            SET ",
     completed!("i.result", "i."),
     "
-       FROM input i, locked l
-      WHERE e.key_hash = ANY ($key_hashes) AND e.key_hash = l.key_hash
-        AND e.key_hash = i.key_hash AND e.token = i.token AND e.state = 'running'
-     RETURNING e.key"
+           FROM input i, locked l
+          WHERE e.key_hash = ANY ($key_hashes) AND e.key_hash = l.key_hash
+            AND e.key_hash = i.key_hash AND e.token = i.token AND e.state = 'running'
+         RETURNING ",
+    ended_attempt_columns!(),
+    "),
+     recorded AS (",
+    completions_recorded!("ended"),
+    "
+     )
+     SELECT key FROM ended"
 ));
 
 /// A queue, as a call names it.

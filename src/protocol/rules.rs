@@ -121,6 +121,38 @@ macro_rules! completed {
     };
 }
 
+/// The columns a completing UPDATE returns (`RETURNING`, of `once.entries e`) for
+/// `completions_recorded!`. A completion changes none of them, so the new row's values are
+/// the attempt's own.
+macro_rules! ended_attempt_columns {
+    () => {
+        "e.key_hash, e.key, e.queue, e.token, e.owner, e.claimed_at"
+    };
+}
+
+/// INSERT appending to once.attempts the attempts that completions ended, read from `$ended`
+/// (a row source with the columns of `ended_attempt_columns!`); keys that were never
+/// enqueued have no history.
+///
+/// Completions record their attempts themselves, right where they end them; the
+/// entries_record_attempt trigger (schema.sql) records every other end (failures,
+/// releases, takeovers, reaping, cancellation). A row trigger pays a PL/pgSQL call and an
+/// INSERT executor for each key: 14% of a queue's server time with batches of 10
+/// (bench/profiles/queue.svg). complete_keys records a batch with one INSERT in its own
+/// statement; complete_key records a queued key with one more statement, and a cache key,
+/// which has no history, costs nothing.
+macro_rules! completions_recorded {
+    ($ended:literal) => {
+        concat!(
+            "INSERT INTO once.attempts (key_hash, key, queue, token, worker, started_at, outcome)
+             SELECT key_hash, key, queue, token, owner, claimed_at, 'completed'
+               FROM ",
+            $ended,
+            " WHERE queue IS NOT NULL"
+        )
+    };
+}
+
 /// SET list recording a request to compute a running key once more when its run ends
 /// (refresh_key, invalidate_key, enqueue_key with refresh). `$how` says what becomes of
 /// the run's result: `keep` (served as completed: a queued key's previous result while it
@@ -215,6 +247,6 @@ macro_rules! failed_attempt {
 }
 
 pub(crate) use {
-    claimant_columns, claimant_values, completed, failed_attempt, owner_gone, owner_gone_error,
-    rerun_requested, retry_policy,
+    claimant_columns, claimant_values, completed, completions_recorded, ended_attempt_columns,
+    failed_attempt, owner_gone, owner_gone_error, rerun_requested, retry_policy,
 };
