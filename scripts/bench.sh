@@ -97,7 +97,7 @@ restore_huge_pages() {
 }
 trap restore_huge_pages EXIT
 say "starting throwaway clusters on 127.0.0.1:$PORT (preloaded) and :$PLAIN_PORT (not), huge pages $HUGE_PAGES"
-cluster_start bench "$PORT" "shared_preload_libraries = 'pg_once'" "once.databases = 'postgres,hold'" \
+cluster_start bench "$PORT" "shared_preload_libraries = 'pg_once'" "once.databases = 'postgres,queue,hold'" \
     "huge_pages = $HUGE_PAGES" "max_connections = 1100"
 cluster_start bench-plain "$PLAIN_PORT" "huge_pages = $HUGE_PAGES"
 proxy=""
@@ -504,6 +504,10 @@ echo "answer. Everything runs on the same $(nproc) cores, so 200 callers answere
 echo
 echo "The last column divides the time until the last caller was answered by the same figure"
 echo "for callers that retry claim_key every 100 ms (the usual \"timeout and retry\" answer)."
+echo "The floor rows use no pg_once: as many sessions block on an advisory lock that one session"
+echo "holds while it computes; its commit releases them all at once, and each then reads a row"
+echo "by primary key in the same statement. It is PostgreSQL's own cost of waking that many"
+echo "sessions on this machine, which no protocol built on it can beat."
 echo
 echo "| how callers wait | computations | p50 ms | p99 ms | max ms | max vs retry every 100 ms |"
 echo "|---|---|---|---|---|---|"
@@ -523,6 +527,8 @@ for callers in $stampede_callers; do
         )
     fi
     quick && rows=("${rows[0]}")
+    # The floor: PostgreSQL waking as many sessions at one commit, without pg_once.
+    rows+=("$(harness --dsn "$PLAIN_DSN" --label "$callers callers, no pg_once: blocked on an advisory lock, released by a commit (floor)" stampede --strategy lock --callers "$callers")")
     rows+=("$base")
     [ "$callers" = 200 ] && ! quick && rows+=("$(harness --dsn "$DSN" --label "200 callers, retry claim_key every 1 s" stampede --strategy poll1000)")
     progress_done
@@ -614,9 +620,22 @@ echo "$POOL claims run together)."
 echo
 echo "| workers | n | pg_once jobs/s | plain jobs/s | pg_once / plain | pg_once of peak | plain of peak |"
 echo "|---|---|---|---|---|---|---|"
+# The queue rounds run in a database of their own: the harness empties pg_once's tables
+# after each round there (the plain side drops its table), so that no round inherits the
+# dead index entries of the ones before it.
+cluster_psql bench "$PORT" -q -c "CREATE DATABASE queue" >/dev/null
+cluster_psql bench "$PORT" -q -d queue -c "CREATE EXTENSION pg_once" >/dev/null
+# Its pg_once worker (once.databases) relays the completions' notifications; until it runs,
+# every commit would send them itself, which costs far more.
+for ((i = 0; i < 300; i++)); do
+    [ "$(cluster_psql bench "$PORT" -Atc "SELECT count(*) FROM pg_stat_activity
+        WHERE backend_type = 'pg_once worker' AND datname = 'queue'")" = 1 ] && break
+    sleep 0.2
+done
+QUEUE_DSN="host=127.0.0.1 port=$PORT user=postgres dbname=queue"
 # queue_round IMPL WORKERS N [bench options]: one 4 s round; prints jobs/s.
 queue_round() {
-    HARNESS_ROUNDS=1 harness --dsn "$DSN" --label x queue --with "$1" --workers "$2" --batch "$3" --seconds 4 "${@:4}" |
+    HARNESS_ROUNDS=1 harness --dsn "$QUEUE_DSN" --label x queue --with "$1" --workers "$2" --batch "$3" --seconds 4 "${@:4}" |
         awk -F'|' '{split($3, v, " "); print v[1]}'
 }
 # Worker setups: a count (one connection each), COUNTcPOOL (sharing POOL connections) or

@@ -153,7 +153,7 @@ enum QueueImpl {
 }
 
 /// How a caller that is told `wait` gets its answer.
-#[derive(Clone, Copy, ValueEnum, Debug)]
+#[derive(Clone, Copy, ValueEnum, Debug, PartialEq)]
 enum Strategy {
     /// claim_key(wait => ...): the server wakes it.
     Server,
@@ -163,6 +163,11 @@ enum Strategy {
     Poll100,
     /// claim_key, on wait sleep 1 s and try again.
     Poll1000,
+    /// No pg_once: PostgreSQL's own wake-up. Callers block on an advisory lock that the
+    /// computing session holds; its commit releases them all at once, and each reads a row
+    /// by primary key in the same statement. The floor of any wake-up of that many
+    /// sessions on this machine.
+    Lock,
 }
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -373,6 +378,7 @@ async fn ask(
                 }
                 Strategy::Poll100 => tokio::time::sleep(Duration::from_millis(100)).await,
                 Strategy::Poll1000 => tokio::time::sleep(Duration::from_secs(1)).await,
+                Strategy::Lock => anyhow::bail!("a lock stampede does not call claim_key"),
             },
             other => anyhow::bail!("unexpected outcome {other}"),
         }
@@ -385,6 +391,9 @@ async fn stampede(
     strategy: Strategy,
     compute: Duration,
 ) -> Result<serde_json::Value> {
+    if strategy == Strategy::Lock {
+        return stampede_on_a_lock(dsn, callers, compute).await;
+    }
     let key = fresh_key("stampede");
     let mut clients = Vec::with_capacity(callers);
     for _ in 0..callers {
@@ -438,6 +447,94 @@ async fn stampede(
         "p50_ms": pct(0.5), "p99_ms": pct(0.99), "max_ms": pct(1.0),
         "latencies_ms": latencies,
     }))
+}
+
+/// Strategy::Lock: `callers` sessions block on an advisory lock held by a session that
+/// "computes" for `compute` and then commits; latencies run from just before that commit to
+/// each caller's answer, by the server's clock as for pg_once.
+async fn stampede_on_a_lock(
+    dsn: &str,
+    callers: usize,
+    compute: Duration,
+) -> Result<serde_json::Value> {
+    let admin = once::connect(dsn).await?;
+    admin
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS bench_stampede_row (k int PRIMARY KEY, v jsonb);
+             INSERT INTO bench_stampede_row VALUES (1, '\"page\"') ON CONFLICT DO NOTHING",
+        )
+        .await?;
+    let lock_id: i64 = rand_lock_id();
+    let owner = once::connect(dsn).await?;
+    owner.batch_execute("BEGIN").await?;
+    owner
+        .execute("SELECT pg_advisory_xact_lock($1)", &[&lock_id])
+        .await?;
+    let mut tasks = Vec::with_capacity(callers);
+    for _ in 0..callers {
+        let client = once::connect(dsn).await?;
+        tasks.push(tokio::spawn(async move {
+            let row = client
+                .query_one(
+                    "WITH granted AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared($1))
+                     SELECT v, clock_timestamp() FROM granted, bench_stampede_row WHERE k = 1",
+                    &[&lock_id],
+                )
+                .await?;
+            anyhow::Ok(row.get::<_, SystemTime>(1))
+        }));
+    }
+    // Every caller is blocked on the lock before the computation ends, and has been for
+    // longer than deadlock_timeout (1 s): each blocked session runs one deadlock check,
+    // which takes every lock-manager partition, and checks that overlap the wake-up made
+    // it many times slower.
+    tokio::time::sleep(compute).await;
+    let give_up = Instant::now() + Duration::from_secs(30);
+    loop {
+        let blocked: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+                &[],
+            )
+            .await?
+            .get(0);
+        if blocked as usize >= callers {
+            break;
+        }
+        anyhow::ensure!(Instant::now() < give_up, "only {blocked} callers blocked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let completed_at: SystemTime = owner
+        .query_one("SELECT clock_timestamp()", &[])
+        .await?
+        .get(0);
+    owner.batch_execute("COMMIT").await?;
+    let mut latencies = Vec::with_capacity(callers);
+    for task in tasks {
+        let at = task.await??;
+        latencies.push(
+            at.duration_since(completed_at)
+                .unwrap_or_default()
+                .as_secs_f64()
+                * 1000.0,
+        );
+    }
+    latencies.sort_by(f64::total_cmp);
+    let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p).round() as usize];
+    Ok(json!({
+        "bench": "stampede", "strategy": "lock", "callers": callers, "computations": 1,
+        "p50_ms": pct(0.5), "p99_ms": pct(0.99), "max_ms": pct(1.0),
+        "latencies_ms": latencies,
+    }))
+}
+
+/// An advisory lock number no other run holds.
+fn rand_lock_id() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64
 }
 
 async fn takeover(dsn: &str, lease: Duration, lease_only: bool) -> Result<serde_json::Value> {
@@ -678,6 +775,21 @@ async fn create_plain_queue(admin: &Client, name: &str, rows: i64) -> Result<()>
 async fn drop_queue(admin: &Client, with: QueueImpl, name: &str) -> Result<()> {
     match with {
         QueueImpl::Once => {
+            // Where nothing else uses pg_once, empty its tables as the plain side drops its
+            // own: a DELETE leaves dead index entries that the next round would pay for.
+            let alone: bool = admin
+                .query_one(
+                    "SELECT NOT EXISTS (SELECT FROM once.entries WHERE queue IS DISTINCT FROM $1)
+                        AND NOT EXISTS (SELECT FROM once.attempts WHERE queue IS DISTINCT FROM $1)",
+                    &[&name],
+                )
+                .await?
+                .get(0);
+            if alone {
+                admin
+                    .batch_execute("TRUNCATE once.entries, once.attempts")
+                    .await?;
+            }
             admin
                 .execute("DELETE FROM once.entries WHERE queue = $1", &[&name])
                 .await?;
