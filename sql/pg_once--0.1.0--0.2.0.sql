@@ -71,6 +71,10 @@ CREATE FUNCTION once_internal.namespaces_changed() RETURNS trigger
 CREATE TRIGGER namespace_owners_changed
     AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON once_internal.namespace_owners
     FOR EACH STATEMENT EXECUTE FUNCTION once_internal.namespaces_changed();
+-- Every backend keeps each queue's namespace in memory too (every claim_next checks it).
+CREATE TRIGGER queues_changed
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON once.queues
+    FOR EACH STATEMENT EXECUTE FUNCTION once_internal.namespaces_changed();
 SELECT pg_catalog.pg_extension_config_dump('once_internal.namespace_owners', '');
 
 -- How an attempt ended is now said by the statement that ends it (last_outcome).
@@ -520,7 +524,7 @@ COMMENT ON COLUMN once_internal.namespace_owners.notify IS
 COMMENT ON COLUMN once_internal.namespace_owners.created_at IS
     'When the namespace was created.';
 COMMENT ON FUNCTION once_internal.namespaces_changed() IS
-    'Trigger function: make every backend read once_internal.namespace_owners again.';
+    'Trigger function: make every backend read the namespaces again (once_internal.namespace_owners, and the queues'' namespaces in once.queues).';
 COMMENT ON TABLE once.entries IS
     'One row per key: its state (queued, running, done, failed), fencing token, owner, lease, result and error. Written only through the once.* functions.';
 COMMENT ON COLUMN once.entries.key_hash IS

@@ -181,9 +181,13 @@ CREATE FUNCTION once_internal.namespaces_changed() RETURNS trigger
     LANGUAGE c
     AS 'MODULE_PATHNAME', 'namespaces_changed_wrapper';
 COMMENT ON FUNCTION once_internal.namespaces_changed() IS
-    'Trigger function: make every backend read once_internal.namespace_owners again.';
+    'Trigger function: make every backend read the namespaces again (once_internal.namespace_owners, and the queues'' namespaces in once.queues).';
 CREATE TRIGGER namespace_owners_changed
     AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON once_internal.namespace_owners
+    FOR EACH STATEMENT EXECUTE FUNCTION once_internal.namespaces_changed();
+-- Every backend keeps each queue's namespace in memory too (every claim_next checks it).
+CREATE TRIGGER queues_changed
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON once.queues
     FOR EACH STATEMENT EXECUTE FUNCTION once_internal.namespaces_changed();
 
 CREATE TABLE once.entries (

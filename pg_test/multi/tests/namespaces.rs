@@ -228,6 +228,53 @@ async fn a_namespace_queue_is_its_members_only() -> Result<()> {
     Ok(())
 }
 
+/// Every backend keeps the namespace of each queue it used; a change to once.queues made by
+/// another session must reach it, whichever way the queue moves.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_queue_moved_into_a_namespace_is_refused_at_once_by_every_session() -> Result<()> {
+    let t = tenants("digest").await?;
+    let queue = format!("q{}", fresh_key("").replace(['/', '-'], "_"));
+    t.admin
+        .execute("SELECT once.create_queue($1)", &[&queue])
+        .await?;
+    // app1 uses the shared queue: its backend now keeps "shared" for it.
+    let rows = t
+        .app1
+        .query("SELECT * FROM once.claim_next($1)", &[&queue])
+        .await?;
+    assert!(rows.is_empty());
+
+    t.admin
+        .execute(
+            "SELECT once.create_queue($1, namespace => $2)",
+            &[&queue, &t.prefix],
+        )
+        .await?;
+    assert_refused(
+        t.app1
+            .query("SELECT * FROM once.claim_next($1)", &[&queue])
+            .await,
+        &t.prefix,
+    );
+
+    // And back out of it: shared again, for app1 too.
+    t.admin
+        .execute(
+            "UPDATE once.queues SET namespace = NULL WHERE name = $1",
+            &[&queue],
+        )
+        .await?;
+    let rows = t
+        .app1
+        .query("SELECT * FROM once.claim_next($1)", &[&queue])
+        .await?;
+    assert!(rows.is_empty());
+    t.admin
+        .execute("SELECT once.drop_queue($1)", &[&queue])
+        .await?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn views_show_a_role_only_what_it_may_use() -> Result<()> {
     let t = tenants("digest").await?;
