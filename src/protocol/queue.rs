@@ -11,6 +11,17 @@
 //! statistics say. (A generic plan made while statistics said the table was small scanned
 //! the whole primary key for every claim_next.)
 //!
+//! claim_next names the rows its CTE locked by `ctid = ANY (...)` instead: a TID scan
+//! fetches each locked version directly, the cheapest plan at any size, rather than
+//! descending the primary key once more for each. A row locked by FOR UPDATE cannot move
+//! before the UPDATE; only a version that another transaction replaced and committed after
+//! the call's snapshot (the lock then follows it to the new version, which the snapshot
+//! does not see) is left out: that key stays queued, locked until the call ends, and the
+//! call returns fewer keys. row_taken passes over such versions beforehand in all but a
+//! narrow window. complete_keys must not lose a key that way (a heartbeat committed while
+//! it waited for the lock replaces the version), so it looks its keys up again by
+//! key_hash: pg_test/isolation/specs/complete-after-heartbeat.spec.
+//!
 //! Lost races: before locking a candidate, claim_next asks once_internal.row_taken(ctid) and passes
 //! over versions another worker has claimed since its snapshot or is claiming right now;
 //! why plain SKIP LOCKED is not enough is said at storage::entry::taken.
@@ -98,7 +109,7 @@ static ENQUEUE_RERUN: Statement = Statement::new(concat!(
 // once_internal.row_taken: see storage::entry::taken.
 static CLAIM_NEXT: Statement = Statement::new(concat!(
     "WITH next AS (
-         SELECT key_hash FROM once.entries
+         SELECT ctid FROM once.entries
           WHERE state = 'queued' AND queue = $queue AND run_at <= clock_timestamp()
             AND NOT ",
     internal!("row_taken"),
@@ -113,8 +124,7 @@ static CLAIM_NEXT: Statement = Statement::new(concat!(
     claimant_values!(),
     "),
             attempts = e.attempts + 1
-       FROM next
-      WHERE e.key_hash = ANY (ARRAY(SELECT key_hash FROM next)) AND e.key_hash = next.key_hash
+      WHERE e.ctid = ANY (ARRAY(SELECT ctid FROM next))
      RETURNING e.key, e.token, e.payload, e.attempts, e.key_hash"
 ));
 
