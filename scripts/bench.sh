@@ -23,6 +23,10 @@
 #      a backend that used pg_once vs a plain application connection, at 100 and 1,000
 #      connections, and pg_once's shared memory.
 #
+#   9. index growth (only when named: SECTIONS="9", about 45 minutes): sizes of once.entries
+#      and each of its indexes every 250,000 of CURVE_CYCLES (5,000,000) queue cycles on
+#      10,000 keys, to show where they level off.
+#
 # QUICK=1: a smoke run in under 5 minutes: the headline row of each section (with the
 # baseline its ratio needs), one short round each. Its report goes to the terminal and to
 # $PG_ONCE_WORK/quick.md, never to BENCHMARKS.md or results.jsonl: one round is not a
@@ -33,9 +37,12 @@
 # with the day of its run; the rest stays as the last run left it.
 #
 # Comparisons alternate (A B A B ...) so both sides see the same machine state; figures
-# are the median and the range over ROUNDS. Settings: ROUNDS (3), QUEUE_ROUNDS (5),
-# SECONDS_PER_RUN (10), RTT_US (500), BLOAT_CYCLES (1000000), FRESHNESS_SECONDS (60 per
-# mode of section 7). A full run takes about 40 minutes.
+# are the median and the range over ROUNDS. Settings: ROUNDS (3), QUEUE_ROUNDS (3),
+# SECONDS_PER_RUN (6), RTT_US (500), BLOAT_CYCLES (500000), FRESHNESS_SECONDS (60 per
+# mode of section 7), CURVE_CYCLES (5000000). A full run (sections 1 to 8) should take
+# about 45 minutes, and says how long it took at the end. (On 2026-12-01, with 10 s runs, 5
+# queue rounds and 1,000,000 bloat cycles, sections 1, 2, 4 and 5 took 10, 1.3, 4.2 and 26
+# minutes and a full run about an hour; the defaults were cut to these to fit.)
 source "$(dirname "$0")/lib.sh"
 QUICK=${QUICK:-0}
 quick() { [ "$QUICK" = 1 ]; }
@@ -46,12 +53,13 @@ PORT=${PG_ONCE_BENCH_PORT:-25534}
 PLAIN_PORT=$((PORT + 1))
 PROXY_PORT=$((PORT + 2))
 BOUNCER_PORT=$((PORT + 3))
-SECONDS_PER_RUN=${SECONDS_PER_RUN:-10}
+SECONDS_PER_RUN=${SECONDS_PER_RUN:-6}
 ROUNDS=${ROUNDS:-3}
-QUEUE_ROUNDS=${QUEUE_ROUNDS:-5}
+QUEUE_ROUNDS=${QUEUE_ROUNDS:-3}
 POOL=$((2 * $(nproc)))
 RTT_US=${RTT_US:-500}
-BLOAT_CYCLES=${BLOAT_CYCLES:-1000000}
+BLOAT_CYCLES=${BLOAT_CYCLES:-500000}
+CURVE_CYCLES=${CURVE_CYCLES:-5000000}
 SQL=$REPO_ROOT/bench/pgbench
 BIN=${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release
 OUT=$REPO_ROOT/bench/results
@@ -118,6 +126,7 @@ section_rows() {
     case $1 in
     1) echo pgbench ;; 2) echo stampede ;; 3) echo takeover ;; 4) echo listeners ;;
     5) echo queue bloat ;; 6) echo pooled ;; 7) echo freshness ;; 8) echo hold memory ;;
+    9) echo curve ;;
     esac
 }
 if [ "$ALL_SECTIONS" = yes ] || quick; then
@@ -370,11 +379,38 @@ EOF
     echo
 }
 
+# Section 9: the bloat measurement of section 5, five times longer, with each index's size.
+index_curve_section() {
+    say "9 index growth over $CURVE_CYCLES cycles"
+    cluster_psql bench "$PORT" -q -c "DROP DATABASE IF EXISTS curve" -c "CREATE DATABASE curve" >/dev/null
+    cluster_psql bench "$PORT" -q -d curve -c "CREATE EXTENSION pg_once" \
+        -c "ALTER DATABASE curve SET once.history_retention = '1min'" >/dev/null
+    echo "## 9. Index growth over $CURVE_CYCLES queue cycles"
+    echo
+    echo "Section 5's bloat run, longer: claim_next + complete_key + enqueue_key(refresh) cycles"
+    echo "on 10,000 keys, 8 workers, in a database of their own, autovacuum on (its defaults, and"
+    echo "the table's own settings), reap_stale every second, once.history_retention = 1 minute."
+    echo "Sizes of once.entries, its indexes and once.attempts every 250,000 cycles:"
+    echo
+    echo "What bounds them: a claim, a completion and a re-enqueue each leave a dead row version"
+    echo "and dead index entries, which vacuum removes, and autovacuum visits a database at"
+    echo "most once per autovacuum_naptime (1 minute by default; once.entries asks for it at 2% dead"
+    echo "rows). So each index levels off at its live entries plus about a naptime's worth of dead"
+    echo "ones: entries_queue_idx, whose keys (run_at) only grow, holds the most; the primary key"
+    echo "stays small because PostgreSQL removes duplicate versions from its pages as they fill"
+    echo "(bottom-up deletion). Pages a vacuum empties are reused, not returned to the file"
+    echo "system. A lower autovacuum_naptime lowers the level."
+    echo
+    "$BIN/bench" --dsn "host=127.0.0.1 port=$PORT user=postgres dbname=curve" bloat --keys 10000 \
+        --cycles "$CURVE_CYCLES" --workers 8 --every 250000 2>/dev/null |
+        sed 's/"bench":"bloat"/"bench":"curve"/' | tee -a "$RESULTS" | python3 "$REPO_ROOT/bench/curve.py"
+}
+
 # Section 8: the queue under a held snapshot, in a database of its own that the pg_once
 # worker serves (once.databases), then memory per backend and shared memory.
 growth_and_memory_section() {
     say "8/8 growth under a held snapshot, memory"
-    local warmup=60 before=30 hold=60 after=60 sides="once plain"
+    local warmup=30 before=30 hold=60 after=45 sides="once plain"
     quick && warmup=0 before=5 hold=15 after=20 sides=once
     cluster_psql bench "$PORT" -q -c "DROP DATABASE IF EXISTS hold" -c "CREATE DATABASE hold" >/dev/null
     cluster_psql bench "$PORT" -q -d hold -c "CREATE EXTENSION pg_once" \
@@ -723,24 +759,38 @@ fi
 if want 8; then
 growth_and_memory_section
 fi
+
+if want 9; then
+index_curve_section
+fi
 }
 
-if [ "$ALL_SECTIONS" = yes ] || quick; then
+if quick; then
     report >"$REPORT"
 else
-    # Replace only the sections this run measured, each marked with the day of its run.
+    # Replace the sections this run measured; keep the others as the last run left them
+    # (section 9 is never part of a full run). A full run writes the header too; a partial
+    # one marks each section it wrote with the day of its run.
     report >"$PG_ONCE_WORK/partial.md"
-    python3 - "$REPORT" "$PG_ONCE_WORK/partial.md" "$(date -u +%Y-%m-%d)" "$SECTIONS" <<'PY'
+    python3 - "$REPORT" "$PG_ONCE_WORK/partial.md" "$(date -u +%Y-%m-%d)" "$SECTIONS" "$ALL_SECTIONS" <<'PY'
 import re, sys
-report, partial, day, sections = sys.argv[1:]
+report, partial, day, sections, full = sys.argv[1:]
 def split(text):
     parts = re.split(r"(?m)^(?=## \d+\. )", text)
     return parts[0], {p.split(".", 1)[0][3:]: p for p in parts[1:]}
-head, old = split(open(report).read())
-_, new = split(open(partial).read())
+try:
+    head, old = split(open(report).read())
+except FileNotFoundError:
+    head, old = "", {}
+new_head, new = split(open(partial).read())
 for n, body in new.items():
+    if full == "yes":
+        old[n] = body
+        continue
     title, rest = body.split("\n", 1)
     old[n] = f"{title}\n\n_Measured on {day} by `SECTIONS=\"{sections}\" scripts/bench.sh`._\n{rest}"
+if full == "yes":
+    head = new_head
 open(report, "w").write(head + "".join(old[n] for n in sorted(old, key=int)))
 PY
 fi
@@ -754,5 +804,5 @@ venv=$PG_ONCE_WORK/plot-venv
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/pip" install --quiet --disable-pip-version-check matplotlib
 "$venv/bin/python" "$REPO_ROOT/bench/plot.py" "$RESULTS" "$OUT"
-say "wrote $REPORT and plots in $OUT"
+say "wrote $REPORT and plots in $OUT ($((SECONDS / 60)) minutes)"
 cat "$REPORT"
