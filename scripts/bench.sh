@@ -540,10 +540,10 @@ echo "answer. Everything runs on the same $(nproc) cores, so 200 callers answere
 echo
 echo "The last column divides the time until the last caller was answered by the same figure"
 echo "for callers that retry claim_key every 100 ms (the usual \"timeout and retry\" answer)."
-echo "The floor rows use no pg_once: as many sessions block on an advisory lock that one session"
-echo "holds while it computes; its commit releases them all at once, and each then reads a row"
-echo "by primary key in the same statement. It is PostgreSQL's own cost of waking that many"
-echo "sessions on this machine, which no protocol built on it can beat."
+echo "The advisory-lock rows use no pg_once: as many sessions block on an advisory lock that one"
+echo "session holds while it computes (the usual way to make callers wait for one computation in"
+echo "plain PostgreSQL); its commit releases them all at once, and each then reads a row by"
+echo "primary key in the same statement. PostgreSQL's lock manager wakes them."
 echo
 echo "| how callers wait | computations | p50 ms | p99 ms | max ms | max vs retry every 100 ms |"
 echo "|---|---|---|---|---|---|"
@@ -563,8 +563,8 @@ for callers in $stampede_callers; do
         )
     fi
     quick && rows=("${rows[0]}")
-    # The floor: PostgreSQL waking as many sessions at one commit, without pg_once.
-    rows+=("$(harness --dsn "$PLAIN_DSN" --label "$callers callers, no pg_once: blocked on an advisory lock, released by a commit (floor)" stampede --strategy lock --callers "$callers")")
+    # PostgreSQL's own wake-up of as many sessions at one commit, without pg_once.
+    rows+=("$(harness --dsn "$PLAIN_DSN" --label "$callers callers, no pg_once: blocked on an advisory lock, released by a commit" stampede --strategy lock --callers "$callers")")
     rows+=("$base")
     [ "$callers" = 200 ] && ! quick && rows+=("$(harness --dsn "$DSN" --label "200 callers, retry claim_key every 1 s" stampede --strategy poll1000)")
     progress_done

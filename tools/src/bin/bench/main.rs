@@ -163,10 +163,10 @@ enum Strategy {
     Poll100,
     /// claim_key, on wait sleep 1 s and try again.
     Poll1000,
-    /// No pg_once: PostgreSQL's own wake-up. Callers block on an advisory lock that the
-    /// computing session holds; its commit releases them all at once, and each reads a row
-    /// by primary key in the same statement. The floor of any wake-up of that many
-    /// sessions on this machine.
+    /// No pg_once: PostgreSQL's own wake-up, the usual way to make sessions wait for one
+    /// computation without it. Callers block on an advisory lock that the computing
+    /// session holds; its commit releases them all at once, and each reads a row by
+    /// primary key in the same statement.
     Lock,
 }
 
