@@ -20,9 +20,10 @@
 
 use crate::errors;
 use crate::storage::statements::{self, params, Statement};
+use crate::storage::watched::Watched;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 
 /// What a namespace's keys are announced as on channel `once`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -87,21 +88,8 @@ static LOAD: Statement = Statement::new(concat!(
 thread_local! {
     /// The registered namespaces, longest prefix first; None until read.
     static CACHE: RefCell<Option<Vec<Namespace>>> = const { RefCell::new(None) };
-    /// once_internal.namespace_owners, whose invalidation makes the cache stale.
-    static TABLE: Cell<pg_sys::Oid> = const { Cell::new(pg_sys::InvalidOid) };
-    /// Set by the invalidation callback: read the namespaces again before the next use.
-    /// (The callback may run while the cache is borrowed, since a role-membership lookup
-    /// can process invalidations; so it only sets this flag.)
-    static STALE: Cell<bool> = const { Cell::new(false) };
-    static CALLBACK_REGISTERED: Cell<bool> = const { Cell::new(false) };
-}
-
-/// A relcache invalidation of once_internal.namespace_owners (or of every relation).
-#[pg_guard]
-unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
-    if relid == pg_sys::InvalidOid || relid == TABLE.get() {
-        STALE.set(true);
-    }
+    /// once_internal.namespace_owners: when it changes, the cache is read again.
+    static NAMESPACE_OWNERS: Watched = const { Watched::new(crate::schema::INTERNAL, c"namespace_owners") };
 }
 
 /// Run `f` on the namespace `text` (a key or a queue's namespace name) belongs to, if any.
@@ -116,7 +104,7 @@ fn with_namespace_of<R>(text: &str, f: impl FnOnce(Option<&Namespace>) -> R) -> 
 }
 
 fn load() {
-    if STALE.replace(false) {
+    if NAMESPACE_OWNERS.with(Watched::changed) {
         CACHE.with_borrow_mut(|cache| *cache = None);
     }
     if CACHE.with_borrow(Option::is_some) {
@@ -125,11 +113,6 @@ fn load() {
     // may_use_key runs as the caller, who may not read the table: read it as its
     // owner, as PostgreSQL's own internal lookups do (e.g. foreign-key checks).
     let _owner = AsTableOwner::become_();
-    if !CALLBACK_REGISTERED.replace(true) {
-        // SAFETY: registers a callback for the lifetime of the backend.
-        unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(forget), pg_sys::Datum::from(0)) };
-    }
-    TABLE.set(namespace_owners());
     let namespaces = statements::run(&LOAD, params![], |table| {
         table
             .map(|row| {

@@ -43,9 +43,10 @@ use crate::runtime::shmem::{self, Counter};
 use crate::storage::jsonb::{Jsonb, JsonbArray};
 use crate::storage::statements::{self, params, Statement};
 use crate::storage::subxact::{self, Blocked, LockBudget};
+use crate::storage::watched::Watched;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::prelude::*;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::HashMap;
 
 /// The queue enqueue_key and claim_next use when none is named (their SQL default). It is
@@ -183,39 +184,16 @@ pub struct Queue<'a> {
 
 thread_local! {
     /// The namespace of each queue this backend has used (None: shared), read from
-    /// once.queues and kept until that table changes: its trigger (namespaces_changed)
-    /// sends a relcache invalidation that every backend sees at its next transaction, as
-    /// for the namespaces themselves (protocol::namespace). A name that is not a queue is
-    /// not kept, so callers cannot fill this with names.
+    /// once.queues and kept until that table changes (storage::watched). A name that is
+    /// not a queue is not kept, so callers cannot fill this with names.
     static QUEUE_NAMESPACES: RefCell<HashMap<String, Option<String>>> = RefCell::new(HashMap::new());
-    /// once.queues, whose invalidation empties the map.
-    static QUEUES_TABLE: Cell<pg_sys::Oid> = const { Cell::new(pg_sys::InvalidOid) };
-    /// Set by the invalidation callback, which may run while the map is borrowed.
-    static QUEUES_STALE: Cell<bool> = const { Cell::new(false) };
-    static CALLBACK_REGISTERED: Cell<bool> = const { Cell::new(false) };
-}
-
-/// A relcache invalidation of once.queues (or of every relation).
-#[pg_guard]
-unsafe extern "C-unwind" fn forget_queues(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
-    if relid == pg_sys::InvalidOid || relid == QUEUES_TABLE.get() {
-        QUEUES_STALE.set(true);
-    }
+    static QUEUES: Watched = const { Watched::new(crate::schema::API, c"queues") };
 }
 
 /// The namespace of queue `name`: None if there is no such queue, Some(None) if it is
 /// shared. Every claim_next asks; a statement to answer was 2% of a queue's server time.
 fn namespace_of_queue(name: &str) -> Option<Option<String>> {
-    if !CALLBACK_REGISTERED.replace(true) {
-        // SAFETY: registers a callback for the lifetime of the backend; catalog lookups
-        // by name.
-        unsafe {
-            pg_sys::CacheRegisterRelcacheCallback(Some(forget_queues), pg_sys::Datum::from(0));
-            let schema = pg_sys::get_namespace_oid(crate::schema::API.as_ptr(), false);
-            QUEUES_TABLE.set(pg_sys::get_relname_relid(c"queues".as_ptr(), schema));
-        }
-    }
-    if QUEUES_STALE.replace(false) {
+    if QUEUES.with(Watched::changed) {
         QUEUE_NAMESPACES.with_borrow_mut(HashMap::clear);
     }
     if let Some(kept) = QUEUE_NAMESPACES.with_borrow(|kept| kept.get(name).cloned()) {
