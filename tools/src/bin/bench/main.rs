@@ -314,13 +314,15 @@ fn markdown_row(label: &str, rounds: &[serde_json::Value]) -> String {
 }
 
 fn fresh_key(what: &str) -> String {
-    format!(
-        "bench/{what}/{}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    )
+    format!("bench/{what}/{}", nanos_since_epoch())
+}
+
+/// A number no earlier run used: keys and advisory locks of a run are made from it.
+fn nanos_since_epoch() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
 }
 
 /// One caller's request, by `strategy`. Returns whether it computed, and the server's
@@ -464,7 +466,7 @@ async fn stampede_on_a_lock(
              INSERT INTO bench_stampede_row VALUES (1, '\"page\"') ON CONFLICT DO NOTHING",
         )
         .await?;
-    let lock_id: i64 = rand_lock_id();
+    let lock_id = nanos_since_epoch() as i64;
     let owner = once::connect(dsn).await?;
     owner.batch_execute("BEGIN").await?;
     owner
@@ -527,14 +529,6 @@ async fn stampede_on_a_lock(
         "p50_ms": pct(0.5), "p99_ms": pct(0.99), "max_ms": pct(1.0),
         "latencies_ms": latencies,
     }))
-}
-
-/// An advisory lock number no other run holds.
-fn rand_lock_id() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as i64
 }
 
 async fn takeover(dsn: &str, lease: Duration, lease_only: bool) -> Result<serde_json::Value> {
