@@ -77,3 +77,42 @@ pub fn pg_ctl(args: &[&str]) -> Result<()> {
     anyhow::ensure!(status.success(), "pg_ctl {args:?} failed");
     Ok(())
 }
+
+/// Roles as an administrator makes them for applications, and what a refusal says.
+pub mod roles {
+    use super::once;
+    use anyhow::Result;
+    use tokio_postgres::Client;
+
+    /// A login role with the README's grants ("Granting access"), connected.
+    pub async fn app_role(admin: &Client, name: &str) -> Result<Client> {
+        // One at a time (an advisory lock): concurrent GRANTs on the same functions fail
+        // with "tuple concurrently updated".
+        admin
+            .batch_execute(&format!(
+                "BEGIN;
+             SELECT pg_advisory_xact_lock(20261201);
+             CREATE ROLE {name} LOGIN;
+             GRANT USAGE ON SCHEMA once TO {name};
+             GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA once TO {name};
+             GRANT SELECT ON once.stats, once.queue_stats, once.dead_letters, once.namespaces
+                TO {name};
+             COMMIT;"
+            ))
+            .await?;
+        connect_as(name).await
+    }
+
+    pub async fn connect_as(role: &str) -> Result<Client> {
+        once::connect(&format!("{} user={role}", once::dsn_from_env()?)).await
+    }
+
+    /// The SQLSTATE and message of a failed statement.
+    pub fn refusal<T: std::fmt::Debug>(
+        result: Result<T, tokio_postgres::Error>,
+    ) -> (String, String) {
+        let error = result.expect_err("expected the call to be refused");
+        let db = error.as_db_error().expect("a server error");
+        (db.code().code().to_owned(), db.message().to_owned())
+    }
+}

@@ -3,33 +3,11 @@
 //! database, and acts as each role on its own connection.
 
 use anyhow::{Context, Result};
+use pg_once_multi::roles::{app_role, refusal};
 use pg_once_multi::{admin, fresh_key, once};
 use serde_json::{json, Value};
 use std::time::Duration;
 use tokio_postgres::Client;
-
-/// A login role with the README's grants ("Granting access"), connected.
-async fn app_role(admin: &Client, name: &str) -> Result<Client> {
-    // One at a time (an advisory lock): concurrent GRANTs on the same functions fail
-    // with "tuple concurrently updated".
-    admin
-        .batch_execute(&format!(
-            "BEGIN;
-             SELECT pg_advisory_xact_lock(20261201);
-             CREATE ROLE {name} LOGIN;
-             GRANT USAGE ON SCHEMA once TO {name};
-             GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA once TO {name};
-             GRANT SELECT ON once.stats, once.queue_stats, once.dead_letters, once.namespaces
-                TO {name};
-             COMMIT;"
-        ))
-        .await?;
-    connect_as(name).await
-}
-
-async fn connect_as(role: &str) -> Result<Client> {
-    once::connect(&format!("{} user={role}", once::dsn_from_env()?)).await
-}
 
 /// Two applications, each with its own role, and a namespace that belongs to the second.
 struct Tenants {
@@ -61,13 +39,6 @@ async fn tenants(notify: &str) -> Result<Tenants> {
         app2_role: role2,
         prefix,
     })
-}
-
-/// The SQLSTATE and message of a failed statement.
-fn refusal<T: std::fmt::Debug>(result: Result<T, tokio_postgres::Error>) -> (String, String) {
-    let error = result.expect_err("expected the call to be refused");
-    let db = error.as_db_error().expect("a server error");
-    (db.code().code().to_owned(), db.message().to_owned())
 }
 
 fn assert_refused<T: std::fmt::Debug>(result: Result<T, tokio_postgres::Error>, prefix: &str) {

@@ -1,0 +1,494 @@
+//! Attacks on isolation, performed as an attacker with ordinary grants would try them
+//! (issue 23, docs/security.md). Each test plays the attacker's side to the end and
+//! asserts that it got nothing: no other tenant's data, no change to what it may not
+//! change. Every test makes its own roles, prefixes and tables.
+
+use anyhow::Result;
+use pg_once_multi::roles::{app_role, refusal};
+use pg_once_multi::{admin, fresh_key};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+use tokio_postgres::Client;
+
+/// A fresh identifier: role names, prefixes and tables of one test.
+fn fresh_id(name: &str) -> String {
+    fresh_key(name).replace(['/', '-'], "_")
+}
+
+/// Claim `key` with wait => 0 as `client`: (outcome, token, result).
+async fn claim(client: &Client, key: &str) -> Result<(String, Option<i64>, Option<Value>)> {
+    let row = client
+        .query_one(
+            "SELECT outcome, token, result FROM once.claim_key($1, wait => '0')",
+            &[&key],
+        )
+        .await?;
+    Ok((row.get(0), row.get(1), row.get(2)))
+}
+
+/// Claim and complete `key` as `client` with `result`, kept for a day.
+async fn complete(client: &Client, key: &str, result: Value) -> Result<()> {
+    let (outcome, token, _) = claim(client, key).await?;
+    assert_eq!(outcome, "claimed");
+    let done: bool = client
+        .query_one(
+            "SELECT once.complete_key($1, $2, $3, ttl => '1 day')",
+            &[&key, &token, &result],
+        )
+        .await?
+        .get(0);
+    assert!(done);
+    Ok(())
+}
+
+// 1. once.cached served a protected table's rows to a role without SELECT on it: the
+// privilege check planned the caller's query text, not the one that produced the result.
+#[tokio::test(flavor = "multi_thread")]
+async fn cached_rows_reach_only_roles_that_may_run_the_query_that_produced_them() -> Result<()> {
+    let admin = admin().await?;
+    let id = fresh_id("cached");
+    let app1 = app_role(&admin, &format!("app1_{id}")).await?;
+    admin
+        .batch_execute(&format!(
+            "CREATE TABLE secret_{id} (v int); INSERT INTO secret_{id} VALUES (42);
+             CREATE TABLE log_{id} (n int); GRANT INSERT ON log_{id} TO app1_{id};
+             GRANT EXECUTE ON ALL ROUTINES IN SCHEMA once TO app1_{id};"
+        ))
+        .await?;
+    let key = format!("report_{id}");
+    let secret_query = format!("SELECT v FROM secret_{id}");
+    let cached: Value = admin
+        .query_one("SELECT once.cached($1, $2)", &[&key, &secret_query])
+        .await?
+        .get(0);
+    assert_eq!(cached, json!([{"v": 42}]));
+
+    // Another query under the same key computes its own rows.
+    let other: Value = app1
+        .query_one("SELECT once.cached($1, 'SELECT 1 AS one')", &[&key])
+        .await?
+        .get(0);
+    assert_eq!(other, json!([{"one": 1}]));
+    // The same query text, by a role that may not run it: refused as the query would be.
+    let (code, message) = refusal(
+        app1.query_one("SELECT once.cached($1, $2)", &[&key, &secret_query])
+            .await,
+    );
+    assert_eq!(code, "42501", "{message}");
+    // The plain protocol does not reach once.cached's entries.
+    let (outcome, _, result) = claim(&app1, &key).await?;
+    assert_eq!(
+        outcome, "claimed",
+        "once.cached's result under the plain key"
+    );
+    assert_eq!(result, None);
+
+    // A query of several statements is refused before anything runs, on a miss and on
+    // every later call.
+    let smuggled = format!("SELECT 1 AS one; INSERT INTO log_{id} VALUES (1)");
+    for _ in 0..2 {
+        let (code, message) = refusal(
+            app1.query_one(
+                "SELECT once.cached($1, $2)",
+                &[&format!("s_{id}"), &smuggled],
+            )
+            .await,
+        );
+        assert_eq!(code, "42601", "{message}");
+    }
+    let logged: i64 = admin
+        .query_one(&format!("SELECT count(*) FROM log_{id}"), &[])
+        .await?
+        .get(0);
+    assert_eq!(logged, 0, "the smuggled statement never ran");
+
+    // A failure (whose text may embed row values) is served only under the same check.
+    let failing = format!("SELECT 1 / (v - 42) FROM secret_{id}");
+    let fkey = format!("failing_{id}");
+    let (_, first) = refusal(
+        admin
+            .query_one(
+                "CALL once.cached($1, $2, NULL, retry_after => '1 hour')",
+                &[&fkey, &failing],
+            )
+            .await,
+    );
+    assert!(first.contains("division by zero"), "{first}");
+    let (code, message) = refusal(
+        app1.query_one("SELECT once.cached($1, $2)", &[&fkey, &failing])
+            .await,
+    );
+    assert_eq!(code, "42501", "{message}");
+    Ok(())
+}
+
+/// A login role with a schema of its own to create functions and tables in.
+async fn attacker(admin: &Client, role: &str) -> Result<Client> {
+    let client = app_role(admin, role).await?;
+    admin
+        .batch_execute(&format!("CREATE SCHEMA {role} AUTHORIZATION {role}"))
+        .await?;
+    client
+        .batch_execute(&format!("SET search_path = {role}, public"))
+        .await?;
+    Ok(client)
+}
+
+// 2. Code owned by one role, running in another role's session, got that session's rights.
+#[tokio::test(flavor = "multi_thread")]
+async fn code_owned_by_one_role_is_judged_as_that_role_in_every_session() -> Result<()> {
+    let admin = admin().await?;
+    let id = fresh_id("definer");
+    let (role1, role2) = (format!("app1_{id}"), format!("app2_{id}"));
+    let app1 = attacker(&admin, &role1).await?;
+    let app2 = app_role(&admin, &role2).await?;
+    let prefix = format!("{id}/tenant2/");
+    admin
+        .execute(
+            "SELECT once.create_namespace($1, $2::text::regrole)",
+            &[&prefix, &role2],
+        )
+        .await?;
+    let secret = format!("{prefix}secret");
+    complete(&app2, &secret, json!({"ssn": "078-05-1120"})).await?;
+
+    // app1's SECURITY DEFINER function reads tenant2's key into app1's table, and app1
+    // grants it to app2, who calls it.
+    app1.batch_execute(&format!(
+        "CREATE TABLE loot (v jsonb);
+         CREATE FUNCTION steal() RETURNS void SECURITY DEFINER LANGUAGE plpgsql
+           SET search_path = {role1}, pg_catalog AS $$
+           BEGIN
+             INSERT INTO loot SELECT result FROM once.claim_key('{secret}', wait => '0');
+           END $$;
+         GRANT EXECUTE ON FUNCTION steal() TO {role2};
+         GRANT USAGE ON SCHEMA {role1} TO {role2};"
+    ))
+    .await?;
+    let (code, message) = refusal(app2.execute(&format!("SELECT {role1}.steal()"), &[]).await);
+    assert_eq!(code, "42501", "{message}");
+    let loot: i64 = app1
+        .query_one("SELECT count(*) FROM loot WHERE v IS NOT NULL", &[])
+        .await?
+        .get(0);
+    assert_eq!(loot, 0);
+
+    // An index expression of app1's runs as app1 when a superuser's ANALYZE evaluates it;
+    // through it app1 tries to define a namespace for itself.
+    let stolen = format!("{id}/tenant3/");
+    app1.batch_execute(&format!(
+        "CREATE FUNCTION grab(x int) RETURNS int IMMUTABLE LANGUAGE plpgsql AS $$
+           BEGIN
+             PERFORM once.create_namespace('{stolen}', '{role1}');
+             RETURN x;
+           EXCEPTION WHEN OTHERS THEN RETURN x;
+           END $$;
+         CREATE TABLE bait (x int);
+         INSERT INTO bait SELECT generate_series(1, 10);
+         CREATE INDEX ON bait (grab(x));"
+    ))
+    .await?;
+    admin
+        .batch_execute(&format!("ANALYZE {role1}.bait"))
+        .await?;
+    // SECURITY DEFINER code of app1's, called by a superuser.
+    app1.batch_execute(&format!(
+        "CREATE FUNCTION promote() RETURNS void SECURITY DEFINER LANGUAGE sql
+           AS $$ SELECT once.create_namespace('{stolen}', '{role1}') $$;"
+    ))
+    .await?;
+    let (code, message) = refusal(
+        admin
+            .execute(&format!("SELECT {role1}.promote()"), &[])
+            .await,
+    );
+    assert_eq!(code, "42501", "{message}");
+    let created: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM once.namespaces WHERE prefix = $1",
+            &[&stolen],
+        )
+        .await?
+        .get(0);
+    assert_eq!(
+        created, 0,
+        "no namespace defined through another role's session"
+    );
+    Ok(())
+}
+
+// 3. A cheap leaky function in the WHERE clause saw every tenant's dead letters and queues.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leaky_function_sees_nothing_the_views_hide() -> Result<()> {
+    let admin = admin().await?;
+    let id = fresh_id("leak");
+    let (role1, role2) = (format!("app1_{id}"), format!("app2_{id}"));
+    let app1 = attacker(&admin, &role1).await?;
+    let app2 = app_role(&admin, &role2).await?;
+    let prefix = format!("{id}/tenant2/");
+    admin
+        .execute(
+            "SELECT once.create_namespace($1, $2::text::regrole)",
+            &[&prefix, &role2],
+        )
+        .await?;
+    let queue = format!("payments_{id}");
+    app2.execute(
+        "SELECT once.create_queue($1, max_attempts => 1, namespace => $2)",
+        &[&queue, &prefix],
+    )
+    .await?;
+    let key = format!("{prefix}charge");
+    app2.execute(
+        "SELECT once.enqueue_key($1, '{\"card\": \"4111111111111111\"}', $2)",
+        &[&key, &queue],
+    )
+    .await?;
+    let row = app2
+        .query_one("SELECT key, token FROM once.claim_next($1)", &[&queue])
+        .await?;
+    let token: i64 = row.get(1);
+    app2.execute("SELECT once.fail_key($1, $2, 'declined')", &[&key, &token])
+        .await?;
+
+    // Raises what it is shown: the error text carries it out.
+    app1.batch_execute(
+        "CREATE FUNCTION leak(t text) RETURNS boolean STABLE COST 0.000001 LANGUAGE plpgsql AS $$
+           BEGIN
+             IF t LIKE '%4111%' OR t LIKE '%tenant2%' OR t LIKE 'payments%' THEN
+               RAISE EXCEPTION 'leaked: %', t;
+             END IF;
+             RETURN true;
+           END $$;",
+    )
+    .await?;
+    // The function sees only rows the view shows app1: had it been shown tenant2's, it
+    // would have raised them.
+    let attempts = [
+        "SELECT count(*) FROM once.dead_letters WHERE leak(payload::text)",
+        "SELECT count(*) FROM once.dead_letters WHERE leak(key)",
+        "SELECT count(*) FROM once.queue_stats WHERE leak(queue)",
+    ];
+    for sql in attempts {
+        if let Err(e) = app1.query_one(sql, &[]).await {
+            panic!("{sql}: {:?}", e.as_db_error().map(|d| d.message()));
+        }
+    }
+    Ok(())
+}
+
+// 4. A namespace member took over a shared queue, and any role rewrote its retry policy.
+#[tokio::test(flavor = "multi_thread")]
+async fn shared_queues_are_changed_only_by_administrators() -> Result<()> {
+    let admin = admin().await?;
+    let id = fresh_id("queues");
+    let (role1, role2) = (format!("app1_{id}"), format!("app2_{id}"));
+    let app1 = app_role(&admin, &role1).await?;
+    let app2 = app_role(&admin, &role2).await?;
+    let prefix = format!("{id}/tenant1/");
+    admin
+        .execute(
+            "SELECT once.create_namespace($1, $2::text::regrole)",
+            &[&prefix, &role1],
+        )
+        .await?;
+    let queue = format!("default_{id}");
+    admin
+        .execute("SELECT once.create_queue($1)", &[&queue])
+        .await?;
+
+    let (code, message) = refusal(
+        app1.execute(
+            "SELECT once.create_queue($1, namespace => $2)",
+            &[&queue, &prefix],
+        )
+        .await,
+    );
+    assert_eq!(code, "42501", "{message}");
+    let (code, message) = refusal(
+        app2.execute("SELECT once.create_queue($1, max_attempts => 1)", &[&queue])
+            .await,
+    );
+    assert_eq!(code, "42501", "{message}");
+    let (code, message) = refusal(app2.execute("SELECT once.drop_queue($1)", &[&queue]).await);
+    assert_eq!(code, "42501", "{message}");
+    // Asking for the queue as it is changes nothing, and stays allowed (applications
+    // declare their queues as they start).
+    app2.execute("SELECT once.create_queue($1)", &[&queue])
+        .await?;
+
+    // Every role still uses the queue as before.
+    let key = fresh_key("job");
+    app2.execute("SELECT once.enqueue_key($1, NULL, $2)", &[&key, &queue])
+        .await?;
+    let taken = app2
+        .query(
+            "SELECT key FROM once.claim_next($1, wait => '0')",
+            &[&queue],
+        )
+        .await?;
+    assert_eq!(taken.len(), 1);
+    let attempts: i32 = admin
+        .query_one(
+            "SELECT max_attempts FROM once.queues WHERE name = $1 AND namespace IS NULL",
+            &[&queue],
+        )
+        .await?
+        .get(0);
+    assert_eq!(attempts, 5, "the policy the administrator set");
+    Ok(())
+}
+
+// 5. A new namespace inherited what another role had planted under its prefix.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_namespace_inherits_nothing_planted_under_its_prefix() -> Result<()> {
+    let admin = admin().await?;
+    let id = fresh_id("plant");
+    let (role1, role3) = (format!("app1_{id}"), format!("app3_{id}"));
+    let app1 = app_role(&admin, &role1).await?;
+    let app3 = app_role(&admin, &role3).await?;
+    let prefix = format!("{id}/tenant3/");
+    let config = format!("{prefix}config");
+    complete(&app1, &config, json!({"admin": "evil"})).await?;
+
+    let (code, message) = refusal(
+        admin
+            .execute(
+                "SELECT once.create_namespace($1, $2::text::regrole)",
+                &[&prefix, &role3],
+            )
+            .await,
+    );
+    assert_eq!(code, "55006", "{message}");
+    assert!(message.contains("1 key"), "{message}");
+    admin
+        .execute(
+            "SELECT once.create_namespace($1, $2::text::regrole, existing => 'purge')",
+            &[&prefix, &role3],
+        )
+        .await?;
+    let (outcome, _, result) = claim(&app3, &config).await?;
+    assert_eq!(outcome, "claimed");
+    assert_eq!(result, None);
+    Ok(())
+}
+
+// 8. A wait answer carried the running claim's token, and with it any role could fail the
+// claim for a year.
+#[tokio::test(flavor = "multi_thread")]
+async fn another_roles_claim_cannot_be_ended_with_its_token() -> Result<()> {
+    let admin = admin().await?;
+    let id = fresh_id("tokens");
+    let app1 = app_role(&admin, &format!("app1_{id}")).await?;
+    let key = fresh_key("shared");
+    let (outcome, token, _) = claim(&admin, &key).await?;
+    assert_eq!(outcome, "claimed");
+
+    let (outcome, seen, _) = claim(&app1, &key).await?;
+    assert_eq!(outcome, "wait");
+    assert_eq!(seen, None, "a waiter is not told the owner's token");
+    let last: Option<i64> = app1
+        .query_one("SELECT last_token FROM once.stats", &[])
+        .await?
+        .get(0);
+    assert_eq!(last, None, "nor the sequence's last value");
+
+    // Tokens come from a sequence: an attacker guesses them. A guess is not enough.
+    let calls = [
+        "SELECT once.fail_key($1, $2, 'forged', retry_after => '1 year')",
+        "SELECT once.complete_key($1, $2, '\"forged\"')",
+        "SELECT once.release_key($1, $2)",
+        "SELECT once.heartbeat_key($1, $2, lease => '1 day') IS NOT NULL",
+    ];
+    for sql in calls {
+        let done: bool = app1.query_one(sql, &[&key, &token]).await?.get(0);
+        assert!(!done, "{sql}");
+    }
+    let done: bool = admin
+        .query_one(
+            "SELECT once.complete_key($1, $2, '\"real\"')",
+            &[&key, &token],
+        )
+        .await?
+        .get(0);
+    assert!(done, "the owner's claim was left as it was");
+    Ok(())
+}
+
+// 11. A backend that read the namespaces before create_namespace committed neither
+// enforced the new namespace nor hashed its announcements until its transaction ended.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_namespace_is_enforced_at_once_inside_open_transactions() -> Result<()> {
+    let admin = admin().await?;
+    let id = fresh_id("open");
+    let (role1, role2) = (format!("app1_{id}"), format!("app2_{id}"));
+    let app1 = app_role(&admin, &role1).await?;
+    app_role(&admin, &role2).await?;
+    let prefix = format!("{id}/tenant2/");
+    let before = fresh_key("before");
+    complete(&admin, &before, json!(1)).await?;
+    for isolation in ["READ COMMITTED", "REPEATABLE READ"] {
+        app1.batch_execute(&format!("BEGIN ISOLATION LEVEL {isolation}"))
+            .await?;
+        // A read: the namespaces are in this backend's memory now. (A write would make
+        // create_namespace wait for this transaction, which is how it stays race-free.)
+        assert_eq!(claim(&app1, &before).await?.0, "hit");
+        admin
+            .execute(
+                "SELECT once.create_namespace($1, $2::text::regrole, existing => 'purge')",
+                &[&prefix, &role2],
+            )
+            .await?;
+        let (code, message) = refusal(
+            app1.query_one(
+                "SELECT outcome FROM once.claim_key($1, wait => '0')",
+                &[&format!("{prefix}x")],
+            )
+            .await,
+        );
+        assert_eq!(code, "42501", "{isolation}: {message}");
+        app1.batch_execute("ROLLBACK").await?;
+        admin
+            .execute("SELECT once.drop_namespace($1)", &[&prefix])
+            .await?;
+    }
+    Ok(())
+}
+
+// 13. A waiting claim_key held a lock on the namespace table for its whole wait, so DDL
+// on it queued behind every waiter, and every call behind the DDL.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_waiting_call_holds_no_lock_on_the_namespace_table() -> Result<()> {
+    let admin = admin().await?;
+    let id = fresh_id("lock");
+    let app1 = app_role(&admin, &format!("app1_{id}")).await?;
+    let owner = app_role(&admin, &format!("app2_{id}")).await?;
+    admin
+        .execute(
+            "SELECT once.create_namespace($1, $2::text::regrole)",
+            &[&format!("{id}/tenant2/"), &format!("app2_{id}")],
+        )
+        .await?;
+    let key = fresh_key("held");
+    claim(&owner, &key).await?;
+    let waiter = tokio::spawn(async move {
+        app1.query_one(
+            "SELECT outcome FROM once.claim_key($1, wait => '3 s')",
+            &[&key],
+        )
+        .await
+        .map(|row| row.get::<_, String>(0))
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    admin
+        .batch_execute(
+            "BEGIN; SET LOCAL lock_timeout = '1 s';
+             LOCK TABLE once_internal.namespace_owners IN ACCESS EXCLUSIVE MODE;
+             ROLLBACK;",
+        )
+        .await?;
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert_eq!(waiter.await??, "wait");
+    Ok(())
+}
