@@ -1,9 +1,12 @@
 -- pg_once: the SQL surface. Hand-written; loaded after schema.sql by CREATE EXTENSION.
 --
--- Every function:
--- * is SECURITY DEFINER, so callers need EXECUTE on it but no privilege on once.entries;
--- * pins search_path to pg_catalog, pg_temp, so nothing a caller puts on their path can
---   change what the function's statements mean;
+-- Every C function:
+-- * runs as its caller (not SECURITY DEFINER), so that the current user is the role
+--   that called it, which the namespace checks judge as PostgreSQL's own checks do; it
+--   runs its statements with the extension owner's rights, so callers need EXECUTE on it
+--   but no privilege on once.entries (src/storage/statements.rs, docs/security.md);
+-- * runs those statements with search_path pinned to pg_catalog, pg_temp, so nothing a
+--   caller puts on their path can change what they mean;
 -- * is CALLED ON NULL INPUT, so a NULL argument raises 22004 instead of returning NULL;
 -- * is VOLATILE (each reads and writes shared state) and PARALLEL UNSAFE (each writes).
 -- EXECUTE is revoked from PUBLIC at the end; see README "Granting access".
@@ -15,7 +18,7 @@ CREATE FUNCTION once.claim_key(
     owner_pid   integer DEFAULT NULL,
     serve_stale boolean DEFAULT false)
 RETURNS once.claim
-LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'claim_key_0_2_wrapper';
 
 COMMENT ON FUNCTION once.claim_key(text, interval, interval, integer, boolean) IS
@@ -38,7 +41,7 @@ Call it in its own transaction: a claim is only visible to others once committed
 
 CREATE FUNCTION once.owner_session()
 RETURNS integer
-LANGUAGE c VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c VOLATILE PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'owner_session_wrapper';
 
 COMMENT ON FUNCTION once.owner_session() IS
@@ -57,7 +60,7 @@ CREATE FUNCTION once.complete_key(
     beta   float8 DEFAULT NULL,
     jitter float8 DEFAULT NULL)
 RETURNS boolean
-LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'complete_key_0_2_wrapper';
 
 COMMENT ON FUNCTION once.complete_key(text, bigint, jsonb, interval, interval, double precision, double precision) IS
@@ -74,7 +77,7 @@ CREATE FUNCTION once.fail_key(
     error       text,
     retry_after interval DEFAULT '0')
 RETURNS boolean
-LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'fail_key_wrapper';
 
 COMMENT ON FUNCTION once.fail_key(text, bigint, text, interval) IS
@@ -88,7 +91,7 @@ CREATE FUNCTION once.heartbeat_key(
     token bigint,
     lease interval DEFAULT '30 seconds')
 RETURNS timestamptz
-LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'heartbeat_key_wrapper';
 
 COMMENT ON FUNCTION once.heartbeat_key(text, bigint, interval) IS
@@ -99,7 +102,7 @@ CREATE FUNCTION once.release_key(
     key   text,
     token bigint)
 RETURNS boolean
-LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'release_key_wrapper';
 
 COMMENT ON FUNCTION once.release_key(text, bigint) IS
@@ -108,7 +111,7 @@ absent and one waiter claims it at once. Returns false if token is no longer cur
 
 CREATE FUNCTION once.invalidate_key(key text)
 RETURNS boolean
-LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'invalidate_key_wrapper';
 
 COMMENT ON FUNCTION once.invalidate_key(text) IS
@@ -118,7 +121,7 @@ the key is computed once more. Returns false if the key was absent.$$;
 
 CREATE FUNCTION once.refresh_key(key text, stale interval DEFAULT NULL)
 RETURNS text
-LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'refresh_key_wrapper';
 
 COMMENT ON FUNCTION once.refresh_key(text, interval) IS
@@ -130,7 +133,7 @@ pending (queued: it runs anyway) or absent.$$;
 
 CREATE FUNCTION once.reap_stale()
 RETURNS TABLE (reclaimed bigint, expired bigint, history bigint)
-LANGUAGE c VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c VOLATILE PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'reap_stale_wrapper';
 
 COMMENT ON FUNCTION once.reap_stale() IS
@@ -144,24 +147,29 @@ second from pg_cron; when preloaded, the pg_once worker runs it.$$;
 -- ---- namespaces ----------------------------------------------------------------------
 
 CREATE FUNCTION once.create_namespace(
-    prefix text,
-    owner  regrole,
-    notify text DEFAULT 'digest')
+    prefix   text,
+    owner    regrole,
+    notify   text DEFAULT 'digest',
+    existing text DEFAULT 'refuse')
 RETURNS void
-LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'create_namespace_wrapper';
 
-COMMENT ON FUNCTION once.create_namespace(text, regrole, text) IS
+COMMENT ON FUNCTION once.create_namespace(text, regrole, text, text) IS
 $$Make every key that starts with prefix (the longest registered prefix wins) belong to
 owner: only its members and superusers may claim, read, complete, fail, heartbeat,
 release, invalidate or enqueue such keys (42501 for anyone else). notify: what LISTENers
 on channel once receive when such a key resolves: 'digest' (its hex SHA-256, computable
-from the key by whoever knows it) or 'key'. Changes an existing namespace's owner and
-notify. Only for superusers and members of the extension's owner.$$;
+from the key by whoever knows it) or 'key'. existing: what becomes of keys already under
+prefix that would change hands (any role may have written them): 'refuse' (55006 while
+there are any), 'purge' (delete them) or 'adopt' (give them to the namespace). Changes an
+existing namespace's owner and notify. Only for superusers and members of the
+extension's owner, calling it themselves (not from SECURITY DEFINER code, an index
+expression or a materialized view).$$;
 
 CREATE FUNCTION once.drop_namespace(prefix text)
 RETURNS void
-LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'drop_namespace_wrapper';
 
 COMMENT ON FUNCTION once.drop_namespace(text) IS
@@ -178,7 +186,7 @@ CREATE FUNCTION once.create_queue(
     max_backoff  interval DEFAULT '1 hour',
     namespace    text DEFAULT NULL)
 RETURNS void
-LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'create_queue_0_2_wrapper';
 
 COMMENT ON FUNCTION once.create_queue(text, integer, interval, interval, text) IS
@@ -190,7 +198,7 @@ claim_next from it or drop it, and its keys may only go into its queues); NULL: 
 
 CREATE FUNCTION once.drop_queue(name text)
 RETURNS void
-LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'drop_queue_wrapper';
 
 COMMENT ON FUNCTION once.drop_queue(text) IS
@@ -207,7 +215,7 @@ CREATE FUNCTION once.enqueue_key(
     refresh      boolean DEFAULT false,
     max_attempts integer DEFAULT NULL)
 RETURNS text
-LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'enqueue_key_wrapper';
 
 COMMENT ON FUNCTION once.enqueue_key(text, jsonb, text, integer, timestamptz, boolean, integer) IS
@@ -229,7 +237,7 @@ CREATE FUNCTION once.claim_next(
     wait      interval DEFAULT '0',
     owner_pid integer DEFAULT NULL)
 RETURNS TABLE (key text, token bigint, payload jsonb, attempt integer)
-LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 SET plan_cache_mode = force_generic_plan
 AS 'MODULE_PATHNAME', 'claim_next_wrapper';
 
@@ -244,7 +252,7 @@ owner_pid: as for claim_key.$$;
 
 CREATE FUNCTION once.invalidate_keys(queue text DEFAULT NULL, prefix text DEFAULT NULL)
 RETURNS bigint
-LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'invalidate_keys_wrapper';
 
 COMMENT ON FUNCTION once.invalidate_keys(text, text) IS
@@ -263,7 +271,7 @@ CREATE FUNCTION once.complete_keys(
     beta    float8 DEFAULT NULL,
     jitter  float8 DEFAULT NULL)
 RETURNS TABLE (key text)
-LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 SET plan_cache_mode = force_generic_plan
 AS 'MODULE_PATHNAME', 'complete_keys_0_2_wrapper';
 
@@ -273,10 +281,28 @@ handed out), each key's jitter drawn on its own. Locks keys in key_hash order, s
 cannot deadlock with another batch. Returns the keys that were completed; the others'
 claims were lost.$$;
 
+-- The key once.cached keeps a query's rows under: bound to the query, the role and the
+-- search_path (src/protocol/cached.rs), and usable by that role only.
+CREATE FUNCTION once.cached_key(key text, query text)
+RETURNS text
+LANGUAGE c STABLE CALLED ON NULL INPUT PARALLEL RESTRICTED
+AS 'MODULE_PATHNAME', 'cached_key_wrapper';
+
+COMMENT ON FUNCTION once.cached_key(text, text) IS
+$$The key under which once.cached(key, query) keeps the query's rows for the calling role
+and its search_path: key, then '#cached:', the role's OID and a digest of the
+search_path and the query. Only that role (and administrators) may use it, e.g.
+once.invalidate_key(once.cached_key(key, query)). 42601 unless query is exactly one
+SELECT (or VALUES, TABLE).$$;
+
 -- once.cached runs the caller's query as the caller: SECURITY INVOKER, and no pinned
 -- search_path, so that the query's names resolve as they would in the caller's own
--- statement. Everything it names itself is schema-qualified. It calls the other
--- functions, which check the caller's rights to the key as any call does.
+-- statement. Everything it names itself is schema-qualified. Its rows are kept under
+-- once.cached_key(key, query): one entry per role, search_path and query text, so a
+-- result is only ever served to the role that computed it with the same query, and, on
+-- every hit, only while that role may still run the query (planning it checks the
+-- role's privileges on every table it reads; row-level security that depends on session
+-- settings is not: put such settings in the key).
 CREATE FUNCTION once.cached(
     key         text,
     query       text,
@@ -290,6 +316,8 @@ RETURNS jsonb
 LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT SECURITY INVOKER PARALLEL UNSAFE
 AS $cached$
 DECLARE
+    bound text;
+    rows_of text;
     answer once.claim;
     computed jsonb;
 BEGIN
@@ -298,21 +326,26 @@ BEGIN
             USING ERRCODE = 'null_value_not_allowed',
                   HINT = 'Pass the query whose rows are to be cached, e.g. ''SELECT ... FROM ...''.';
     END IF;
+    -- 42601 unless query is one SELECT: the subquery below then cannot smuggle a second
+    -- statement past the parser.
+    bound := once.cached_key(key, query);
+    rows_of := pg_catalog.format(
+        E'SELECT COALESCE(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(r)), ''[]''::jsonb) FROM (\n%s\n) r',
+        query);
     -- Bad options (ttl, stale, beta, jitter) are refused by complete_key, after the query
     -- has run: the statement fails and changes nothing. (A check before it would need a
     -- function of once_internal, which the caller, running this as itself, cannot reach.)
-    answer := once.claim_key(key, lease => lease, wait => wait, serve_stale => true);
+    answer := once.claim_key(bound, lease => lease, wait => wait, serve_stale => true);
+    IF answer.outcome IN ('hit', 'stale', 'failed') THEN
+        -- What was computed (or how it failed) is served only while this role may still
+        -- run the query: planning it checks the privileges on every table it reads.
+        EXECUTE 'EXPLAIN (COSTS OFF) ' || rows_of;
+    END IF;
     IF answer.outcome IN ('hit', 'stale') THEN
-        -- A cached result is served only to a role that could run the query itself:
-        -- planning it checks the role's privileges on every table it reads (row-level
-        -- security is not: put keys whose rows differ by role in their own namespace).
-        EXECUTE 'EXPLAIN (COSTS OFF) ' || query;
         RETURN answer.result;
     ELSIF answer.outcome IN ('claimed', 'refresh') THEN
-        EXECUTE pg_catalog.format(
-            'SELECT COALESCE(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(r)), ''[]''::jsonb) FROM (%s) r',
-            query) INTO computed;
-        PERFORM once.complete_key(key, answer.token, computed, ttl => ttl, stale => stale,
+        EXECUTE rows_of INTO computed;
+        PERFORM once.complete_key(bound, answer.token, computed, ttl => ttl, stale => stale,
                                   beta => beta, jitter => jitter);
         RETURN computed;
     ELSIF answer.outcome = 'failed' THEN
@@ -329,12 +362,13 @@ END
 $cached$;
 
 COMMENT ON FUNCTION once.cached(text, text, interval, interval, double precision, double precision, interval, interval) IS
-$$The cached rows of query (a jsonb array of one object per row), computed once by the
-first caller, as that caller's role, while the others wait (at most wait) or, within
-stale, are served the previous rows. ttl, stale, beta and jitter as for complete_key.
-A cached result is served only to a role that may run query itself. Everything runs in
-the caller's transaction: if query fails, its error is raised and nothing is recorded,
-so the next caller tries it again.$$;
+$$The cached rows of query (a jsonb array of one object per row, query being one SELECT),
+computed once by the first caller, as that caller's role, while the others wait (at most
+wait) or, within stale, are served the previous rows. ttl, stale, beta and jitter as for
+complete_key. The rows are kept under once.cached_key(key, query): only the same role
+with the same query text and search_path is served them, and only while it may still
+run query. Everything runs in the caller's transaction: if query fails, its error is
+raised and nothing is recorded, so the next caller tries it again.$$;
 
 -- The same, called with CALL in autocommit: the claim is committed before query runs, so
 -- that the others wait for it as for any claim (woken when it ends, not polling an open
@@ -354,6 +388,7 @@ CREATE PROCEDURE once.cached(
 LANGUAGE plpgsql SECURITY INVOKER
 AS $cached$
 DECLARE
+    bound text;
     answer once.claim;
     failed_with text;
     failed_message text;
@@ -363,7 +398,8 @@ BEGIN
             USING ERRCODE = 'null_value_not_allowed',
                   HINT = 'Pass the query whose rows are to be cached, e.g. ''SELECT ... FROM ...''.';
     END IF;
-    answer := once.claim_key(key, lease => lease, wait => wait, serve_stale => true);
+    bound := once.cached_key(key, query);
+    answer := once.claim_key(bound, lease => lease, wait => wait, serve_stale => true);
     IF answer.outcome = 'wait' THEN
         RAISE EXCEPTION 'key "%" is still being computed by % after waiting %', key,
                         COALESCE(answer.owner, 'another transaction'), wait
@@ -371,14 +407,15 @@ BEGIN
                   HINT = 'Pass a longer wait, e.g. wait => ''2 minutes''.';
     ELSIF answer.outcome NOT IN ('claimed', 'refresh') THEN
         -- Served from the cache, or a shared failure: answered as the function answers
-        -- them (which looks at the key once more, without waiting).
+        -- them (which checks the query's privileges and looks at the key once more,
+        -- without waiting).
         result := once.cached(key, query, ttl, stale, beta, jitter, wait => '0', lease => lease);
         RETURN;
     END IF;
     COMMIT;
     BEGIN
         EXECUTE pg_catalog.format(
-            'SELECT COALESCE(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(r)), ''[]''::jsonb) FROM (%s) r',
+            E'SELECT COALESCE(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(r)), ''[]''::jsonb) FROM (\n%s\n) r',
             query) INTO result;
     EXCEPTION WHEN OTHERS OR query_canceled THEN
         -- (OTHERS leaves out query_canceled: a cancel or statement_timeout must give the
@@ -386,16 +423,16 @@ BEGIN
         GET STACKED DIAGNOSTICS failed_with = RETURNED_SQLSTATE, failed_message = MESSAGE_TEXT;
     END;
     IF failed_with IS NULL THEN
-        PERFORM once.complete_key(key, answer.token, result, ttl => ttl, stale => stale,
+        PERFORM once.complete_key(bound, answer.token, result, ttl => ttl, stale => stale,
                                   beta => beta, jitter => jitter);
         RETURN;
     END IF;
     -- A role that may not run the query has found nothing out about the key, and a
     -- cancelled query says nothing about it either: neither is shared as its failure.
     IF failed_with IN ('42501', '57014') THEN
-        PERFORM once.release_key(key, answer.token);
+        PERFORM once.release_key(bound, answer.token);
     ELSE
-        PERFORM once.fail_key(key, answer.token, failed_message, retry_after);
+        PERFORM once.fail_key(bound, answer.token, failed_message, retry_after);
     END IF;
     COMMIT;
     RAISE EXCEPTION USING ERRCODE = failed_with, MESSAGE = failed_message;
@@ -405,12 +442,13 @@ $cached$;
 COMMENT ON PROCEDURE once.cached(text, text, jsonb, interval, interval, double precision, double precision, interval, interval, interval) IS
 $$CALL once.cached(key, query, NULL, ttl => ...) in autocommit: once.cached, with the claim
 committed before query runs, so that a failing query is recorded (fail_key) and shared
-with the other callers until retry_after, and the others are woken when it ends.$$;
+with the other callers of the same role and query until retry_after, and the others are
+woken when it ends.$$;
 
 
 CREATE FUNCTION once_internal.backend_alive(pid integer, started timestamptz)
 RETURNS boolean
-LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'backend_alive_wrapper';
 
 COMMENT ON FUNCTION once_internal.backend_alive(integer, timestamptz) IS
@@ -457,9 +495,20 @@ COMMENT ON FUNCTION once_internal.may_use_key(text) IS
 $$Whether the calling role may use this key: true outside every namespace, else whether
 it is a member of the owner of the key's namespace. NULL if the argument is NULL.$$;
 
+-- Not SECURITY DEFINER, like may_use_key: once.stats calls it as its reader.
+CREATE FUNCTION once_internal.caller_administers()
+RETURNS boolean
+LANGUAGE c STABLE PARALLEL RESTRICTED
+AS 'MODULE_PATHNAME', 'caller_administers_wrapper';
+
+COMMENT ON FUNCTION once_internal.caller_administers() IS
+$$Whether the calling role administers pg_once here: a superuser or a member of the
+extension's owner, not running another role's code (SECURITY DEFINER, an index
+expression, a materialized view). once.stats shows last_token only to them.$$;
+
 CREATE FUNCTION once_internal.key_namespace(key text)
 RETURNS text
-LANGUAGE c STABLE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL RESTRICTED
+LANGUAGE c STABLE CALLED ON NULL INPUT PARALLEL RESTRICTED
 AS 'MODULE_PATHNAME', 'key_namespace_wrapper';
 
 COMMENT ON FUNCTION once_internal.key_namespace(text) IS
@@ -468,7 +517,7 @@ starts with), or NULL.$$;
 
 CREATE FUNCTION once_internal.runtime()
 RETURNS TABLE (shared_memory boolean, notify text, workers integer, counters jsonb)
-LANGUAGE c VOLATILE SECURITY DEFINER PARALLEL SAFE
+LANGUAGE c VOLATILE PARALLEL SAFE
 AS 'MODULE_PATHNAME', 'runtime_0_2_wrapper';
 
 COMMENT ON FUNCTION once_internal.runtime() IS
@@ -477,7 +526,7 @@ notify (relay, direct or off, as in effect for this session), workers (pg_once w
 serving this database: 0 or 1), and the counters since server start, by once.stats
 column (NULL without shared memory). See once.stats.$$;
 
-CREATE VIEW once.stats AS
+CREATE VIEW once.stats WITH (security_barrier) AS
 SELECT k.queued, k.running, k.done, k.failed, k.running_past_lease, k.expired_unpurged,
        k.oldest_claimed_at, k.errors, k.attempts, k.last_token,
        r.shared_memory, r.notify, r.workers,
@@ -507,7 +556,9 @@ SELECT k.queued, k.running, k.done, k.failed, k.running_past_lease, k.expired_un
                min(claimed_at) FILTER (WHERE state = 'running') AS oldest_claimed_at,
                coalesce(sum(errors), 0) AS errors,
                coalesce(sum(attempts), 0) AS attempts,
-               (SELECT last_value FROM once_internal.token_seq) AS last_token
+               -- The sequence's value tells which tokens are in use: administrators only.
+               CASE WHEN once_internal.caller_administers()
+                    THEN (SELECT last_value FROM once_internal.token_seq) END AS last_token
           FROM once.entries
          WHERE once_internal.may_use_key(key)) AS k,
        once_internal.runtime() AS r;
@@ -533,7 +584,7 @@ COMMENT ON COLUMN once.stats.errors IS
 COMMENT ON COLUMN once.stats.attempts IS
     'Claims since each key''s last result, summed over the keys.';
 COMMENT ON COLUMN once.stats.last_token IS
-    'The fencing token most recently handed out (the token sequence''s value).';
+    'The fencing token most recently handed out (the token sequence''s value); NULL unless the reader administers pg_once (a superuser or a member of the extension''s owner), since it tells which tokens are in use.';
 COMMENT ON COLUMN once.stats.shared_memory IS
     'true when pg_once is in shared_preload_libraries: waiters are woken at once, liveness is exact, and the counters below count.';
 COMMENT ON COLUMN once.stats.notify IS
@@ -571,7 +622,7 @@ COMMENT ON COLUMN once.stats.stale IS
 COMMENT ON COLUMN once.stats.refreshes IS
     'Since server start: claims that kept a result to serve meanwhile (refresh: in a stale window, an early refresh drawn by a hit, a refresh taken over). Also counted in claims. NULL unless preloaded.';
 
-CREATE VIEW once.queue_stats AS
+CREATE VIEW once.queue_stats WITH (security_barrier) AS
 SELECT q.name AS queue,
        count(e.key) FILTER (WHERE e.state = 'queued') AS depth,
        count(e.key) FILTER (WHERE e.state = 'queued' AND e.run_at <= clock_timestamp()) AS due,
@@ -615,7 +666,7 @@ COMMENT ON COLUMN once.queue_stats.failed_last_minute IS
 COMMENT ON COLUMN once.queue_stats.completed_last_hour IS
     'Attempts completed in the last hour.';
 
-CREATE VIEW once.dead_letters AS
+CREATE VIEW once.dead_letters WITH (security_barrier) AS
 SELECT key, queue, payload, attempts, errors, error, updated_at AS failed_at
   FROM once.entries
  WHERE state = 'failed' AND queue IS NOT NULL AND once_internal.may_use_key(key);
@@ -637,7 +688,7 @@ COMMENT ON COLUMN once.dead_letters.error IS
 COMMENT ON COLUMN once.dead_letters.failed_at IS
     'When the last attempt failed.';
 
-CREATE VIEW once.namespaces AS
+CREATE VIEW once.namespaces WITH (security_barrier) AS
 SELECT prefix, owner, notify, created_at, once_internal.may_use_key(prefix) AS member
   FROM once_internal.namespace_owners;
 
@@ -669,3 +720,4 @@ GRANT EXECUTE ON FUNCTION once.key_hash(text) TO PUBLIC;
 -- read it. Nobody has USAGE on once_internal, so the views are the only way to them.
 GRANT EXECUTE ON FUNCTION once_internal.may_use_key(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION once_internal.runtime() TO PUBLIC;
+GRANT EXECUTE ON FUNCTION once_internal.caller_administers() TO PUBLIC;

@@ -88,6 +88,23 @@ ALTER TABLE once.entries
     ADD COLUMN rerun text,
     ADD COLUMN rerun_stale interval;
 
+-- Tokens belong to the role that claimed (rules::token_holder); NULL for 0.1.0's claims.
+ALTER TABLE once.entries ADD COLUMN owner_role oid;
+COMMENT ON COLUMN once.entries.owner_role IS
+    'The role that made the current or last claim: only it, or an administrator, may complete, fail, heartbeat or release the claim with its token. NULL for claims made before 0.2.0.';
+
+-- The C functions run as their caller, their statements as the extension's owner
+-- (functions.sql): the namespace checks judge the current user, as PostgreSQL does.
+ALTER FUNCTION once.owner_session() SECURITY INVOKER;
+ALTER FUNCTION once.fail_key(text, bigint, text, interval) SECURITY INVOKER;
+ALTER FUNCTION once.heartbeat_key(text, bigint, interval) SECURITY INVOKER;
+ALTER FUNCTION once.release_key(text, bigint) SECURITY INVOKER;
+ALTER FUNCTION once.invalidate_key(text) SECURITY INVOKER;
+ALTER FUNCTION once.reap_stale() SECURITY INVOKER;
+ALTER FUNCTION once.drop_queue(text) SECURITY INVOKER;
+ALTER FUNCTION once.invalidate_keys(text, text) SECURITY INVOKER;
+ALTER FUNCTION once_internal.backend_alive(integer, timestamptz) SECURITY INVOKER;
+
 CREATE OR REPLACE FUNCTION once_internal.record_attempt() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp
@@ -114,16 +131,17 @@ CREATE TRIGGER entries_record_attempt
 
 -- New functions.
 CREATE FUNCTION once.create_namespace(
-    prefix text,
-    owner  regrole,
-    notify text DEFAULT 'digest')
+    prefix   text,
+    owner    regrole,
+    notify   text DEFAULT 'digest',
+    existing text DEFAULT 'refuse')
 RETURNS void
-LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'create_namespace_wrapper';
 
 CREATE FUNCTION once.drop_namespace(prefix text)
 RETURNS void
-LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'drop_namespace_wrapper';
 
 CREATE FUNCTION once_internal.may_use_key(key text)
@@ -133,7 +151,7 @@ AS 'MODULE_PATHNAME', 'may_use_key_wrapper';
 
 CREATE FUNCTION once_internal.key_namespace(key text)
 RETURNS text
-LANGUAGE c STABLE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL RESTRICTED
+LANGUAGE c STABLE CALLED ON NULL INPUT PARALLEL RESTRICTED
 AS 'MODULE_PATHNAME', 'key_namespace_wrapper';
 
 -- create_queue gains namespace: a new signature, so a new function with a new symbol.
@@ -145,7 +163,7 @@ CREATE FUNCTION once.create_queue(
     max_backoff  interval DEFAULT '1 hour',
     namespace    text DEFAULT NULL)
 RETURNS void
-LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'create_queue_0_2_wrapper';
 
 -- runtime() returns the counters by name (jsonb), with a new symbol; once.stats, which
@@ -154,9 +172,14 @@ DROP VIEW once.stats;
 DROP FUNCTION once.runtime();
 CREATE FUNCTION once_internal.runtime()
 RETURNS TABLE (shared_memory boolean, notify text, workers integer, counters jsonb)
-LANGUAGE c VOLATILE SECURITY DEFINER PARALLEL SAFE
+LANGUAGE c VOLATILE PARALLEL SAFE
 AS 'MODULE_PATHNAME', 'runtime_0_2_wrapper';
-CREATE VIEW once.stats AS
+CREATE FUNCTION once_internal.caller_administers()
+RETURNS boolean
+LANGUAGE c STABLE PARALLEL RESTRICTED
+AS 'MODULE_PATHNAME', 'caller_administers_wrapper';
+
+CREATE VIEW once.stats WITH (security_barrier) AS
 SELECT k.queued, k.running, k.done, k.failed, k.running_past_lease, k.expired_unpurged,
        k.oldest_claimed_at, k.errors, k.attempts, k.last_token,
        r.shared_memory, r.notify, r.workers,
@@ -186,13 +209,15 @@ SELECT k.queued, k.running, k.done, k.failed, k.running_past_lease, k.expired_un
                min(claimed_at) FILTER (WHERE state = 'running') AS oldest_claimed_at,
                coalesce(sum(errors), 0) AS errors,
                coalesce(sum(attempts), 0) AS attempts,
-               (SELECT last_value FROM once_internal.token_seq) AS last_token
+               -- The sequence's value tells which tokens are in use: administrators only.
+               CASE WHEN once_internal.caller_administers()
+                    THEN (SELECT last_value FROM once_internal.token_seq) END AS last_token
           FROM once.entries
          WHERE once_internal.may_use_key(key)) AS k,
        once_internal.runtime() AS r;
 
 -- The views show each role only the keys, queues and namespaces it may use.
-CREATE OR REPLACE VIEW once.queue_stats AS
+CREATE OR REPLACE VIEW once.queue_stats WITH (security_barrier) AS
 SELECT q.name AS queue,
        count(e.key) FILTER (WHERE e.state = 'queued') AS depth,
        count(e.key) FILTER (WHERE e.state = 'queued' AND e.run_at <= clock_timestamp()) AS due,
@@ -214,11 +239,11 @@ SELECT q.name AS queue,
   LEFT JOIN once.entries e ON e.queue = q.name AND once_internal.may_use_key(e.key)
  WHERE q.namespace IS NULL OR once_internal.may_use_key(q.namespace)
  GROUP BY q.name;
-CREATE OR REPLACE VIEW once.dead_letters AS
+CREATE OR REPLACE VIEW once.dead_letters WITH (security_barrier) AS
 SELECT key, queue, payload, attempts, errors, error, updated_at AS failed_at
   FROM once.entries
  WHERE state = 'failed' AND queue IS NOT NULL AND once_internal.may_use_key(key);
-CREATE VIEW once.namespaces AS
+CREATE VIEW once.namespaces WITH (security_barrier) AS
 SELECT prefix, owner, notify, created_at, once_internal.may_use_key(prefix) AS member
   FROM once_internal.namespace_owners;
 
@@ -273,7 +298,7 @@ CREATE FUNCTION once.claim_key(
     owner_pid   integer DEFAULT NULL,
     serve_stale boolean DEFAULT false)
 RETURNS once.claim
-LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'claim_key_0_2_wrapper'
 $create$);
 
@@ -290,7 +315,7 @@ CREATE FUNCTION once.complete_key(
     beta   float8 DEFAULT NULL,
     jitter float8 DEFAULT NULL)
 RETURNS boolean
-LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'complete_key_0_2_wrapper'
 $create$);
 
@@ -307,7 +332,7 @@ CREATE FUNCTION once.complete_keys(
     beta    float8 DEFAULT NULL,
     jitter  float8 DEFAULT NULL)
 RETURNS TABLE (key text)
-LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 SET plan_cache_mode = force_generic_plan
 AS 'MODULE_PATHNAME', 'complete_keys_0_2_wrapper'
 $create$);
@@ -332,13 +357,31 @@ $reset$;
 
 CREATE FUNCTION once.refresh_key(key text, stale interval DEFAULT NULL)
 RETURNS text
-LANGUAGE c VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'refresh_key_wrapper';
+
+-- The key once.cached keeps a query's rows under: bound to the query, the role and the
+-- search_path (src/protocol/cached.rs), and usable by that role only.
+CREATE FUNCTION once.cached_key(key text, query text)
+RETURNS text
+LANGUAGE c STABLE CALLED ON NULL INPUT PARALLEL RESTRICTED
+AS 'MODULE_PATHNAME', 'cached_key_wrapper';
+
+COMMENT ON FUNCTION once.cached_key(text, text) IS
+$$The key under which once.cached(key, query) keeps the query's rows for the calling role
+and its search_path: key, then '#cached:', the role's OID and a digest of the
+search_path and the query. Only that role (and administrators) may use it, e.g.
+once.invalidate_key(once.cached_key(key, query)). 42601 unless query is exactly one
+SELECT (or VALUES, TABLE).$$;
 
 -- once.cached runs the caller's query as the caller: SECURITY INVOKER, and no pinned
 -- search_path, so that the query's names resolve as they would in the caller's own
--- statement. Everything it names itself is schema-qualified. It calls the other
--- functions, which check the caller's rights to the key as any call does.
+-- statement. Everything it names itself is schema-qualified. Its rows are kept under
+-- once.cached_key(key, query): one entry per role, search_path and query text, so a
+-- result is only ever served to the role that computed it with the same query, and, on
+-- every hit, only while that role may still run the query (planning it checks the
+-- role's privileges on every table it reads; row-level security that depends on session
+-- settings is not: put such settings in the key).
 CREATE FUNCTION once.cached(
     key         text,
     query       text,
@@ -352,6 +395,8 @@ RETURNS jsonb
 LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT SECURITY INVOKER PARALLEL UNSAFE
 AS $cached$
 DECLARE
+    bound text;
+    rows_of text;
     answer once.claim;
     computed jsonb;
 BEGIN
@@ -360,21 +405,26 @@ BEGIN
             USING ERRCODE = 'null_value_not_allowed',
                   HINT = 'Pass the query whose rows are to be cached, e.g. ''SELECT ... FROM ...''.';
     END IF;
+    -- 42601 unless query is one SELECT: the subquery below then cannot smuggle a second
+    -- statement past the parser.
+    bound := once.cached_key(key, query);
+    rows_of := pg_catalog.format(
+        E'SELECT COALESCE(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(r)), ''[]''::jsonb) FROM (\n%s\n) r',
+        query);
     -- Bad options (ttl, stale, beta, jitter) are refused by complete_key, after the query
     -- has run: the statement fails and changes nothing. (A check before it would need a
     -- function of once_internal, which the caller, running this as itself, cannot reach.)
-    answer := once.claim_key(key, lease => lease, wait => wait, serve_stale => true);
+    answer := once.claim_key(bound, lease => lease, wait => wait, serve_stale => true);
+    IF answer.outcome IN ('hit', 'stale', 'failed') THEN
+        -- What was computed (or how it failed) is served only while this role may still
+        -- run the query: planning it checks the privileges on every table it reads.
+        EXECUTE 'EXPLAIN (COSTS OFF) ' || rows_of;
+    END IF;
     IF answer.outcome IN ('hit', 'stale') THEN
-        -- A cached result is served only to a role that could run the query itself:
-        -- planning it checks the role's privileges on every table it reads (row-level
-        -- security is not: put keys whose rows differ by role in their own namespace).
-        EXECUTE 'EXPLAIN (COSTS OFF) ' || query;
         RETURN answer.result;
     ELSIF answer.outcome IN ('claimed', 'refresh') THEN
-        EXECUTE pg_catalog.format(
-            'SELECT COALESCE(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(r)), ''[]''::jsonb) FROM (%s) r',
-            query) INTO computed;
-        PERFORM once.complete_key(key, answer.token, computed, ttl => ttl, stale => stale,
+        EXECUTE rows_of INTO computed;
+        PERFORM once.complete_key(bound, answer.token, computed, ttl => ttl, stale => stale,
                                   beta => beta, jitter => jitter);
         RETURN computed;
     ELSIF answer.outcome = 'failed' THEN
@@ -389,6 +439,15 @@ BEGIN
     END IF;
 END
 $cached$;
+
+COMMENT ON FUNCTION once.cached(text, text, interval, interval, double precision, double precision, interval, interval) IS
+$$The cached rows of query (a jsonb array of one object per row, query being one SELECT),
+computed once by the first caller, as that caller's role, while the others wait (at most
+wait) or, within stale, are served the previous rows. ttl, stale, beta and jitter as for
+complete_key. The rows are kept under once.cached_key(key, query): only the same role
+with the same query text and search_path is served them, and only while it may still
+run query. Everything runs in the caller's transaction: if query fails, its error is
+raised and nothing is recorded, so the next caller tries it again.$$;
 
 -- The same, called with CALL in autocommit: the claim is committed before query runs, so
 -- that the others wait for it as for any claim (woken when it ends, not polling an open
@@ -408,6 +467,7 @@ CREATE PROCEDURE once.cached(
 LANGUAGE plpgsql SECURITY INVOKER
 AS $cached$
 DECLARE
+    bound text;
     answer once.claim;
     failed_with text;
     failed_message text;
@@ -417,7 +477,8 @@ BEGIN
             USING ERRCODE = 'null_value_not_allowed',
                   HINT = 'Pass the query whose rows are to be cached, e.g. ''SELECT ... FROM ...''.';
     END IF;
-    answer := once.claim_key(key, lease => lease, wait => wait, serve_stale => true);
+    bound := once.cached_key(key, query);
+    answer := once.claim_key(bound, lease => lease, wait => wait, serve_stale => true);
     IF answer.outcome = 'wait' THEN
         RAISE EXCEPTION 'key "%" is still being computed by % after waiting %', key,
                         COALESCE(answer.owner, 'another transaction'), wait
@@ -425,14 +486,15 @@ BEGIN
                   HINT = 'Pass a longer wait, e.g. wait => ''2 minutes''.';
     ELSIF answer.outcome NOT IN ('claimed', 'refresh') THEN
         -- Served from the cache, or a shared failure: answered as the function answers
-        -- them (which looks at the key once more, without waiting).
+        -- them (which checks the query's privileges and looks at the key once more,
+        -- without waiting).
         result := once.cached(key, query, ttl, stale, beta, jitter, wait => '0', lease => lease);
         RETURN;
     END IF;
     COMMIT;
     BEGIN
         EXECUTE pg_catalog.format(
-            'SELECT COALESCE(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(r)), ''[]''::jsonb) FROM (%s) r',
+            E'SELECT COALESCE(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(r)), ''[]''::jsonb) FROM (\n%s\n) r',
             query) INTO result;
     EXCEPTION WHEN OTHERS OR query_canceled THEN
         -- (OTHERS leaves out query_canceled: a cancel or statement_timeout must give the
@@ -440,28 +502,35 @@ BEGIN
         GET STACKED DIAGNOSTICS failed_with = RETURNED_SQLSTATE, failed_message = MESSAGE_TEXT;
     END;
     IF failed_with IS NULL THEN
-        PERFORM once.complete_key(key, answer.token, result, ttl => ttl, stale => stale,
+        PERFORM once.complete_key(bound, answer.token, result, ttl => ttl, stale => stale,
                                   beta => beta, jitter => jitter);
         RETURN;
     END IF;
     -- A role that may not run the query has found nothing out about the key, and a
     -- cancelled query says nothing about it either: neither is shared as its failure.
     IF failed_with IN ('42501', '57014') THEN
-        PERFORM once.release_key(key, answer.token);
+        PERFORM once.release_key(bound, answer.token);
     ELSE
-        PERFORM once.fail_key(key, answer.token, failed_message, retry_after);
+        PERFORM once.fail_key(bound, answer.token, failed_message, retry_after);
     END IF;
     COMMIT;
     RAISE EXCEPTION USING ERRCODE = failed_with, MESSAGE = failed_message;
 END
 $cached$;
 
+COMMENT ON PROCEDURE once.cached(text, text, jsonb, interval, interval, double precision, double precision, interval, interval, interval) IS
+$$CALL once.cached(key, query, NULL, ttl => ...) in autocommit: once.cached, with the claim
+committed before query runs, so that a failing query is recorded (fail_key) and shared
+with the other callers of the same role and query until retry_after, and the others are
+woken when it ends.$$;
+
 -- Privileges of the new objects, as a fresh install sets them (end of functions.sql).
-REVOKE ALL ON FUNCTION once_internal.library_version(), once.create_namespace(text, regrole, text),
+REVOKE ALL ON FUNCTION once_internal.library_version(), once.create_namespace(text, regrole, text, text),
     once.drop_namespace(text), once_internal.key_namespace(text),
     once.create_queue(text, integer, interval, interval, text), once_internal.runtime(),
-    once_internal.may_use_key(text), once_internal.namespaces_changed(),
-    once_internal.next_token(), once.refresh_key(text, interval),
+    once_internal.may_use_key(text), once_internal.caller_administers(),
+    once_internal.namespaces_changed(),
+    once_internal.next_token(), once.refresh_key(text, interval), once.cached_key(text, text),
     once.cached(text, text, interval, interval, double precision, double precision, interval, interval)
     FROM PUBLIC;
 REVOKE ALL ON PROCEDURE once.cached(text, text, jsonb, interval, interval, double precision,
@@ -469,6 +538,7 @@ REVOKE ALL ON PROCEDURE once.cached(text, text, jsonb, interval, interval, doubl
 REVOKE ALL ON once_internal.namespace_owners, once.stats, once.namespaces FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION once_internal.may_use_key(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION once_internal.runtime() TO PUBLIC;
+GRANT EXECUTE ON FUNCTION once_internal.caller_administers() TO PUBLIC;
 
 -- Comments: every object and column, as a fresh install has them.
 COMMENT ON SCHEMA once IS
@@ -673,13 +743,17 @@ backoff, unless that was their last attempt); delete up to 10,000 expired result
 to 10,000 attempt-history rows older than once.history_retention. Returns how many of
 each. Never waits for a lock, so it is safe to run from many sessions at once, e.g. every
 second from pg_cron; when preloaded, the pg_once worker runs it.$$;
-COMMENT ON FUNCTION once.create_namespace(text, regrole, text) IS
+COMMENT ON FUNCTION once.create_namespace(text, regrole, text, text) IS
 $$Make every key that starts with prefix (the longest registered prefix wins) belong to
 owner: only its members and superusers may claim, read, complete, fail, heartbeat,
 release, invalidate or enqueue such keys (42501 for anyone else). notify: what LISTENers
 on channel once receive when such a key resolves: 'digest' (its hex SHA-256, computable
-from the key by whoever knows it) or 'key'. Changes an existing namespace's owner and
-notify. Only for superusers and members of the extension's owner.$$;
+from the key by whoever knows it) or 'key'. existing: what becomes of keys already under
+prefix that would change hands (any role may have written them): 'refuse' (55006 while
+there are any), 'purge' (delete them) or 'adopt' (give them to the namespace). Changes an
+existing namespace's owner and notify. Only for superusers and members of the
+extension's owner, calling it themselves (not from SECURITY DEFINER code, an index
+expression or a materialized view).$$;
 COMMENT ON FUNCTION once.drop_namespace(text) IS
 $$Forget a namespace. Refused (55006) while it still has keys or queues, which would
 otherwise become shared by every role. Only for superusers and members of the
@@ -718,17 +792,6 @@ $$complete_key for many claims in one statement (e.g. what one claim_next(n => 1
 handed out), each key's jitter drawn on its own. Locks keys in key_hash order, so it
 cannot deadlock with another batch. Returns the keys that were completed; the others'
 claims were lost.$$;
-COMMENT ON FUNCTION once.cached(text, text, interval, interval, double precision, double precision, interval, interval) IS
-$$The cached rows of query (a jsonb array of one object per row), computed once by the
-first caller, as that caller's role, while the others wait (at most wait) or, within
-stale, are served the previous rows. ttl, stale, beta and jitter as for complete_key.
-A cached result is served only to a role that may run query itself. Everything runs in
-the caller's transaction: if query fails, its error is raised and nothing is recorded,
-so the next caller tries it again.$$;
-COMMENT ON PROCEDURE once.cached(text, text, jsonb, interval, interval, double precision, double precision, interval, interval, interval) IS
-$$CALL once.cached(key, query, NULL, ttl => ...) in autocommit: once.cached, with the claim
-committed before query runs, so that a failing query is recorded (fail_key) and shared
-with the other callers until retry_after, and the others are woken when it ends.$$;
 COMMENT ON FUNCTION once_internal.backend_alive(integer, timestamptz) IS
 $$Whether the backend with this pid that started at this time is still running (the
 pid alone could have been reused). NULL if either argument is NULL.$$;
@@ -744,6 +807,10 @@ lock it. NULL if the argument is NULL.$$;
 COMMENT ON FUNCTION once_internal.may_use_key(text) IS
 $$Whether the calling role may use this key: true outside every namespace, else whether
 it is a member of the owner of the key's namespace. NULL if the argument is NULL.$$;
+COMMENT ON FUNCTION once_internal.caller_administers() IS
+$$Whether the calling role administers pg_once here: a superuser or a member of the
+extension's owner, not running another role's code (SECURITY DEFINER, an index
+expression, a materialized view). once.stats shows last_token only to them.$$;
 COMMENT ON FUNCTION once_internal.key_namespace(text) IS
 $$The prefix of the namespace this key belongs to (the longest registered prefix it
 starts with), or NULL.$$;
@@ -773,7 +840,7 @@ COMMENT ON COLUMN once.stats.errors IS
 COMMENT ON COLUMN once.stats.attempts IS
     'Claims since each key''s last result, summed over the keys.';
 COMMENT ON COLUMN once.stats.last_token IS
-    'The fencing token most recently handed out (the token sequence''s value).';
+    'The fencing token most recently handed out (the token sequence''s value); NULL unless the reader administers pg_once (a superuser or a member of the extension''s owner), since it tells which tokens are in use.';
 COMMENT ON COLUMN once.stats.shared_memory IS
     'true when pg_once is in shared_preload_libraries: waiters are woken at once, liveness is exact, and the counters below count.';
 COMMENT ON COLUMN once.stats.notify IS

@@ -234,6 +234,9 @@ CREATE TABLE once.entries (
     compute_time     interval,
     rerun            text,
     rerun_stale      interval,
+    -- 0.2.0: the role that made the running claim; only it (or an administrator) may end
+    -- or extend the claim with its token (rules::token_holder). NULL for claims of 0.1.0.
+    owner_role       oid,
     CONSTRAINT entries_pkey PRIMARY KEY (key_hash)
 )
 -- No CHECK constraints and no generated column, on purpose: PostgreSQL re-reads and
@@ -303,6 +306,8 @@ COMMENT ON COLUMN once.entries.rerun IS
     'A recompute requested while the key ran (refresh_key, invalidate_key, enqueue_key with refresh), carried out when the run ends: the key is computed once more, and the run''s result is meanwhile served as completed (keep), as stale for rerun_stale (stale) or not at all (discard). NULL: none.';
 COMMENT ON COLUMN once.entries.rerun_stale IS
     'With rerun stale: how long the result of the run in progress is served as stale after it ends.';
+COMMENT ON COLUMN once.entries.owner_role IS
+    'The role that made the current or last claim: only it, or an administrator, may complete, fail, heartbeat or release the claim with its token. NULL for claims made before 0.2.0.';
 COMMENT ON COLUMN once.entries.created_at IS
     'When the key''s row was created.';
 COMMENT ON COLUMN once.entries.claimed_at IS

@@ -54,9 +54,19 @@ pub fn not_supported(message: String, hint: &str) -> ! {
     raise(PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED, message, hint)
 }
 
+/// 55P03: a lock could not be had within the time the call gives it.
+pub fn lock_not_available(message: String, hint: &str) -> ! {
+    raise(PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE, message, hint)
+}
+
 /// 42704: a named object (a queue) does not exist.
 pub fn undefined_object(message: String, hint: &str) -> ! {
     raise(PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT, message, hint)
+}
+
+/// 42601: a query once.cached is given is not the one statement it caches.
+pub fn syntax_error(message: String, hint: &str) -> ! {
+    raise(PgSqlErrorCode::ERRCODE_SYNTAX_ERROR, message, hint)
 }
 
 /// 42501: the current role may not do this.

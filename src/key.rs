@@ -56,6 +56,14 @@ impl<'a> Key<'a> {
     }
 }
 
+/// The SHA-256 of `bytes` in lower-case hex (what once.cached binds its keys with).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// The first 8 bytes of a key digest: what waiter slots hold. Distinct keys sharing a
 /// prefix only cause a spurious wake-up, after which the waiter simply looks again.
 pub fn tag_of(digest: &[u8]) -> u64 {

@@ -6,7 +6,7 @@
 
 use crate::errors;
 use crate::protocol::freshness::Policy;
-use crate::protocol::namespace::Payload;
+use crate::protocol::namespace::{Existing, Payload};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 
 /// Longest key, in bytes. A key is also the NOTIFY payload, which must stay under 8,000
@@ -340,6 +340,22 @@ pub fn namespace_prefix(prefix: Option<&str>) -> &str {
         );
     }
     prefix
+}
+
+/// What create_namespace does with keys already under the prefix: 'refuse', 'purge' or
+/// 'adopt' (protocol::namespace::Existing).
+pub fn existing_keys(existing: Option<&str>) -> Existing {
+    let hint = "Pass 'refuse' (the default: fail while any key under the prefix would change hands), 'purge' (delete them) or 'adopt' (give them to the namespace).";
+    match existing {
+        None => errors::null_argument("existing", hint),
+        Some("refuse") => Existing::Refuse,
+        Some("purge") => Existing::Purge,
+        Some("adopt") => Existing::Adopt,
+        Some(other) => errors::invalid_argument(
+            format!("existing must be 'refuse', 'purge' or 'adopt', got '{other}'"),
+            hint,
+        ),
+    }
 }
 
 /// What a namespace's keys are announced as on channel `once`: 'key' or 'digest'.

@@ -3,6 +3,7 @@
 use super::args;
 use super::{body, claim_owner, refuse_wait_under_snapshot_isolation, usable_key};
 use crate::key::Key;
+use crate::protocol::cached;
 use crate::protocol::claim::{self, Claim};
 use crate::protocol::waiting;
 use crate::runtime::liveness::{self, OwnerWatch};
@@ -209,8 +210,9 @@ fn claim_row(
             };
             (outcome, Some(token), Some(attempts))
         }
+        // A waiter is told who computes the key and until when, never the running claim's
+        // token (nor is a stale answer): the token is the owner's alone.
         Claim::Wait {
-            token,
             owner,
             lease_expires_at,
             attempts,
@@ -218,7 +220,7 @@ fn claim_row(
         } => {
             row.set("owner", owner);
             row.set("lease_expires_at", lease_expires_at);
-            ("wait", token, attempts)
+            ("wait", None, attempts)
         }
         Claim::Failed {
             token,
@@ -231,20 +233,20 @@ fn claim_row(
             ("failed", Some(token), Some(attempts))
         }
         Claim::Stale {
-            token,
             owner,
             lease_expires_at,
             result,
             expires_at,
             error,
             attempts,
+            ..
         } => {
             row.set("owner", owner);
             row.set("lease_expires_at", lease_expires_at);
             row.set("result", result);
             row.set("expires_at", expires_at);
             row.set("error", error);
-            ("stale", token, Some(attempts))
+            ("stale", None, Some(attempts))
         }
         Claim::Refresh { .. } => unreachable!("unwrapped above"),
     };
@@ -310,4 +312,19 @@ impl ClaimRow {
         unsafe { PgHeapTuple::from_datums(self.tupdesc, self.datums) }
             .unwrap_or_else(|e| error!("pg_once: cannot build once.claim: {e}"))
     }
+}
+
+/// once.cached_key(key, query): the key once.cached keeps `query`'s rows under, for the
+/// calling role and search_path (protocol::cached). 42601 unless `query` is one SELECT.
+#[pg_extern(sql = false)]
+fn cached_key(key: Option<&str>, query: Option<&str>) -> String {
+    body(|| {
+        let key = args::key(key);
+        let query = args::required(
+            query,
+            "query",
+            "Pass the query whose rows are to be cached, e.g. 'SELECT ... FROM ...'.",
+        );
+        cached::key_for(key, query)
+    })
 }

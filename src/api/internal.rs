@@ -35,6 +35,13 @@ fn may_use_key(key: Option<&str>) -> Option<bool> {
     Some(namespace::admits_key(key?))
 }
 
+/// Whether the caller administers pg_once (namespace::caller_administers): once.stats
+/// shows it the token sequence's value.
+#[pg_extern(sql = false)]
+fn caller_administers() -> bool {
+    namespace::caller_administers()
+}
+
 /// The prefix of the namespace `key` belongs to (NULL: none).
 #[pg_extern(sql = false)]
 fn key_namespace(key: Option<&str>) -> Option<String> {

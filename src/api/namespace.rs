@@ -8,7 +8,12 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 #[pg_extern(sql = false)]
-fn create_namespace(prefix: Option<&str>, owner: Option<pg_sys::Oid>, notify: Option<&str>) {
+fn create_namespace(
+    prefix: Option<&str>,
+    owner: Option<pg_sys::Oid>,
+    notify: Option<&str>,
+    existing: Option<&str>,
+) {
     body(|| {
         let prefix = args::namespace_prefix(prefix);
         let owner = args::required(
@@ -17,7 +22,8 @@ fn create_namespace(prefix: Option<&str>, owner: Option<pg_sys::Oid>, notify: Op
             "Pass the role whose members may use the namespace's keys, e.g. 'app2'.",
         );
         let payload = args::notify_payload(notify);
-        namespace::create(prefix, owner, payload);
+        let existing = args::existing_keys(existing);
+        namespace::create(prefix, owner, payload, existing);
     })
 }
 

@@ -52,8 +52,8 @@ pub enum Claim {
     /// another transaction is writing the key right now and has not committed (a claim
     /// made in a transaction block that is still open, or prepared): then only that
     /// transaction's end can tell, and what its uncommitted claim says is all we know.
+    /// (Never the owner's token: see api::cache's answer.)
     Wait {
-        token: Option<i64>,
         owner: Option<String>,
         lease_expires_at: Option<TimestampWithTimeZone>,
         attempts: Option<i32>,
@@ -78,7 +78,6 @@ pub enum Claim {
     /// The previous result, past its ttl but within its stale window, while someone
     /// refreshes it (or, after a failed refresh, until retry_at). Never waits.
     Stale {
-        token: Option<i64>,
         owner: Option<String>,
         lease_expires_at: Option<TimestampWithTimeZone>,
         result: Jsonb,
@@ -138,7 +137,9 @@ static COMPLETE: Statement = Statement::new(concat!(
     completed!("$result", "d."),
     "
        FROM (SELECT random() AS draw, clock_timestamp() AS now) d
-      WHERE key_hash = $key_hash AND token = $token AND state = 'running'
+      WHERE key_hash = $key_hash AND token = $token AND state = 'running' AND ",
+    token_holder!(""),
+    "
      RETURNING ",
     ended_attempt_columns!()
 ));
@@ -157,7 +158,10 @@ static FAIL: Statement = Statement::new(concat!(
     retry_policy!(),
     "
            FROM once.entries e LEFT JOIN once.queues q ON q.name = e.queue
-          WHERE e.key_hash = $key_hash AND e.token = $token AND e.state = 'running')
+          WHERE e.key_hash = $key_hash AND e.token = $token AND e.state = 'running'
+            AND ",
+    token_holder!("e."),
+    ")
      UPDATE once.entries AS e
         SET ",
     failed_attempt!("p.", "$retry_after"),
@@ -168,30 +172,36 @@ static FAIL: Statement = Statement::new(concat!(
         AND e.state = 'running'"
 ));
 
-static HEARTBEAT: Statement = Statement::new(
+static HEARTBEAT: Statement = Statement::new(concat!(
     "UPDATE once.entries
         SET lease_expires_at = clock_timestamp() + $lease, updated_at = clock_timestamp()
-      WHERE key_hash = $key_hash AND token = $token AND state = 'running'
-     RETURNING lease_expires_at",
-);
+      WHERE key_hash = $key_hash AND token = $token AND state = 'running' AND ",
+    token_holder!(""),
+    "
+     RETURNING lease_expires_at"
+));
 
 // A released key becomes absent, so the next caller claims it as if it were cold (tokens
 // come from a sequence, so deleting the row cannot make an old token valid again); a
 // released refresh goes back to serving the result it kept, and the next caller in its
 // stale window refreshes it. A queued key goes back to its queue, due now, and the
 // attempt does not count.
-static RELEASE: Statement = Statement::new(
+static RELEASE: Statement = Statement::new(concat!(
     "WITH gone AS (
          DELETE FROM once.entries
           WHERE key_hash = $key_hash AND token = $token AND state = 'running' AND queue IS NULL
-            AND result IS NULL
+            AND result IS NULL AND ",
+    token_holder!(""),
+    "
          RETURNING 1),
      kept AS (
          UPDATE once.entries
             SET state = 'done', lease_expires_at = NULL, updated_at = clock_timestamp(),
                 last_outcome = 'released', rerun = NULL, rerun_stale = NULL
           WHERE key_hash = $key_hash AND token = $token AND state = 'running' AND queue IS NULL
-            AND result IS NOT NULL
+            AND result IS NOT NULL AND ",
+    token_holder!(""),
+    "
          RETURNING 1),
      requeued AS (
          UPDATE once.entries
@@ -199,10 +209,12 @@ static RELEASE: Statement = Statement::new(
                 run_at = clock_timestamp(), lease_expires_at = NULL,
                 updated_at = clock_timestamp(), last_outcome = 'released'
           WHERE key_hash = $key_hash AND token = $token AND state = 'running'
-            AND queue IS NOT NULL
+            AND queue IS NOT NULL AND ",
+    token_holder!(""),
+    "
          RETURNING 1)
-     SELECT 1 FROM gone UNION ALL SELECT 1 FROM kept UNION ALL SELECT 1 FROM requeued",
-);
+     SELECT 1 FROM gone UNION ALL SELECT 1 FROM kept UNION ALL SELECT 1 FROM requeued"
+));
 
 // A key that is not running is forgotten. A running one keeps its claim (cancelling it
 // would let a second computation start beside the first, whose owner does not know): its
@@ -306,8 +318,9 @@ static PURGE_EXPIRED: Statement = Statement::new(
 );
 
 /// The parameters of rules::claimant_values: who claims, and for how long.
-pub fn claimant_params(me: &Me, lease: Interval) -> [Param<'static>; 5] {
+pub fn claimant_params(me: &Me, lease: Interval) -> [Param<'static>; 6] {
     params![
+        owner_role = namespace::caller(),
         owner = me.label.clone(),
         owner_pid = me.pid,
         owner_started = me.started_param(),
@@ -432,7 +445,6 @@ fn refreshing(claimed: Claim, entry: Entry) -> Claim {
 fn stale_result(entry: Entry, refreshing: bool) -> Claim {
     shmem::count(Counter::Stale);
     Claim::Stale {
-        token: refreshing.then_some(entry.token),
         owner: entry.owner.filter(|_| refreshing),
         lease_expires_at: entry.lease_expires_at.filter(|_| refreshing),
         result: entry.result.expect("stale means a result"),
@@ -449,7 +461,6 @@ fn held_by_owner(entry: Entry, serve_stale: bool) -> Claim {
         return stale_result(entry, true);
     }
     Claim::Wait {
-        token: Some(entry.token),
         owner: entry.owner,
         lease_expires_at: entry.lease_expires_at,
         attempts: Some(entry.attempts),
@@ -461,7 +472,6 @@ fn held_by_owner(entry: Entry, serve_stale: bool) -> Claim {
 /// says, if we could read it.
 fn busy(pending: Option<&Entry>) -> Claim {
     Claim::Wait {
-        token: pending.map(|e| e.token),
         owner: pending.and_then(|e| e.owner.clone()),
         lease_expires_at: pending.and_then(|e| e.lease_expires_at),
         attempts: pending.map(|e| e.attempts),
@@ -523,11 +533,15 @@ fn insert_claim(
         .chain(claimant_params(me, lease));
     // In a subtransaction: an insert that lost to a committed one leaves no lock behind,
     // and one that meets an uncommitted one gives up at the budget.
-    subxact::keep_if(
+    let claim = subxact::keep_if(
         budget,
         || statements::run(&INSERT_CLAIM, args, |table| claimed_from(table, me)),
         Option::is_some,
-    )
+    )?;
+    if claim.is_some() {
+        namespace::recheck_key(key.text, "claim_key");
+    }
+    Ok(claim)
 }
 
 fn take_claim(
@@ -575,9 +589,14 @@ fn resolved_by_owner(key: &Key, done: bool, counter: Counter) -> bool {
 /// claim is no longer current.
 pub fn complete(key: &Key, token: i64, result: Jsonb, policy: &Policy) -> bool {
     standby::refuse_writes("complete_key");
-    let args = params![key_hash = key.hash_param(), token = token, result = result]
-        .into_iter()
-        .chain(policy.params());
+    let args = params![
+        key_hash = key.hash_param(),
+        token = token,
+        holder = namespace::token_holder(),
+        result = result,
+    ]
+    .into_iter()
+    .chain(policy.params());
     let ended = statements::run(&COMPLETE, args, |table| {
         if table.is_empty() {
             return Ok(None);
@@ -609,6 +628,7 @@ pub fn fail(key: &Key, token: i64, error: String, retry_after: Interval) -> bool
     let args = params![
         key_hash = key.hash_param(),
         token = token,
+        holder = namespace::token_holder(),
         error = error,
         retry_after = retry_after,
     ];
@@ -619,7 +639,12 @@ pub fn fail(key: &Key, token: i64, error: String, retry_after: Interval) -> bool
 /// Extend a claim's lease; None when the claim is no longer current.
 pub fn heartbeat(key: &Key, token: i64, lease: Interval) -> Option<TimestampWithTimeZone> {
     standby::refuse_writes("heartbeat_key");
-    let args = params![key_hash = key.hash_param(), token = token, lease = lease];
+    let args = params![
+        key_hash = key.hash_param(),
+        token = token,
+        holder = namespace::token_holder(),
+        lease = lease,
+    ];
     statements::run(&HEARTBEAT, args, |table| {
         if table.is_empty() {
             Ok(None)
@@ -632,7 +657,11 @@ pub fn heartbeat(key: &Key, token: i64, lease: Interval) -> Option<TimestampWith
 /// Give a claim back unfailed; false when the claim is no longer current.
 pub fn release(key: &Key, token: i64) -> bool {
     standby::refuse_writes("release_key");
-    let args = params![key_hash = key.hash_param(), token = token];
+    let args = params![
+        key_hash = key.hash_param(),
+        token = token,
+        holder = namespace::token_holder(),
+    ];
     let done = statements::run(&RELEASE, args, |table| Ok(table.len() == 1));
     resolved_by_owner(key, done, Counter::Released)
 }

@@ -3,6 +3,7 @@
 //! the worker (reap_stale); calls storage and runtime. On a hot standby only reads are
 //! served (standby).
 
+pub mod cached;
 pub mod claim;
 pub mod freshness;
 pub mod namespace;

@@ -7,18 +7,23 @@
 //! then only members may take its keys with claim_next, enqueue into it, or drop it.
 //! Keys outside every namespace are shared by every role granted pg_once, as before.
 //!
-//! Who is asking: the functions are SECURITY DEFINER, so the current user inside them is the
-//! extension's owner. The caller is the "outer" user, which SECURITY DEFINER leaves alone
-//! and SET ROLE changes: what current_user was when the caller called. (A caller's own
-//! SECURITY DEFINER function calling pg_once is checked as the role that called it.)
+//! Who is asking: the current user, `GetUserId()`, as PostgreSQL's own privilege checks
+//! judge it. pg_once's C functions are not SECURITY DEFINER (storage::statements takes the
+//! owner's rights for their statements only), so it is the role that called them: `SET
+//! ROLE` changes it, and code owned by one role that runs in another's session (a SECURITY
+//! DEFINER function, an index expression evaluated by ANALYZE or autovacuum, a
+//! materialized view refreshed by someone else) is judged as the role that owns the code,
+//! never as the session's user (docs/security.md).
 //!
 //! Cost: the registered namespaces are read once per backend and kept, sorted longest
 //! prefix first, until once_internal.namespace_owners changes (its trigger sends a relcache
-//! invalidation that every backend sees at its next transaction). With no namespace a
-//! check is one empty-list test; with some, a prefix comparison per namespace and, for a
-//! key inside one, PostgreSQL's cached role-membership test.
+//! invalidation, which every backend takes in before its next check, even inside an open
+//! transaction: storage::watched). With no namespace a check is one empty-list test; with
+//! some, a prefix comparison per namespace and, for a key inside one, PostgreSQL's cached
+//! role-membership test. The read takes no lock past itself (see `read_all`).
 
 use crate::errors;
+use crate::runtime::wait;
 use crate::storage::statements::{self, params, Statement};
 use crate::storage::watched::Watched;
 use pgrx::pg_sys;
@@ -71,19 +76,11 @@ impl Namespace {
     }
 }
 
-/// The role on whose behalf pg_once is being called (see the module comment).
-fn caller() -> pg_sys::Oid {
+/// The role pg_once is being called by (see the module comment).
+pub fn caller() -> pg_sys::Oid {
     // SAFETY: reads a backend global.
-    unsafe { pg_sys::GetOuterUserId() }
+    unsafe { pg_sys::GetUserId() }
 }
-
-// Schema-qualified throughout: may_use_key (views) runs it with the caller's
-// search_path, and the plan is kept for the backend's life.
-static LOAD: Statement = Statement::new(concat!(
-    "SELECT prefix, owner::pg_catalog.oid AS owner, notify FROM ",
-    internal!("namespace_owners"),
-    " ORDER BY pg_catalog.length(prefix) DESC, prefix"
-));
 
 thread_local! {
     /// The registered namespaces, longest prefix first; None until read.
@@ -110,39 +107,102 @@ fn load() {
     if CACHE.with_borrow(Option::is_some) {
         return;
     }
-    // may_use_key runs as the caller, who may not read the table: read it as its
-    // owner, as PostgreSQL's own internal lookups do (e.g. foreign-key checks).
-    let _owner = AsTableOwner::become_();
-    let namespaces = statements::run(&LOAD, params![], |table| {
-        table
-            .map(|row| {
-                Ok(Namespace {
-                    prefix: row.get_by_name("prefix")?.expect("prefix is NOT NULL"),
-                    owner: row.get_by_name("owner")?.expect("owner is NOT NULL"),
-                    payload: match row.get_by_name::<String, _>("notify")?.as_deref() {
-                        Some("key") => Payload::Key,
-                        _ => Payload::Digest,
-                    },
-                })
-            })
-            .collect::<pgrx::spi::Result<Vec<_>>>()
+    let mut namespaces = read_all();
+    namespaces.sort_by(|a, b| {
+        b.prefix
+            .len()
+            .cmp(&a.prefix.len())
+            .then_with(|| a.prefix.cmp(&b.prefix))
     });
     CACHE.with_borrow_mut(|cache| *cache = Some(namespaces));
 }
 
-/// Raise 42501 unless the caller may use `key` (`what` says what was refused).
+/// Every registered namespace, as the latest committed state has them.
+///
+/// Read straight from the table rather than by a statement, for two reasons. The latest
+/// snapshot, not the transaction's: a REPEATABLE READ transaction that began before a
+/// namespace was created must still be refused its keys. And the table's lock is
+/// released as soon as the rows are read: a statement's lock would be kept until the
+/// transaction ends, which for a waiting claim_key is its whole wait, so that DDL on the
+/// table (ALTER EXTENSION UPDATE) would queue behind every waiter and every call behind
+/// the DDL. The read checks no privilege: it is pg_once reading its own table for
+/// whoever calls it (may_use_key runs as the views' reader).
+fn read_all() -> Vec<Namespace> {
+    // SAFETY: the table is opened under AccessShareLock and closed (unlocking it) after
+    // the scan; the snapshot is registered for the scan's duration; every column read is
+    // NOT NULL and of the type read.
+    unsafe {
+        let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+        let table = pg_sys::table_open(namespace_owners(), lock);
+        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+        let scan = pg_sys::systable_beginscan(
+            table,
+            pg_sys::InvalidOid,
+            false,
+            snapshot,
+            0,
+            std::ptr::null_mut(),
+        );
+        let desc = (*table).rd_att;
+        let column = |tuple: pg_sys::HeapTuple, attnum: i32| {
+            let mut null = false;
+            let datum = pg_sys::heap_getattr(tuple, attnum, desc, &mut null);
+            assert!(!null, "namespace_owners' columns are NOT NULL");
+            datum
+        };
+        let mut namespaces = Vec::new();
+        loop {
+            let tuple = pg_sys::systable_getnext(scan);
+            if tuple.is_null() {
+                break;
+            }
+            // Columns 1 to 3: prefix text, owner regrole, notify text (schema.sql).
+            let text = |attnum| {
+                String::from_datum(column(tuple, attnum), false).expect("text is NOT NULL")
+            };
+            namespaces.push(Namespace {
+                prefix: text(1),
+                owner: pg_sys::Oid::from_datum(column(tuple, 2), false).expect("owner"),
+                payload: match text(3).as_str() {
+                    "key" => Payload::Key,
+                    _ => Payload::Digest,
+                },
+            });
+        }
+        pg_sys::systable_endscan(scan);
+        pg_sys::UnregisterSnapshot(snapshot);
+        pg_sys::table_close(table, lock);
+        namespaces
+    }
+}
+
+/// Raise 42501 unless the caller may use `key` (`what` says what was refused): a key of a
+/// namespace the caller is not a member of, or a once.cached key of another role
+/// (protocol::cached).
 pub fn require_key(key: &str, what: &str) {
     with_namespace_of(key, |namespace| match namespace {
         Some(n) if !n.admits_caller() => n.refuse(what),
         _ => {}
     });
+    if !admits_cached(key) {
+        errors::insufficient_privilege(
+            format!("permission denied for key \"{key}\": {what}"),
+            "once.cached keeps a query's rows under a key of the role that ran the query: only that role (or an administrator) may use it. Call once.cached with your own query.",
+        );
+    }
 }
 
 /// Whether the caller may use `key` (for filters: views, invalidate_keys).
 pub fn admits_key(key: &str) -> bool {
     with_namespace_of(key, |namespace| {
         namespace.is_none_or(Namespace::admits_caller)
-    })
+    }) && admits_cached(key)
+}
+
+/// Unless `key` is a once.cached key of another role than the caller's.
+fn admits_cached(key: &str) -> bool {
+    crate::protocol::cached::role_of(key)
+        .is_none_or(|role| role == caller() || caller_administers())
 }
 
 /// The prefix of the namespace `key` belongs to, if any.
@@ -179,88 +239,59 @@ pub fn require_named(prefix: &str, what: &str) {
     }
 }
 
-/// Run as the owner of once_internal.namespace_owners until dropped (SECURITY_LOCAL_USERID_CHANGE:
-/// nothing the caller set with SET ROLE or SET SESSION AUTHORIZATION changes meanwhile).
-struct AsTableOwner {
-    user: pg_sys::Oid,
-    context: i32,
-}
-
-impl AsTableOwner {
-    fn become_() -> AsTableOwner {
-        // SAFETY: save the current user and switch to the extension's owner, the owner of
-        // its tables; restored in Drop, and by PostgreSQL itself if an error aborts.
-        unsafe {
-            let mut saved = AsTableOwner {
-                user: pg_sys::InvalidOid,
-                context: 0,
-            };
-            pg_sys::GetUserIdAndSecContext(&mut saved.user, &mut saved.context);
-            let owner = extension_owner();
-            pg_sys::SetUserIdAndSecContext(
-                owner,
-                saved.context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32,
-            );
-            saved
-        }
-    }
-}
-
-impl Drop for AsTableOwner {
-    fn drop(&mut self) {
-        // SAFETY: restores what become_ saved.
-        unsafe { pg_sys::SetUserIdAndSecContext(self.user, self.context) };
-    }
-}
-
 /// The OID of once_internal.namespace_owners.
 fn namespace_owners() -> pg_sys::Oid {
     // SAFETY: catalog lookups by name.
-    unsafe {
+    let table = unsafe {
         let schema = pg_sys::get_namespace_oid(crate::schema::INTERNAL.as_ptr(), false);
         pg_sys::get_relname_relid(c"namespace_owners".as_ptr(), schema)
-    }
-}
-
-/// The role that owns the pg_once extension (and so its tables).
-fn extension_owner() -> pg_sys::Oid {
-    let table = namespace_owners();
-    // SAFETY: a syscache lookup; an installed extension's table has an owner.
-    unsafe {
-        let tuple = pg_sys::SearchSysCache1(
-            pg_sys::SysCacheIdentifier::RELOID as i32,
-            pg_sys::Datum::from(table),
-        );
-        if tuple.is_null() {
-            error!(concat!(
-                "pg_once: relation ",
-                internal!("namespace_owners"),
-                " is missing; reinstall the extension"
-            ));
-        }
-        let class = pg_sys::GETSTRUCT(tuple).cast::<pg_sys::FormData_pg_class>();
-        let owner = (*class).relowner;
-        pg_sys::ReleaseSysCache(tuple);
-        owner
-    }
-}
-
-/// Raise 42501 unless the caller is a superuser or a member of the extension's owner:
-/// namespaces decide who may use which keys, so only the extension's administrators may
-/// define them (applications are usually granted EXECUTE on every function).
-fn require_administrator(function: &str) {
-    let caller = caller();
-    // SAFETY: role lookups in the (cached) catalogs.
-    let allowed = unsafe {
-        pg_sys::superuser_arg(caller) || pg_sys::has_privs_of_role(caller, extension_owner())
     };
-    if !allowed {
-        errors::insufficient_privilege(
-            format!("permission denied for function once.{function}"),
-            "Namespaces are defined by a superuser or a member of the role that owns the pg_once extension.",
-        );
+    if table == pg_sys::InvalidOid {
+        error!(concat!(
+            "pg_once: relation ",
+            internal!("namespace_owners"),
+            " is missing; reinstall the extension"
+        ));
+    }
+    table
+}
+
+/// Whether the caller administers pg_once: a superuser or a member of the extension's
+/// owner, acting as itself. Only administrators define namespaces (which decide who may
+/// use which keys; applications are usually granted EXECUTE on every function) and
+/// change shared queues (which every role's workers serve).
+///
+/// "As itself": never from a security-restricted operation (an index expression that
+/// ANALYZE, autovacuum or CREATE INDEX evaluates, a materialized view's query), where
+/// PostgreSQL runs code a table's owner wrote, nor from inside a SECURITY DEFINER
+/// function or any other local change of user: code written by one role must not act with
+/// the rights of the administrator whose session happens to run it.
+pub fn caller_administers() -> bool {
+    let caller = caller();
+    // SAFETY: reads backend globals, and role lookups in the (cached) catalogs.
+    unsafe {
+        if pg_sys::InSecurityRestrictedOperation() || pg_sys::InLocalUserIdChange() {
+            return false;
+        }
+        let owner = crate::storage::entry::extension_owner().unwrap_or(pg_sys::InvalidOid);
+        pg_sys::superuser_arg(caller) || pg_sys::has_privs_of_role(caller, owner)
     }
 }
+
+/// The `$holder` of rules::token_holder: the caller, whose own claims it may end with
+/// their tokens, or None (NULL) for an administrator, who may end any.
+pub fn token_holder() -> Option<pg_sys::Oid> {
+    (!caller_administers()).then(caller)
+}
+
+/// Raise 42501 unless the caller administers pg_once (`caller_administers`).
+pub fn require_administrator(what: &str, hint: &str) {
+    if !caller_administers() {
+        errors::insufficient_privilege(format!("permission denied: {what}"), hint);
+    }
+}
+
+const NAMESPACES_HINT: &str = "Namespaces are defined by a superuser or a member of the role that owns the pg_once extension, calling the function itself (not from a SECURITY DEFINER function, an index expression or a materialized view).";
 
 static UPSERT: Statement = Statement::new(concat!(
     "INSERT INTO ",
@@ -287,9 +318,67 @@ static QUEUES_IN: Statement = Statement::new(
     "SELECT string_agg(name, ', ' ORDER BY name) FROM once.queues WHERE namespace = $prefix",
 );
 
+/// What create_namespace does with keys that already exist under the prefix and would
+/// change hands: keys outside every namespace, or of a shorter one, or of this namespace
+/// when its owner changes. Any role could have planted them (a completed result, a claim,
+/// a long failure), and the namespace's owner would be served them as its own.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Existing {
+    /// Refuse (55006) while there are any.
+    Refuse,
+    /// Delete them first.
+    Purge,
+    /// Give them to the namespace: the administrator has checked them.
+    Adopt,
+}
+
+// Keys that would change hands, as `Existing` says. Scans once.entries (no index has the
+// key's text): create_namespace is an administrator's rare call.
+static HANDED_OVER: Statement = Statement::new(concat!(
+    "SELECT count(*) FROM once.entries
+      WHERE left(key, length($prefix)) = $prefix
+        AND (length(coalesce(",
+    internal!("key_namespace"),
+    "(key), '')) < length($prefix) OR $owner_changes)"
+));
+
+static PURGE_HANDED_OVER: Statement = Statement::new(concat!(
+    "DELETE FROM once.entries
+      WHERE left(key, length($prefix)) = $prefix
+        AND (length(coalesce(",
+    internal!("key_namespace"),
+    "(key), '')) < length($prefix) OR $owner_changes)"
+));
+
 /// once.create_namespace: register (or change) the namespace `prefix`.
-pub fn create(prefix: &str, owner: pg_sys::Oid, payload: Payload) {
-    require_administrator("create_namespace");
+///
+/// Race-free against writers: once.entries is locked against writes (SHARE ROW
+/// EXCLUSIVE, held until commit) before the existing keys are counted, so a key written
+/// under the prefix either committed before the count (and is counted) or is written after
+/// this transaction commits, by a call that then sees the namespace (`recheck_key`).
+pub fn create(prefix: &str, owner: pg_sys::Oid, payload: Payload, existing: Existing) {
+    require_administrator("once.create_namespace", NAMESPACES_HINT);
+    lock_against_writes();
+    let owner_changes = with_namespace_of(prefix, |namespace| {
+        namespace.is_some_and(|n| n.prefix == prefix && n.owner != owner)
+    });
+    let args = || params![prefix = prefix, owner_changes = owner_changes];
+    let keys: i64 = statements::run(&HANDED_OVER, args(), |table| {
+        Ok(table.first().get(1)?.unwrap_or(0))
+    });
+    if keys > 0 {
+        match existing {
+            Existing::Refuse => errors::object_in_use(
+                format!(
+                    "{keys} key{} under \"{prefix}\" would become the namespace's",
+                    if keys == 1 { "" } else { "s" }
+                ),
+                "Any role may have written them. Pass existing => 'purge' to delete them first, or existing => 'adopt' to give them to the namespace once you have checked them (SELECT key, state FROM once.entries WHERE key LIKE ...).",
+            ),
+            Existing::Purge => statements::run(&PURGE_HANDED_OVER, args(), |_| Ok(())),
+            Existing::Adopt => {}
+        }
+    }
     let notify = match payload {
         Payload::Key => "key",
         Payload::Digest => "digest",
@@ -298,10 +387,37 @@ pub fn create(prefix: &str, owner: pg_sys::Oid, payload: Payload) {
     statements::run(&UPSERT, args, |_| Ok(()));
 }
 
+/// How long create_namespace waits for transactions that wrote keys to end.
+const WRITERS_PATIENCE_MICROS: i128 = 10_000_000;
+
+/// Lock once.entries against writes (storage::entry::try_lock_against_writes), trying
+/// again every few milliseconds while transactions that wrote keys are open, for at most
+/// WRITERS_PATIENCE: a lock request left waiting in the queue would stop every pg_once
+/// write behind it, for as long as the longest open transaction lasts.
+fn lock_against_writes() {
+    let deadline = wait::now() as i128 + WRITERS_PATIENCE_MICROS;
+    while !crate::storage::entry::try_lock_against_writes() {
+        if wait::now() as i128 >= deadline {
+            errors::lock_not_available(
+                "create_namespace could not lock once.entries against writes for 10 s".into(),
+                "A transaction that wrote keys is still open (see pg_stat_activity, state 'idle in transaction'): end it, then call create_namespace again.",
+            );
+        }
+        wait::pause(wait::SHORT_POLL_MICROS);
+    }
+}
+
+/// After a call wrote `key` as a new row: raise 42501 if, meanwhile, the key became a
+/// namespace's that the caller may not use (see `create`). The write waited for
+/// create_namespace's lock, so its namespace is visible now; the error undoes the write.
+pub fn recheck_key(key: &str, what: &str) {
+    require_key(key, what);
+}
+
 /// once.drop_namespace: forget the namespace `prefix`, which must own no key and no queue
 /// (they would silently become shared by every role).
 pub fn remove(prefix: &str) -> bool {
-    require_administrator("drop_namespace");
+    require_administrator("once.drop_namespace", NAMESPACES_HINT);
     let keys: i64 = statements::run(&KEYS_IN, params![prefix = prefix], |table| {
         Ok(table.first().get(1)?.unwrap_or(0))
     });

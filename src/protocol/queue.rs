@@ -165,6 +165,9 @@ static COMPLETE_MANY: Statement = Statement::new(concat!(
            FROM input i, locked l
           WHERE e.key_hash = ANY ($key_hashes) AND e.key_hash = l.key_hash
             AND e.key_hash = i.key_hash AND e.token = i.token AND e.state = 'running'
+            AND ",
+    token_holder!("e."),
+    "
          RETURNING ",
     ended_attempt_columns!(),
     "),
@@ -264,8 +267,23 @@ fn wake_queue<'a>(
     Ok(None)
 }
 
-/// Create the queue `name` or change its policy. A queue of a namespace may be changed only
-/// by a member, and given to a namespace only by a member of that one.
+// The queue's namespace, and whether the call would leave the row as it is.
+static QUEUE_AS_ASKED: Statement = Statement::new(
+    "SELECT namespace,
+            (max_attempts, backoff, max_backoff, namespace)
+              IS NOT DISTINCT FROM ($max_attempts, $backoff, $max_backoff, $namespace) AS unchanged
+       FROM once.queues WHERE name = $name",
+);
+
+const SHARED_QUEUES_HINT: &str = "Shared queues (namespace NULL) serve every role's workers: a superuser or a member of the role that owns the pg_once extension changes them. Applications may create new ones, or use queues of their own namespace.";
+
+/// Create the queue `name` or change its policy. Anyone granted the function may create a
+/// new queue, shared or in a namespace it is a member of. A queue of a namespace is changed
+/// only by its members (and given to a namespace only by a member of that one); a shared
+/// queue, which every role's workers serve, is changed only by an administrator, and
+/// likewise only an administrator makes a queue shared. Asking for a queue exactly as it
+/// is changes nothing and is allowed to all (applications declare their queues as they
+/// start).
 pub fn upsert_queue(
     name: &str,
     max_attempts: i32,
@@ -273,21 +291,42 @@ pub fn upsert_queue(
     max_backoff: Interval,
     namespace: Option<&str>,
 ) {
-    if let Some(Some(current)) = namespace_of_queue(name) {
-        namespace::require_key(&current, "create_queue");
-    }
     if let Some(prefix) = namespace {
         namespace::require_named(prefix, "create_queue");
     }
+    let args = || {
+        params![
+            name = name,
+            max_attempts = max_attempts,
+            backoff = backoff,
+            max_backoff = max_backoff,
+            namespace = namespace,
+        ]
+    };
+    let current: Option<(Option<String>, bool)> =
+        statements::run(&QUEUE_AS_ASKED, args(), |table| {
+            if table.is_empty() {
+                return Ok(None);
+            }
+            let row = table.first();
+            Ok(Some((row.get(1)?, row.get(2)?.unwrap_or(false))))
+        });
+    if let Some((current, unchanged)) = current {
+        if let Some(prefix) = &current {
+            namespace::require_key(prefix, "create_queue");
+        }
+        if unchanged {
+            return;
+        }
+        if current.is_none() || namespace.is_none() {
+            namespace::require_administrator(
+                &format!("queue \"{name}\" is shared by every role"),
+                SHARED_QUEUES_HINT,
+            );
+        }
+    }
     standby::refuse_writes("create_queue");
-    let args = params![
-        name = name,
-        max_attempts = max_attempts,
-        backoff = backoff,
-        max_backoff = max_backoff,
-        namespace = namespace,
-    ];
-    statements::run(&UPSERT_QUEUE, args, |_| Ok(()));
+    statements::run(&UPSERT_QUEUE, args(), |_| Ok(()));
 }
 
 /// Drop the queue `name`, which exists. Refused (55006) for the default queue, which every
@@ -309,6 +348,12 @@ pub fn drop_queue(name: &str) {
                 "Remove them first: SELECT once.invalidate_keys(queue => '{}');",
                 name.replace('\'', "''")
             ),
+        );
+    }
+    if namespace_of_queue(name) == Some(None) {
+        namespace::require_administrator(
+            &format!("queue \"{name}\" is shared by every role"),
+            SHARED_QUEUES_HINT,
         );
     }
     standby::refuse_writes("drop_queue");
@@ -370,6 +415,7 @@ pub fn enqueue(job: &Job, refresh: bool) -> Enqueued {
         .into_iter()
         .chain(params![key = job.key.text_param()]);
     if statements::run(&ENQUEUE_NEW, new, |table| Ok(table.len() == 1)) {
+        namespace::recheck_key(job.key.text, "enqueue_key");
         has_work(job.queue.name);
         return Enqueued::Queued;
     }
@@ -510,9 +556,14 @@ pub fn complete_many(
 ) -> Vec<String> {
     standby::refuse_writes("complete_keys");
     let key_hashes: Vec<Vec<u8>> = keys.iter().map(Key::digest).collect();
-    let args = params![key_hashes = key_hashes, tokens = tokens, results = results]
-        .into_iter()
-        .chain(policy.params());
+    let args = params![
+        key_hashes = key_hashes,
+        tokens = tokens,
+        holder = namespace::token_holder(),
+        results = results,
+    ]
+    .into_iter()
+    .chain(policy.params());
     let done: Vec<String> = statements::run(&COMPLETE_MANY, args, |table| {
         table
             .map(|row| Ok(row.get::<String>(1)?.expect("key is NOT NULL")))

@@ -47,11 +47,12 @@ macro_rules! owner_gone_error {
 /// What a claim writes, as the columns and the values of a row constructor: the key
 /// becomes running under a new token from the one sequence, owned by `$owner` (a label),
 /// judged alive by `$owner_pid`/`$owner_started` unless `$lease_only`, until
-/// `$lease` from now. Pass claim::claimant_params for these five parameters.
+/// `$lease` from now, made by role `$owner_role` (see token_holder). Pass
+/// claim::claimant_params for these six parameters.
 macro_rules! claimant_columns {
     () => {
         "state, token, owner, owner_pid, owner_started, lease_only, lease_expires_at, \
-         claimed_at, updated_at, rerun, rerun_stale"
+         claimed_at, updated_at, rerun, rerun_stale, owner_role"
     };
 }
 macro_rules! claimant_values {
@@ -61,7 +62,25 @@ macro_rules! claimant_values {
             internal!("next_token()"),
             ", $owner, $owner_pid, $owner_started, \
              $lease_only, clock_timestamp() + $lease, clock_timestamp(), clock_timestamp(), \
-             NULL, NULL"
+             NULL, NULL, $owner_role"
+        )
+    };
+}
+
+/// Who may act on a claim with its token (complete, fail, heartbeat, release): the role
+/// that made it (`owner_role`), exactly, or anyone when `$holder` is NULL (an
+/// administrator: namespace::token_holder), or anyone for a claim older than the column.
+/// Tokens come from one sequence, so a role can guess another's from its own; a guess
+/// must not let it end or extend another role's claim (docs/security.md). `$alias` is the
+/// table's alias with its dot, or "".
+macro_rules! token_holder {
+    ($alias:literal) => {
+        concat!(
+            "(",
+            $alias,
+            "owner_role = $holder OR ",
+            $alias,
+            "owner_role IS NULL OR $holder IS NULL)"
         )
     };
 }
@@ -248,5 +267,5 @@ macro_rules! failed_attempt {
 
 pub(crate) use {
     claimant_columns, claimant_values, completed, completions_recorded, ended_attempt_columns,
-    failed_attempt, owner_gone, owner_gone_error, rerun_requested, retry_policy,
+    failed_attempt, owner_gone, owner_gone_error, rerun_requested, retry_policy, token_holder,
 };

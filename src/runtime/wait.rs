@@ -105,6 +105,12 @@ pub fn now() -> pg_sys::TimestampTz {
     unsafe { pg_sys::GetCurrentTimestamp() }
 }
 
+/// Sleep `micros` (or until the latch is set) outside any wait of a call: e.g. between
+/// tries to take a lock that must not be queued for.
+pub fn pause(micros: i128) {
+    sleep_micros(micros);
+}
+
 /// Sleep on the process latch, waking early when it is set or for interrupts (cancel,
 /// timeouts, shutdown). True if woken by the latch.
 fn sleep_micros(micros: i128) -> bool {

@@ -223,6 +223,8 @@ pub fn held_elsewhere(entry: &Entry) -> bool {
 struct Relations {
     table: pg_sys::Oid,
     index: pg_sys::Oid,
+    /// once.entries' owner: the extension's owner, whose rights its statements run with.
+    owner: pg_sys::Oid,
     attnums: [usize; COLUMNS.len()],
 }
 
@@ -269,11 +271,61 @@ fn relations() -> Relations {
         Relations {
             table,
             index: relation(c"entries_pkey"),
+            owner: relation_owner(table),
             attnums: COLUMNS.map(|name| attnum(table, name)),
         }
     };
     RELATIONS.set(Some(found));
     found
+}
+
+/// The role that owns the pg_once extension's objects (once.entries among them), whose
+/// rights the statements of every pg_once function run with (storage::statements); None
+/// where there is no once.entries: pg_once is not installed in this database (the worker
+/// asking whether it is, or CREATE EXTENSION before creating the table).
+pub fn extension_owner() -> Option<pg_sys::Oid> {
+    if let Some(known) = RELATIONS.get() {
+        return Some(known.owner);
+    }
+    // SAFETY: syscache lookups by name, without raising an error when missing.
+    let installed = unsafe {
+        let namespace = pg_sys::get_namespace_oid(crate::schema::API.as_ptr(), true);
+        namespace != pg_sys::InvalidOid
+            && pg_sys::get_relname_relid(c"entries".as_ptr(), namespace) != pg_sys::InvalidOid
+    };
+    installed.then(|| relations().owner)
+}
+
+/// Lock once.entries against every write until this transaction ends (SHARE ROW
+/// EXCLUSIVE: reads go on, writers wait, and so does another such lock), if that can be
+/// done at once: create_namespace's, so that no key is written under a prefix between
+/// its count of the keys there and its commit (protocol::namespace::create). Never
+/// queued: a waiting lock request would make every pg_once write queue behind it.
+pub fn try_lock_against_writes() -> bool {
+    // SAFETY: a lock on an existing relation, released by the transaction's end.
+    unsafe {
+        pg_sys::ConditionalLockRelationOid(
+            relations().table,
+            pg_sys::ShareRowExclusiveLock as pg_sys::LOCKMODE,
+        )
+    }
+}
+
+/// The owner of relation `oid`, from the syscache.
+unsafe fn relation_owner(oid: pg_sys::Oid) -> pg_sys::Oid {
+    // SAFETY: a syscache lookup of an existing relation, released at once.
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::RELOID as i32,
+            pg_sys::Datum::from(oid),
+        );
+        if tuple.is_null() {
+            error!("pg_once: relation {} has no pg_class row", oid.to_u32());
+        }
+        let owner = (*pg_sys::GETSTRUCT(tuple).cast::<pg_sys::FormData_pg_class>()).relowner;
+        pg_sys::ReleaseSysCache(tuple);
+        owner
+    }
 }
 
 /// once.entries (and its primary key, if `with_index`) opened under AccessShareLock,

@@ -12,13 +12,16 @@
 //! even of a SELECT. A waiting claim_key re-reads its key many times inside one
 //! transaction and must see each change as soon as it is committed.
 //!
-//! Every statement is prepared and executed with `search_path = pg_catalog, pg_temp`, so
-//! that no schema, function or operator on the caller's path changes what it means: the
-//! functions run with their owner's rights (SECURITY DEFINER), and PostgreSQL re-plans a
-//! kept statement under whatever path is current. This is the one place the path is
-//! pinned for pg_once's C functions; their declarations do not `SET search_path`, which
-//! would cost every call, cache hits included (which run no statement), about 7% of its
-//! server time (docs/security.md).
+//! Every statement runs with the rights of the extension's owner, as the user
+//! `SECURITY_LOCAL_USERID_CHANGE` makes it (what a `SECURITY DEFINER` function's body runs
+//! as), and with `search_path = pg_catalog, pg_temp`, so that no schema, function or
+//! operator on the caller's path changes what it means. This is the one place where pg_once
+//! takes its owner's rights. Its C functions are not `SECURITY DEFINER` themselves: so
+//! that, up to here, the current user (`GetUserId()`) is the role that called them, the
+//! one PostgreSQL's own privilege checks judge, whom the namespace checks judge too
+//! (protocol::namespace, docs/security.md); and because a cache hit runs no statement,
+//! it pays for neither switch (a `SET` clause on the declarations cost a hit about 7% of
+//! its server time).
 
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::{self, PgOid};
@@ -71,7 +74,7 @@ pub fn run<'a, R>(
     read: impl FnOnce(SpiTupleTable<'_>) -> pgrx::spi::Result<R>,
 ) -> R {
     let params: Vec<Param<'a>> = params.into_iter().collect();
-    with_pinned_search_path(|| {
+    as_extension_owner(|| {
         Spi::connect(|client| {
             let kept: *const Kept = PLANS.with_borrow_mut(|plans| {
                 let id = statement as *const Statement as usize;
@@ -110,13 +113,25 @@ pub fn run<'a, R>(
     .unwrap_or_else(|e| error!("pg_once: {e}"))
 }
 
-/// Run `f` with `search_path = pg_catalog, pg_temp`, at a GUC nesting level of its own,
-/// as a function's `SET` clause would. An error inside needs no cleanup here: the abort
-/// of the (sub)transaction that catches it restores the path, as for a SET clause.
-fn with_pinned_search_path<R>(f: impl FnOnce() -> R) -> R {
-    // SAFETY: opens a GUC nesting level, sets search_path at it with GUC_ACTION_SAVE, and
-    // closes the level (restoring the caller's path) once `f` has returned.
+/// Run `f` as the extension's owner (with SECURITY_LOCAL_USERID_CHANGE: nothing `f` runs
+/// may SET ROLE meanwhile; as the current user where pg_once is not installed, which leaves
+/// nothing of pg_once's to protect) and with `search_path = pg_catalog, pg_temp` at a GUC nesting
+/// level of its own, as a SECURITY DEFINER function with a `SET` clause would. An error
+/// inside needs no cleanup here: the abort of the (sub)transaction that catches it
+/// restores both the user and the path, as it does for such a function.
+pub fn as_extension_owner<R>(f: impl FnOnce() -> R) -> R {
+    let owner = crate::storage::entry::extension_owner();
+    // SAFETY: saves the current user and security context, switches to the owner, opens
+    // a GUC nesting level and sets search_path at it with GUC_ACTION_SAVE; once `f` has
+    // returned, closes the level (restoring the caller's path) and restores the user.
     unsafe {
+        let mut user = pg_sys::InvalidOid;
+        let mut context = 0;
+        pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
+        pg_sys::SetUserIdAndSecContext(
+            owner.unwrap_or(user),
+            context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32,
+        );
         let level = pg_sys::NewGUCNestLevel();
         pg_sys::set_config_option(
             c"search_path".as_ptr(),
@@ -130,6 +145,7 @@ fn with_pinned_search_path<R>(f: impl FnOnce() -> R) -> R {
         );
         let result = f();
         pg_sys::AtEOXact_GUC(true, level);
+        pg_sys::SetUserIdAndSecContext(user, context);
         result
     }
 }

@@ -54,6 +54,13 @@ impl Watched {
             self.state.set(Some(state));
             state
         });
+        // Take in invalidations committed since this transaction last did: PostgreSQL
+        // does only when it takes a lock it does not hold yet, so a transaction that
+        // already holds its locks would otherwise keep a copy older than a committed
+        // change (a namespace created meanwhile) until it ends. Cheap when none is queued
+        // (one unlocked read of shared memory).
+        // SAFETY: processes queued invalidation messages, as any lock acquisition does.
+        unsafe { pg_sys::AcceptInvalidationMessages() };
         if !state.changed.replace(false) {
             return false;
         }

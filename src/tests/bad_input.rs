@@ -371,6 +371,7 @@ mod tests {
     fn bad_namespace_input_is_refused() {
         Spi::run("SELECT once.create_namespace('taken/', 'pg_database_owner')").unwrap();
         Spi::run("SELECT once.claim_key('taken/k')").unwrap();
+        Spi::run("SELECT once.claim_key('planted/k')").unwrap();
         let cases: &[(&str, &str, &str)] = &[
             (
                 "SELECT once.create_namespace(NULL, 'pg_database_owner')",
@@ -396,6 +397,36 @@ mod tests {
                 "SELECT once.create_namespace('p/', 'pg_database_owner', 'everything')",
                 "22023",
                 "notify must be 'digest' or 'key'",
+            ),
+            (
+                "SELECT once.create_namespace('p/', 'pg_database_owner', 'digest', NULL)",
+                "22004",
+                "existing must not be NULL",
+            ),
+            (
+                "SELECT once.create_namespace('p/', 'pg_database_owner', 'digest', 'keep')",
+                "22023",
+                "existing must be 'refuse', 'purge' or 'adopt'",
+            ),
+            (
+                "SELECT once.create_namespace('planted/', 'pg_database_owner')",
+                "55006",
+                "1 key under \"planted/\" would become the namespace's",
+            ),
+            (
+                "SELECT once.cached_key('k', NULL)",
+                "22004",
+                "query must not be NULL",
+            ),
+            (
+                "SELECT once.cached_key('k', 'SELECT 1; DELETE FROM once.queues')",
+                "42601",
+                "query must be exactly one SELECT statement",
+            ),
+            (
+                "SELECT once.cached_key('k', 'SELECT 1 INTO new_table')",
+                "42601",
+                "query must be exactly one SELECT statement",
             ),
             (
                 "SELECT once.drop_namespace('nope/')",
