@@ -661,32 +661,43 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA once FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA once_internal FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA once_internal FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA once_internal FROM PUBLIC;
--- Nobody but the owner holds a privilege these scripts granted, nor any privilege on what
--- only pg_once uses (once_internal). Revoking from PUBLIC is not enough: the installing
--- role's default privileges (ALTER DEFAULT PRIVILEGES ... GRANT SELECT, UPDATE ON TABLES TO
--- x) grant on every object the scripts create, and would give x once.entries itself. What
--- the scripts granted is recorded as the extension's initial privileges (pg_init_privs);
--- what an administrator granted since is not, and stays. The grants below are given again.
--- Every install and upgrade script ends with this same block.
+-- (PUBLIC has nothing on the schema either: this records that its owner's privileges are
+-- all there is, as they are once $owner_only$ revoked what default privileges gave.)
+REVOKE ALL ON SCHEMA once_internal FROM PUBLIC;
+-- Nobody but the owner holds a privilege on what these scripts created, nor any privilege
+-- on what only pg_once uses (once_internal). Revoking from PUBLIC is not enough: the
+-- installing role's default privileges (ALTER DEFAULT PRIVILEGES ... GRANT SELECT, UPDATE
+-- ON TABLES TO x) apply to every object a script creates, and would give x once.entries
+-- itself. What existed before an upgrade keeps what administrators granted on it (listed
+-- in pg_once.kept_privileges, set at the script's start, along with the objects an
+-- upgrade recreated and granted again). The grants below are given after. Every install
+-- and upgrade script ends with this same block.
 DO $owner_only$
 DECLARE
     o record;
+    role pg_catalog.text;
 BEGIN
+    -- Collected first: each REVOKE changes what the query reads.
     FOR o IN
+        SELECT * FROM (
         SELECT m.object,
-               CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
-                    ELSE a.grantee::pg_catalog.regrole::pg_catalog.text END AS grantee
-          FROM (SELECT 'pg_catalog.pg_proc'::pg_catalog.regclass, p.oid, p.proacl, p.proowner,
+               pg_catalog.array_agg(DISTINCT CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                    ELSE a.grantee::pg_catalog.regrole::pg_catalog.text END) AS roles
+          FROM (SELECT 'pg_catalog.pg_proc'::pg_catalog.regclass, p.oid,
+                       COALESCE(p.proacl, pg_catalog.acldefault('f', p.proowner)), p.proowner,
                        p.pronamespace, 'ROUTINE ' OPERATOR(pg_catalog.||) p.oid::pg_catalog.regprocedure::pg_catalog.text
                   FROM pg_catalog.pg_proc p
                 UNION ALL
-                SELECT 'pg_catalog.pg_class'::pg_catalog.regclass, c.oid, c.relacl, c.relowner,
+                SELECT 'pg_catalog.pg_class'::pg_catalog.regclass, c.oid,
+                       COALESCE(c.relacl, pg_catalog.acldefault('r', c.relowner)), c.relowner,
                        c.relnamespace,
                        CASE WHEN c.relkind OPERATOR(pg_catalog.=) 'S' THEN 'SEQUENCE ' ELSE 'TABLE ' END
                            OPERATOR(pg_catalog.||) c.oid::pg_catalog.regclass::pg_catalog.text
                   FROM pg_catalog.pg_class c
+                 WHERE c.relkind OPERATOR(pg_catalog.=) ANY (ARRAY['r', 'v', 'm', 'S', 'p', 'f']::pg_catalog."char"[])
                 UNION ALL
-                SELECT 'pg_catalog.pg_namespace'::pg_catalog.regclass, n.oid, n.nspacl, n.nspowner,
+                SELECT 'pg_catalog.pg_namespace'::pg_catalog.regclass, n.oid,
+                       COALESCE(n.nspacl, pg_catalog.acldefault('n', n.nspowner)), n.nspowner,
                        n.oid, 'SCHEMA ' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(n.nspname)
                   FROM pg_catalog.pg_namespace n) AS m(catalog, id, acl, owner, namespace, object)
           JOIN pg_catalog.pg_depend d
@@ -695,16 +706,19 @@ BEGIN
            AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
           JOIN pg_catalog.pg_extension e
             ON e.oid OPERATOR(pg_catalog.=) d.refobjid AND e.extname OPERATOR(pg_catalog.=) 'pg_once'
-          LEFT JOIN pg_catalog.pg_init_privs i
-            ON i.classoid OPERATOR(pg_catalog.=) m.catalog AND i.objoid OPERATOR(pg_catalog.=) m.id
-           AND i.objsubid OPERATOR(pg_catalog.=) 0
          CROSS JOIN LATERAL pg_catalog.aclexplode(m.acl) a
          WHERE a.grantee OPERATOR(pg_catalog.<>) m.owner
            AND (m.namespace OPERATOR(pg_catalog.=) 'once_internal'::pg_catalog.regnamespace::pg_catalog.oid
-                OR a.grantee OPERATOR(pg_catalog.=) ANY (SELECT g.grantee FROM pg_catalog.aclexplode(i.initprivs) g))
-         GROUP BY 1, 2
+                OR NOT (m.catalog::pg_catalog.oid::pg_catalog.text OPERATOR(pg_catalog.||) ':'
+                        OPERATOR(pg_catalog.||) m.id::pg_catalog.text)
+                       OPERATOR(pg_catalog.=) ANY (pg_catalog.string_to_array(
+                           pg_catalog.current_setting('pg_once.kept_privileges', true), ',')))
+         GROUP BY 1
+        OFFSET 0) AS found
     LOOP
-        EXECUTE pg_catalog.format('REVOKE ALL ON %s FROM %s CASCADE', o.object, o.grantee);
+        FOREACH role IN ARRAY o.roles LOOP
+            EXECUTE pg_catalog.format('REVOKE ALL ON %s FROM %s CASCADE', o.object, role);
+        END LOOP;
     END LOOP;
 END
 $owner_only$;

@@ -37,6 +37,16 @@ BEGIN
 END
 $trust$;
 
+-- What exists before this script runs (nothing, on install): the $owner_only$ block at its
+-- end closes everything else to every role but the owner.
+SELECT pg_catalog.set_config('pg_once.kept_privileges', COALESCE(pg_catalog.string_agg(
+           d.classid::pg_catalog.oid::pg_catalog.text OPERATOR(pg_catalog.||) ':'
+           OPERATOR(pg_catalog.||) d.objid::pg_catalog.text, ','), ''), true)
+  FROM pg_catalog.pg_depend d
+  JOIN pg_catalog.pg_extension e ON e.oid OPERATOR(pg_catalog.=) d.refobjid
+ WHERE d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+   AND d.deptype OPERATOR(pg_catalog.=) 'e' AND e.extname OPERATOR(pg_catalog.=) 'pg_once';
+
 -- What only pg_once itself uses moves out of the way, into once_internal (schema.sql).
 COMMENT ON SCHEMA once IS
     'pg_once: claim_key and the other functions, the once.stats, once.queue_stats, once.dead_letters and once.namespaces views, and the tables they read. Grant USAGE on it (and EXECUTE on its functions) to the roles that use pg_once.';
@@ -259,8 +269,10 @@ SELECT prefix, owner, notify, created_at, once_internal.may_use_key(prefix) AS m
 -- fresh install's afterwards, and the grants stay the administrator's, dumped and
 -- restored like any other. (Updating pg_init_privs needs a superuser, as does running
 -- this script: pg_once.control says superuser = true.)
--- grant_again(acl, owner, catalog, object): grant on object (of catalog pg_proc or
--- pg_class) what acl, the dropped object's, granted to roles other than its owner.
+-- grant_again(acl, owner, catalog, object): object (of catalog pg_proc or pg_class) was
+-- just created in place of a dropped one whose privileges were acl: what the installing
+-- role's default privileges gave on it goes, what acl granted to roles other than its
+-- owner is granted again, and the extension's initial privileges are a fresh install's.
 CREATE FUNCTION once_internal.grant_again(acl aclitem[], owner oid, catalog regclass,
                                           object text)
 RETURNS void
@@ -270,10 +282,26 @@ AS $grant$
 DECLARE
     id oid := CASE WHEN catalog = 'pg_proc'::regclass THEN object::regprocedure::oid
                    ELSE object::regclass::oid END;
-    initial aclitem[] := (SELECT initprivs FROM pg_init_privs
-                           WHERE objoid = id AND classoid = catalog AND objsubid = 0);
+    initial aclitem[];
     g record;
 BEGIN
+    -- Also records the object's initial privileges: its owner's alone, as on install.
+    EXECUTE format('REVOKE ALL ON %s %s FROM PUBLIC',
+                   CASE WHEN catalog = 'pg_proc'::regclass THEN 'FUNCTION' ELSE 'TABLE' END, object);
+    FOR g IN SELECT DISTINCT a.grantee
+               FROM pg_class c, aclexplode(COALESCE(c.relacl, acldefault('r', c.relowner))) a
+              WHERE catalog = 'pg_class'::regclass AND c.oid = id AND a.grantee <> c.relowner
+             UNION
+             SELECT DISTINCT a.grantee
+               FROM pg_proc p, aclexplode(COALESCE(p.proacl, acldefault('f', p.proowner))) a
+              WHERE catalog = 'pg_proc'::regclass AND p.oid = id AND a.grantee <> p.proowner LOOP
+        EXECUTE format('REVOKE ALL ON %s %s FROM %s',
+                       CASE WHEN catalog = 'pg_proc'::regclass THEN 'FUNCTION' ELSE 'TABLE' END,
+                       object,
+                       CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE g.grantee::regrole::text END);
+    END LOOP;
+    initial := (SELECT initprivs FROM pg_init_privs
+                 WHERE objoid = id AND classoid = catalog AND objsubid = 0);
     FOR g IN SELECT a.grantee, a.privilege_type, a.is_grantable FROM aclexplode(acl) a
               WHERE a.grantee <> owner LOOP
         EXECUTE format('GRANT %s ON %s %s TO %s%s', g.privilege_type,
@@ -284,6 +312,9 @@ BEGIN
     END LOOP;
     UPDATE pg_init_privs SET initprivs = initial
      WHERE objoid = id AND classoid = catalog AND objsubid = 0;
+    PERFORM set_config('pg_once.kept_privileges',
+                       concat_ws(',', nullif(current_setting('pg_once.kept_privileges'), ''),
+                                 catalog::oid || ':' || id), true);
 END
 $grant$;
 
@@ -304,7 +335,6 @@ DECLARE
 BEGIN
     EXECUTE format('DROP FUNCTION %s', old);
     EXECUTE create_new;
-    EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', new_signature);
     PERFORM once_internal.grant_again(acl, owner, 'pg_proc', new_signature);
 END
 $replace$;
@@ -523,10 +553,11 @@ BEGIN
 END
 $cached$;
 
--- Privileges of the new objects, as a fresh install sets them (end of functions.sql).
+-- Privileges of the new objects, as a fresh install sets them (end of functions.sql). Those
+-- granted again (grant_again) are not named: a REVOKE would record their grants as the
+-- extension's own.
 REVOKE ALL ON FUNCTION once_internal.library_version(), once.create_namespace(text, regrole, text),
-    once.drop_namespace(text), once_internal.key_namespace(text),
-    once.create_queue(text, integer, interval, interval, text), once_internal.runtime(),
+    once.drop_namespace(text), once_internal.key_namespace(text), once_internal.runtime(),
     once_internal.may_use_key(text), once_internal.namespaces_changed(),
     once_internal.next_token(), once.refresh_key(text, interval),
     once.cached(text, text, interval, interval, double precision, double precision, interval, interval)
@@ -534,33 +565,42 @@ REVOKE ALL ON FUNCTION once_internal.library_version(), once.create_namespace(te
 REVOKE ALL ON PROCEDURE once.cached(text, text, jsonb, interval, interval, double precision,
                                     double precision, interval, interval, interval) FROM PUBLIC;
 REVOKE ALL ON once_internal.namespace_owners, once.namespaces FROM PUBLIC;
+REVOKE ALL ON SCHEMA once_internal FROM PUBLIC;
 -- (end of functions.sql)
--- Nobody but the owner holds a privilege these scripts granted, nor any privilege on what
--- only pg_once uses (once_internal). Revoking from PUBLIC is not enough: the installing
--- role's default privileges (ALTER DEFAULT PRIVILEGES ... GRANT SELECT, UPDATE ON TABLES TO
--- x) grant on every object the scripts create, and would give x once.entries itself. What
--- the scripts granted is recorded as the extension's initial privileges (pg_init_privs);
--- what an administrator granted since is not, and stays. The grants below are given again.
--- Every install and upgrade script ends with this same block.
+-- Nobody but the owner holds a privilege on what these scripts created, nor any privilege
+-- on what only pg_once uses (once_internal). Revoking from PUBLIC is not enough: the
+-- installing role's default privileges (ALTER DEFAULT PRIVILEGES ... GRANT SELECT, UPDATE
+-- ON TABLES TO x) apply to every object a script creates, and would give x once.entries
+-- itself. What existed before an upgrade keeps what administrators granted on it (listed
+-- in pg_once.kept_privileges, set at the script's start, along with the objects an
+-- upgrade recreated and granted again). The grants below are given after. Every install
+-- and upgrade script ends with this same block.
 DO $owner_only$
 DECLARE
     o record;
+    role pg_catalog.text;
 BEGIN
+    -- Collected first: each REVOKE changes what the query reads.
     FOR o IN
+        SELECT * FROM (
         SELECT m.object,
-               CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
-                    ELSE a.grantee::pg_catalog.regrole::pg_catalog.text END AS grantee
-          FROM (SELECT 'pg_catalog.pg_proc'::pg_catalog.regclass, p.oid, p.proacl, p.proowner,
+               pg_catalog.array_agg(DISTINCT CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                    ELSE a.grantee::pg_catalog.regrole::pg_catalog.text END) AS roles
+          FROM (SELECT 'pg_catalog.pg_proc'::pg_catalog.regclass, p.oid,
+                       COALESCE(p.proacl, pg_catalog.acldefault('f', p.proowner)), p.proowner,
                        p.pronamespace, 'ROUTINE ' OPERATOR(pg_catalog.||) p.oid::pg_catalog.regprocedure::pg_catalog.text
                   FROM pg_catalog.pg_proc p
                 UNION ALL
-                SELECT 'pg_catalog.pg_class'::pg_catalog.regclass, c.oid, c.relacl, c.relowner,
+                SELECT 'pg_catalog.pg_class'::pg_catalog.regclass, c.oid,
+                       COALESCE(c.relacl, pg_catalog.acldefault('r', c.relowner)), c.relowner,
                        c.relnamespace,
                        CASE WHEN c.relkind OPERATOR(pg_catalog.=) 'S' THEN 'SEQUENCE ' ELSE 'TABLE ' END
                            OPERATOR(pg_catalog.||) c.oid::pg_catalog.regclass::pg_catalog.text
                   FROM pg_catalog.pg_class c
+                 WHERE c.relkind OPERATOR(pg_catalog.=) ANY (ARRAY['r', 'v', 'm', 'S', 'p', 'f']::pg_catalog."char"[])
                 UNION ALL
-                SELECT 'pg_catalog.pg_namespace'::pg_catalog.regclass, n.oid, n.nspacl, n.nspowner,
+                SELECT 'pg_catalog.pg_namespace'::pg_catalog.regclass, n.oid,
+                       COALESCE(n.nspacl, pg_catalog.acldefault('n', n.nspowner)), n.nspowner,
                        n.oid, 'SCHEMA ' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(n.nspname)
                   FROM pg_catalog.pg_namespace n) AS m(catalog, id, acl, owner, namespace, object)
           JOIN pg_catalog.pg_depend d
@@ -569,16 +609,19 @@ BEGIN
            AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
           JOIN pg_catalog.pg_extension e
             ON e.oid OPERATOR(pg_catalog.=) d.refobjid AND e.extname OPERATOR(pg_catalog.=) 'pg_once'
-          LEFT JOIN pg_catalog.pg_init_privs i
-            ON i.classoid OPERATOR(pg_catalog.=) m.catalog AND i.objoid OPERATOR(pg_catalog.=) m.id
-           AND i.objsubid OPERATOR(pg_catalog.=) 0
          CROSS JOIN LATERAL pg_catalog.aclexplode(m.acl) a
          WHERE a.grantee OPERATOR(pg_catalog.<>) m.owner
            AND (m.namespace OPERATOR(pg_catalog.=) 'once_internal'::pg_catalog.regnamespace::pg_catalog.oid
-                OR a.grantee OPERATOR(pg_catalog.=) ANY (SELECT g.grantee FROM pg_catalog.aclexplode(i.initprivs) g))
-         GROUP BY 1, 2
+                OR NOT (m.catalog::pg_catalog.oid::pg_catalog.text OPERATOR(pg_catalog.||) ':'
+                        OPERATOR(pg_catalog.||) m.id::pg_catalog.text)
+                       OPERATOR(pg_catalog.=) ANY (pg_catalog.string_to_array(
+                           pg_catalog.current_setting('pg_once.kept_privileges', true), ',')))
+         GROUP BY 1
+        OFFSET 0) AS found
     LOOP
-        EXECUTE pg_catalog.format('REVOKE ALL ON %s FROM %s CASCADE', o.object, o.grantee);
+        FOREACH role IN ARRAY o.roles LOOP
+            EXECUTE pg_catalog.format('REVOKE ALL ON %s FROM %s CASCADE', o.object, role);
+        END LOOP;
     END LOOP;
 END
 $owner_only$;

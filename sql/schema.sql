@@ -49,6 +49,16 @@ BEGIN
 END
 $trust$;
 
+-- What exists before this script runs (nothing, on install): the $owner_only$ block at its
+-- end closes everything else to every role but the owner.
+SELECT pg_catalog.set_config('pg_once.kept_privileges', COALESCE(pg_catalog.string_agg(
+           d.classid::pg_catalog.oid::pg_catalog.text OPERATOR(pg_catalog.||) ':'
+           OPERATOR(pg_catalog.||) d.objid::pg_catalog.text, ','), ''), true)
+  FROM pg_catalog.pg_depend d
+  JOIN pg_catalog.pg_extension e ON e.oid OPERATOR(pg_catalog.=) d.refobjid
+ WHERE d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+   AND d.deptype OPERATOR(pg_catalog.=) 'e' AND e.extname OPERATOR(pg_catalog.=) 'pg_once';
+
 COMMENT ON SCHEMA once IS
     'pg_once: claim_key and the other functions, the once.stats, once.queue_stats, once.dead_letters and once.namespaces views, and the tables they read. Grant USAGE on it (and EXECUTE on its functions) to the roles that use pg_once.';
 
