@@ -11,8 +11,9 @@
 # comes from PyPI's pgserver wheel and runs on the host; 14 is type-checked and linted
 # against pgrx's bindings, with no server.
 #
-#   1. formatting and lints         cargo fmt --check, cargo clippy -D warnings, and
+#   1. formatting and lints         cargo fmt --check, cargo clippy -D warnings,
 #                                   check-boundary (SQL declarations = Rust signatures)
+#                                   and check-sql (the scripts' operators are pg_catalog's)
 #   2. single-session unit tests    cargo pgrx test (#[pg_test]s in src/tests/, and plain
 #                                   #[test]s of code with no PostgreSQL in it)
 #   3. SQL regression tests         pg_regress, pg_test/regress
@@ -141,6 +142,12 @@ if step 1 && [ "$PG_MAJOR" = 15 ]; then
     cargo fmt --all --check
     cargo clippy --workspace --all-targets --quiet -- -D warnings
     python3 scripts/check-boundary.py
+    # Every operator the install and upgrade scripts resolve is pg_catalog's, checked with
+    # PostgreSQL's own parser (pglast, from PyPI, in a virtualenv of its own).
+    check_venv=$PG_ONCE_WORK/check-venv
+    [ -x "$check_venv/bin/python" ] || python3 -m venv "$check_venv"
+    "$check_venv/bin/pip" install --quiet --disable-pip-version-check 'pglast>=8,<9'
+    "$check_venv/bin/python" scripts/check-sql.py
 elif step 1; then
     # What depends on the version: the extension's code under this version's cfg.
     say "1/9 lints of the extension for PostgreSQL $PG_MAJOR"
@@ -204,7 +211,7 @@ run_server_tests() {
     if step 4; then
         say "4/9 multi-connection tests, $name server"
         cargo test -p pg_once_multi --quiet --test protocol --test wakeups --test queue --test pooling \
-            --test namespaces --test freshness
+            --test namespaces --test freshness --test announcements
         if [ "$name" = preloaded ]; then
             say "4/9 hot standby of the $name server"
             standby_start "$name-standby" $((port + 1)) "$port"

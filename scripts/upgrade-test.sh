@@ -15,7 +15,9 @@
 #       unlike a plain dump writes out each of the extension's objects), grants on
 #       functions the update replaced included;
 #   (b) every row and the token sequence are as before (pg_test/upgrade/snapshot.sql);
-#   (c) the multi-connection suite passes on the upgraded database.
+#   (c) the multi-connection suite passes on the upgraded database;
+#   (e) in a database whose owner made schema once and planted an operator in it before
+#       pg_once was installed there, the update refuses (42501) before anything runs.
 
 read -r UPGRADE_FROM UPGRADE_COMMIT < <(grep -v -e '^#' -e '^$' "$REPO_ROOT/RELEASES" | tail -n 1)
 
@@ -141,6 +143,17 @@ upgrade_test() {
         snapshot() { psql_ -c "SET snapshot.columns = '$columns'" -f pg_test/upgrade/snapshot.sql; }
         snapshot >"$work/before.txt"
         echo "$(wc -l <"$work/before.txt") rows and sequence values kept before the upgrade" >&2
+        # (e) A database whose owner, no superuser, made schema once before a superuser
+        # installed pg_once there, and planted an operator int[] < int[] in it that the
+        # update's version check would resolve instead of pg_catalog's: the update refuses
+        # the schema before anything in it runs (sql/schema.sql's $trust$ block).
+        psql_ -q -c "CREATE ROLE up_dbowner" -c "CREATE DATABASE pg_once_planted OWNER up_dbowner" \
+            -c "\\c pg_once_planted" -c "SET ROLE up_dbowner" -c "CREATE SCHEMA once" \
+            -c "CREATE TABLE once.sprung (ran_as name)" \
+            -c "CREATE FUNCTION once.trap(int[], int[]) RETURNS boolean LANGUAGE sql
+                    AS 'INSERT INTO once.sprung VALUES (current_user) RETURNING false'" \
+            -c "CREATE OPERATOR once.< (LEFTARG = int[], RIGHTARG = int[], FUNCTION = once.trap)" \
+            -c "RESET ROLE" -c "CREATE EXTENSION pg_once" -c "TRUNCATE once.sprung"
 
         say "9/9 the new files installed while the server runs the old library"
         upgrade_install "$work/current" "$root"
@@ -169,6 +182,20 @@ upgrade_test() {
             echo "the worker should have logged the version mismatch once, logged it $warned times" >&2
             exit 1
         fi
+
+        say "9/9 (e) ALTER EXTENSION pg_once UPDATE into a schema once its database's owner made"
+        local planted
+        planted=$(psql_out -d pg_once_planted -c "ALTER EXTENSION pg_once UPDATE")
+        if ! grep -q "ERROR:  42501: schema once belongs to role up_dbowner" <<<"$planted"; then
+            echo "expected the update to refuse schema once (42501), got:" >&2
+            echo "$planted" >&2
+            exit 1
+        fi
+        [ "$(psql_ -d pg_once_planted -c "SELECT count(*) FROM once.sprung")" = 0 ] ||
+            { echo "the planted operator ran during the update" >&2; exit 1; }
+        echo "refused, and the planted operator never ran:" >&2
+        grep -E "ERROR|HINT" <<<"$planted" | sed 's/^/    /' >&2
+        psql_ -q -c "DROP DATABASE pg_once_planted" -c "DROP ROLE up_dbowner"
 
         say "9/9 ALTER EXTENSION pg_once UPDATE"
         psql_ -c "ALTER EXTENSION pg_once UPDATE"
@@ -210,7 +237,7 @@ upgrade_test() {
         export PG_ONCE_DSN="host=127.0.0.1 port=$port user=postgres dbname=postgres"
         export PG_ONCE_BOUNCER_DSN="host=127.0.0.1 port=$((port + 10)) user=postgres dbname=postgres"
         cargo test -p pg_once_multi --quiet --test protocol --test wakeups --test queue \
-            --test pooling --test namespaces --test freshness
+            --test pooling --test namespaces --test freshness --test announcements
         PG_ONCE_DATA_DIR=$PG_ONCE_WORK/$name/data \
             cargo test -p pg_once_multi --quiet --test crash -- --test-threads=1
         PG_ONCE_DATA_DIR=$PG_ONCE_WORK/$name/data PG_ONCE_SERVER_LOG=$PG_ONCE_WORK/$name/server.log \

@@ -432,7 +432,11 @@ BEGIN
     IF failed_with IN ('42501', '57014') THEN
         PERFORM once.release_key(bound, answer.token);
     ELSE
-        PERFORM once.fail_key(bound, answer.token, failed_message, retry_after);
+        -- Cut to what fail_key takes (once.max_error_size, 16 kB by default; 4,000
+        -- characters are at most 16,000 bytes): the claim is committed, and a refused
+        -- fail_key would leave it running until its lease.
+        PERFORM once.fail_key(bound, answer.token, pg_catalog.left(failed_message, 4000),
+                              retry_after);
     END IF;
     COMMIT;
     RAISE EXCEPTION USING ERRCODE = failed_with, MESSAGE = failed_message;
@@ -530,30 +534,30 @@ CREATE VIEW once.stats WITH (security_barrier) AS
 SELECT k.queued, k.running, k.done, k.failed, k.running_past_lease, k.expired_unpurged,
        k.oldest_claimed_at, k.errors, k.attempts, k.last_token,
        r.shared_memory, r.notify, r.workers,
-       (r.counters->>'claims')::bigint AS claims,
-       (r.counters->>'hits')::bigint AS hits,
-       (r.counters->>'waits')::bigint AS waits,
-       (r.counters->>'wakeups')::bigint AS wakeups,
-       (r.counters->>'takeovers')::bigint AS takeovers,
-       (r.counters->>'completions')::bigint AS completions,
-       (r.counters->>'failures')::bigint AS failures,
-       (r.counters->>'releases')::bigint AS releases,
-       (r.counters->>'invalidations')::bigint AS invalidations,
-       (r.counters->>'reaped')::bigint AS reaped,
-       (r.counters->>'purged')::bigint AS purged,
-       (r.counters->>'notified_direct')::bigint AS notified_direct,
-       (r.counters->>'notified_relayed')::bigint AS notified_relayed,
-       (r.counters->>'stale')::bigint AS stale,
-       (r.counters->>'refreshes')::bigint AS refreshes
-  FROM (SELECT count(*) FILTER (WHERE state = 'queued')  AS queued,
-               count(*) FILTER (WHERE state = 'running') AS running,
-               count(*) FILTER (WHERE state = 'done')    AS done,
-               count(*) FILTER (WHERE state = 'failed')  AS failed,
-               count(*) FILTER (WHERE state = 'running' AND lease_expires_at <= clock_timestamp())
+       (r.counters OPERATOR(pg_catalog.->>) 'claims')::bigint AS claims,
+       (r.counters OPERATOR(pg_catalog.->>) 'hits')::bigint AS hits,
+       (r.counters OPERATOR(pg_catalog.->>) 'waits')::bigint AS waits,
+       (r.counters OPERATOR(pg_catalog.->>) 'wakeups')::bigint AS wakeups,
+       (r.counters OPERATOR(pg_catalog.->>) 'takeovers')::bigint AS takeovers,
+       (r.counters OPERATOR(pg_catalog.->>) 'completions')::bigint AS completions,
+       (r.counters OPERATOR(pg_catalog.->>) 'failures')::bigint AS failures,
+       (r.counters OPERATOR(pg_catalog.->>) 'releases')::bigint AS releases,
+       (r.counters OPERATOR(pg_catalog.->>) 'invalidations')::bigint AS invalidations,
+       (r.counters OPERATOR(pg_catalog.->>) 'reaped')::bigint AS reaped,
+       (r.counters OPERATOR(pg_catalog.->>) 'purged')::bigint AS purged,
+       (r.counters OPERATOR(pg_catalog.->>) 'notified_direct')::bigint AS notified_direct,
+       (r.counters OPERATOR(pg_catalog.->>) 'notified_relayed')::bigint AS notified_relayed,
+       (r.counters OPERATOR(pg_catalog.->>) 'stale')::bigint AS stale,
+       (r.counters OPERATOR(pg_catalog.->>) 'refreshes')::bigint AS refreshes
+  FROM (SELECT count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'queued')  AS queued,
+               count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'running') AS running,
+               count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'done')    AS done,
+               count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'failed')  AS failed,
+               count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'running' AND lease_expires_at OPERATOR(pg_catalog.<=) clock_timestamp())
                    AS running_past_lease,
-               count(*) FILTER (WHERE state = 'done' AND coalesce(stale_until, expires_at) <= clock_timestamp())
+               count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'done' AND coalesce(stale_until, expires_at) OPERATOR(pg_catalog.<=) clock_timestamp())
                    AS expired_unpurged,
-               min(claimed_at) FILTER (WHERE state = 'running') AS oldest_claimed_at,
+               min(claimed_at) FILTER (WHERE state OPERATOR(pg_catalog.=) 'running') AS oldest_claimed_at,
                coalesce(sum(errors), 0) AS errors,
                coalesce(sum(attempts), 0) AS attempts,
                -- The sequence's value tells which tokens are in use: administrators only.
@@ -624,24 +628,24 @@ COMMENT ON COLUMN once.stats.refreshes IS
 
 CREATE VIEW once.queue_stats WITH (security_barrier) AS
 SELECT q.name AS queue,
-       count(e.key) FILTER (WHERE e.state = 'queued') AS depth,
-       count(e.key) FILTER (WHERE e.state = 'queued' AND e.run_at <= clock_timestamp()) AS due,
-       count(e.key) FILTER (WHERE e.state = 'running') AS running,
-       count(e.key) FILTER (WHERE e.state = 'failed') AS dead,
-       clock_timestamp() - min(e.run_at) FILTER (WHERE e.state = 'queued'
-                                                  AND e.run_at <= clock_timestamp())
+       count(e.key) FILTER (WHERE e.state OPERATOR(pg_catalog.=) 'queued') AS depth,
+       count(e.key) FILTER (WHERE e.state OPERATOR(pg_catalog.=) 'queued' AND e.run_at OPERATOR(pg_catalog.<=) clock_timestamp()) AS due,
+       count(e.key) FILTER (WHERE e.state OPERATOR(pg_catalog.=) 'running') AS running,
+       count(e.key) FILTER (WHERE e.state OPERATOR(pg_catalog.=) 'failed') AS dead,
+       clock_timestamp() OPERATOR(pg_catalog.-) min(e.run_at) FILTER (WHERE e.state OPERATOR(pg_catalog.=) 'queued'
+                                                  AND e.run_at OPERATOR(pg_catalog.<=) clock_timestamp())
            AS oldest_due_age,
        (SELECT count(*) FROM once.attempts a
-         WHERE a.queue = q.name AND a.outcome = 'completed'
-           AND a.finished_at > clock_timestamp() - interval '1 minute') AS completed_last_minute,
+         WHERE a.queue OPERATOR(pg_catalog.=) q.name AND a.outcome OPERATOR(pg_catalog.=) 'completed'
+           AND a.finished_at OPERATOR(pg_catalog.>) (clock_timestamp() OPERATOR(pg_catalog.-) interval '1 minute')) AS completed_last_minute,
        (SELECT count(*) FROM once.attempts a
-         WHERE a.queue = q.name AND a.outcome <> 'completed'
-           AND a.finished_at > clock_timestamp() - interval '1 minute') AS failed_last_minute,
+         WHERE a.queue OPERATOR(pg_catalog.=) q.name AND a.outcome OPERATOR(pg_catalog.<>) 'completed'
+           AND a.finished_at OPERATOR(pg_catalog.>) (clock_timestamp() OPERATOR(pg_catalog.-) interval '1 minute')) AS failed_last_minute,
        (SELECT count(*) FROM once.attempts a
-         WHERE a.queue = q.name AND a.outcome = 'completed'
-           AND a.finished_at > clock_timestamp() - interval '1 hour') AS completed_last_hour
+         WHERE a.queue OPERATOR(pg_catalog.=) q.name AND a.outcome OPERATOR(pg_catalog.=) 'completed'
+           AND a.finished_at OPERATOR(pg_catalog.>) (clock_timestamp() OPERATOR(pg_catalog.-) interval '1 hour')) AS completed_last_hour
   FROM once.queues q
-  LEFT JOIN once.entries e ON e.queue = q.name AND once_internal.may_use_key(e.key)
+  LEFT JOIN once.entries e ON e.queue OPERATOR(pg_catalog.=) q.name AND once_internal.may_use_key(e.key)
  WHERE q.namespace IS NULL OR once_internal.may_use_key(q.namespace)
  GROUP BY q.name;
 
@@ -669,7 +673,7 @@ COMMENT ON COLUMN once.queue_stats.completed_last_hour IS
 CREATE VIEW once.dead_letters WITH (security_barrier) AS
 SELECT key, queue, payload, attempts, errors, error, updated_at AS failed_at
   FROM once.entries
- WHERE state = 'failed' AND queue IS NOT NULL AND once_internal.may_use_key(key);
+ WHERE state OPERATOR(pg_catalog.=) 'failed' AND queue IS NOT NULL AND once_internal.may_use_key(key);
 
 COMMENT ON VIEW once.dead_letters IS
     'Queued keys that failed their last attempt (those the reader may use). Re-enqueue one with once.enqueue_key(key, payload, queue) for a new set of attempts.';
@@ -712,6 +716,67 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA once FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA once_internal FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA once_internal FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA once_internal FROM PUBLIC;
+-- (PUBLIC has nothing on the schema either: this records that its owner's privileges are
+-- all there is, as they are once $owner_only$ revoked what default privileges gave.)
+REVOKE ALL ON SCHEMA once_internal FROM PUBLIC;
+-- Nobody but the owner holds a privilege on what these scripts created, nor any privilege
+-- on what only pg_once uses (once_internal). Revoking from PUBLIC is not enough: the
+-- installing role's default privileges (ALTER DEFAULT PRIVILEGES ... GRANT SELECT, UPDATE
+-- ON TABLES TO x) apply to every object a script creates, and would give x once.entries
+-- itself. What existed before an upgrade keeps what administrators granted on it (listed
+-- in pg_once.kept_privileges, set at the script's start, along with the objects an
+-- upgrade recreated and granted again). The grants below are given after. Every install
+-- and upgrade script ends with this same block.
+DO $owner_only$
+DECLARE
+    o record;
+    role pg_catalog.text;
+BEGIN
+    -- Collected first: each REVOKE changes what the query reads.
+    FOR o IN
+        SELECT * FROM (
+        SELECT m.object,
+               pg_catalog.array_agg(DISTINCT CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                    ELSE a.grantee::pg_catalog.regrole::pg_catalog.text END) AS roles
+          FROM (SELECT 'pg_catalog.pg_proc'::pg_catalog.regclass, p.oid,
+                       COALESCE(p.proacl, pg_catalog.acldefault('f', p.proowner)), p.proowner,
+                       p.pronamespace, 'ROUTINE ' OPERATOR(pg_catalog.||) p.oid::pg_catalog.regprocedure::pg_catalog.text
+                  FROM pg_catalog.pg_proc p
+                UNION ALL
+                SELECT 'pg_catalog.pg_class'::pg_catalog.regclass, c.oid,
+                       COALESCE(c.relacl, pg_catalog.acldefault('r', c.relowner)), c.relowner,
+                       c.relnamespace,
+                       CASE WHEN c.relkind OPERATOR(pg_catalog.=) 'S' THEN 'SEQUENCE ' ELSE 'TABLE ' END
+                           OPERATOR(pg_catalog.||) c.oid::pg_catalog.regclass::pg_catalog.text
+                  FROM pg_catalog.pg_class c
+                 WHERE c.relkind OPERATOR(pg_catalog.=) ANY (ARRAY['r', 'v', 'm', 'S', 'p', 'f']::pg_catalog."char"[])
+                UNION ALL
+                SELECT 'pg_catalog.pg_namespace'::pg_catalog.regclass, n.oid,
+                       COALESCE(n.nspacl, pg_catalog.acldefault('n', n.nspowner)), n.nspowner,
+                       n.oid, 'SCHEMA ' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(n.nspname)
+                  FROM pg_catalog.pg_namespace n) AS m(catalog, id, acl, owner, namespace, object)
+          JOIN pg_catalog.pg_depend d
+            ON d.classid OPERATOR(pg_catalog.=) m.catalog AND d.objid OPERATOR(pg_catalog.=) m.id
+           AND d.deptype OPERATOR(pg_catalog.=) 'e'
+           AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+          JOIN pg_catalog.pg_extension e
+            ON e.oid OPERATOR(pg_catalog.=) d.refobjid AND e.extname OPERATOR(pg_catalog.=) 'pg_once'
+         CROSS JOIN LATERAL pg_catalog.aclexplode(m.acl) a
+         WHERE a.grantee OPERATOR(pg_catalog.<>) m.owner
+           AND (m.namespace OPERATOR(pg_catalog.=) 'once_internal'::pg_catalog.regnamespace::pg_catalog.oid
+                OR NOT (m.catalog::pg_catalog.oid::pg_catalog.text OPERATOR(pg_catalog.||) ':'
+                        OPERATOR(pg_catalog.||) m.id::pg_catalog.text)
+                       OPERATOR(pg_catalog.=) ANY (pg_catalog.string_to_array(
+                           pg_catalog.current_setting('pg_once.kept_privileges', true), ',')))
+         GROUP BY 1
+        OFFSET 0) AS found
+    LOOP
+        FOREACH role IN ARRAY o.roles LOOP
+            EXECUTE pg_catalog.format('REVOKE ALL ON %s FROM %s CASCADE', o.object, role);
+        END LOOP;
+    END LOOP;
+END
+$owner_only$;
 -- The digest function is harmless and handy for looking keys up by hand.
 GRANT EXECUTE ON FUNCTION once.key_hash(text) TO PUBLIC;
 -- The views call these two as the role reading them (a view's functions are checked for

@@ -5,6 +5,48 @@
 -- later one. Conventions: CONTRIBUTING.md, "Upgrades".
 \echo Use "ALTER EXTENSION pg_once UPDATE" to load this file. \quit
 
+-- The schema must be trustworthy before anything resolves a name in it (schema.sql).
+DO $trust$
+DECLARE
+    schema_owner pg_catalog.oid := (SELECT n.nspowner FROM pg_catalog.pg_namespace n
+                                     WHERE n.nspname OPERATOR(pg_catalog.=) 'once');
+    creator pg_catalog.text := (SELECT pg_catalog.string_agg(CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                                                       ELSE a.grantee::pg_catalog.regrole::pg_catalog.text END, ', ')
+                                  FROM pg_catalog.pg_namespace n,
+                                       pg_catalog.aclexplode(n.nspacl) a
+                                 WHERE n.nspname OPERATOR(pg_catalog.=) 'once'
+                                   AND a.privilege_type OPERATOR(pg_catalog.=) 'CREATE'
+                                   AND a.grantee OPERATOR(pg_catalog.<>) n.nspowner);
+BEGIN
+    IF schema_owner OPERATOR(pg_catalog.<>) (SELECT r.oid FROM pg_catalog.pg_roles r
+                                               WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER)
+       AND NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r
+                 WHERE r.oid OPERATOR(pg_catalog.=) schema_owner) THEN
+        RAISE EXCEPTION 'schema once belongs to role %, which is neither the role installing pg_once nor a superuser',
+                        schema_owner::pg_catalog.regrole
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = 'Its owner could have put objects in it that the install would run as this role.',
+                  HINT = 'Drop or rename schema once first; or, if you trust its owner and everything in it, ALTER SCHEMA once OWNER TO ' OPERATOR(pg_catalog.||) CURRENT_USER OPERATOR(pg_catalog.||) '.';
+    END IF;
+    IF creator IS NOT NULL THEN
+        RAISE EXCEPTION 'roles other than the owner of schema once may create objects in it: %', creator
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = 'They could have put objects in it that the install would run as this role.',
+                  HINT = 'REVOKE CREATE ON SCHEMA once FROM those roles, after checking what they created in it.';
+    END IF;
+END
+$trust$;
+
+-- What exists before this script runs (nothing, on install): the $owner_only$ block at its
+-- end closes everything else to every role but the owner.
+SELECT pg_catalog.set_config('pg_once.kept_privileges', COALESCE(pg_catalog.string_agg(
+           d.classid::pg_catalog.oid::pg_catalog.text OPERATOR(pg_catalog.||) ':'
+           OPERATOR(pg_catalog.||) d.objid::pg_catalog.text, ','), ''), true)
+  FROM pg_catalog.pg_depend d
+  JOIN pg_catalog.pg_extension e ON e.oid OPERATOR(pg_catalog.=) d.refobjid
+ WHERE d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+   AND d.deptype OPERATOR(pg_catalog.=) 'e' AND e.extname OPERATOR(pg_catalog.=) 'pg_once';
+
 -- What only pg_once itself uses moves out of the way, into once_internal (schema.sql).
 COMMENT ON SCHEMA once IS
     'pg_once: claim_key and the other functions, the once.stats, once.queue_stats, once.dead_letters and once.namespaces views, and the tables they read. Grant USAGE on it (and EXECUTE on its functions) to the roles that use pg_once.';
@@ -13,14 +55,14 @@ CREATE SCHEMA once_internal;
 -- The library running this script must be 0.2.0 or later (schema.sql explains the block).
 DO $guard$
 DECLARE
-    target text := (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'pg_once');
+    target text := (SELECT extversion FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'pg_once');
     loaded text;
 BEGIN
     CREATE OR REPLACE FUNCTION once_internal.library_version() RETURNS text
         LANGUAGE c VOLATILE PARALLEL SAFE
         AS 'MODULE_PATHNAME', 'library_version_wrapper';
     loaded := once_internal.library_version();
-    IF pg_catalog.string_to_array(loaded, '.')::int[] < pg_catalog.string_to_array(target, '.')::int[] THEN
+    IF pg_catalog.string_to_array(loaded, '.')::int[] OPERATOR(pg_catalog.<) pg_catalog.string_to_array(target, '.')::int[] THEN
         RAISE EXCEPTION 'pg_once % cannot be installed with the pg_once % library this session runs', target, loaded
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'Start a new session; where pg_once is in shared_preload_libraries, restart the server first.';
@@ -124,9 +166,9 @@ DROP TRIGGER entries_record_attempt ON once.entries;
 CREATE TRIGGER entries_record_attempt
     AFTER UPDATE ON once.entries
     FOR EACH ROW
-    WHEN (OLD.state = 'running' AND OLD.queue IS NOT NULL
-          AND (NEW.state <> 'running' OR NEW.token <> OLD.token)
-          AND NEW.last_outcome IS DISTINCT FROM 'completed')
+    WHEN (OLD.state OPERATOR(pg_catalog.=) 'running' AND OLD.queue IS NOT NULL
+          AND (NEW.state OPERATOR(pg_catalog.<>) 'running' OR NEW.token OPERATOR(pg_catalog.<>) OLD.token)
+          AND (NEW.last_outcome IS NULL OR NEW.last_outcome OPERATOR(pg_catalog.<>) 'completed'))
     EXECUTE FUNCTION once_internal.record_attempt();
 
 -- New functions.
@@ -154,20 +196,16 @@ RETURNS text
 LANGUAGE c STABLE CALLED ON NULL INPUT PARALLEL RESTRICTED
 AS 'MODULE_PATHNAME', 'key_namespace_wrapper';
 
--- create_queue gains namespace: a new signature, so a new function with a new symbol.
-DROP FUNCTION once.create_queue(text, integer, interval, interval);
-CREATE FUNCTION once.create_queue(
-    name         text,
-    max_attempts integer DEFAULT 5,
-    backoff      interval DEFAULT '1 second',
-    max_backoff  interval DEFAULT '1 hour',
-    namespace    text DEFAULT NULL)
-RETURNS void
-LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
-AS 'MODULE_PATHNAME', 'create_queue_0_2_wrapper';
-
 -- runtime() returns the counters by name (jsonb), with a new symbol; once.stats, which
 -- reads them, goes with it.
+-- Dropping the view drops what was granted on it: kept aside for this transaction, and
+-- granted again once the view is back (below).
+SELECT pg_catalog.set_config('pg_once.stats_acl',
+                             COALESCE(c.relacl, pg_catalog.acldefault('r', c.relowner))::pg_catalog.text,
+                             true),
+       pg_catalog.set_config('pg_once.stats_owner', c.relowner::pg_catalog.text, true)
+  FROM pg_catalog.pg_class c
+ WHERE c.oid OPERATOR(pg_catalog.=) 'once.stats'::pg_catalog.regclass;
 DROP VIEW once.stats;
 DROP FUNCTION once.runtime();
 CREATE FUNCTION once_internal.runtime()
@@ -183,30 +221,30 @@ CREATE VIEW once.stats WITH (security_barrier) AS
 SELECT k.queued, k.running, k.done, k.failed, k.running_past_lease, k.expired_unpurged,
        k.oldest_claimed_at, k.errors, k.attempts, k.last_token,
        r.shared_memory, r.notify, r.workers,
-       (r.counters->>'claims')::bigint AS claims,
-       (r.counters->>'hits')::bigint AS hits,
-       (r.counters->>'waits')::bigint AS waits,
-       (r.counters->>'wakeups')::bigint AS wakeups,
-       (r.counters->>'takeovers')::bigint AS takeovers,
-       (r.counters->>'completions')::bigint AS completions,
-       (r.counters->>'failures')::bigint AS failures,
-       (r.counters->>'releases')::bigint AS releases,
-       (r.counters->>'invalidations')::bigint AS invalidations,
-       (r.counters->>'reaped')::bigint AS reaped,
-       (r.counters->>'purged')::bigint AS purged,
-       (r.counters->>'notified_direct')::bigint AS notified_direct,
-       (r.counters->>'notified_relayed')::bigint AS notified_relayed,
-       (r.counters->>'stale')::bigint AS stale,
-       (r.counters->>'refreshes')::bigint AS refreshes
-  FROM (SELECT count(*) FILTER (WHERE state = 'queued')  AS queued,
-               count(*) FILTER (WHERE state = 'running') AS running,
-               count(*) FILTER (WHERE state = 'done')    AS done,
-               count(*) FILTER (WHERE state = 'failed')  AS failed,
-               count(*) FILTER (WHERE state = 'running' AND lease_expires_at <= clock_timestamp())
+       (r.counters OPERATOR(pg_catalog.->>) 'claims')::bigint AS claims,
+       (r.counters OPERATOR(pg_catalog.->>) 'hits')::bigint AS hits,
+       (r.counters OPERATOR(pg_catalog.->>) 'waits')::bigint AS waits,
+       (r.counters OPERATOR(pg_catalog.->>) 'wakeups')::bigint AS wakeups,
+       (r.counters OPERATOR(pg_catalog.->>) 'takeovers')::bigint AS takeovers,
+       (r.counters OPERATOR(pg_catalog.->>) 'completions')::bigint AS completions,
+       (r.counters OPERATOR(pg_catalog.->>) 'failures')::bigint AS failures,
+       (r.counters OPERATOR(pg_catalog.->>) 'releases')::bigint AS releases,
+       (r.counters OPERATOR(pg_catalog.->>) 'invalidations')::bigint AS invalidations,
+       (r.counters OPERATOR(pg_catalog.->>) 'reaped')::bigint AS reaped,
+       (r.counters OPERATOR(pg_catalog.->>) 'purged')::bigint AS purged,
+       (r.counters OPERATOR(pg_catalog.->>) 'notified_direct')::bigint AS notified_direct,
+       (r.counters OPERATOR(pg_catalog.->>) 'notified_relayed')::bigint AS notified_relayed,
+       (r.counters OPERATOR(pg_catalog.->>) 'stale')::bigint AS stale,
+       (r.counters OPERATOR(pg_catalog.->>) 'refreshes')::bigint AS refreshes
+  FROM (SELECT count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'queued')  AS queued,
+               count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'running') AS running,
+               count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'done')    AS done,
+               count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'failed')  AS failed,
+               count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'running' AND lease_expires_at OPERATOR(pg_catalog.<=) clock_timestamp())
                    AS running_past_lease,
-               count(*) FILTER (WHERE state = 'done' AND coalesce(stale_until, expires_at) <= clock_timestamp())
+               count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'done' AND coalesce(stale_until, expires_at) OPERATOR(pg_catalog.<=) clock_timestamp())
                    AS expired_unpurged,
-               min(claimed_at) FILTER (WHERE state = 'running') AS oldest_claimed_at,
+               min(claimed_at) FILTER (WHERE state OPERATOR(pg_catalog.=) 'running') AS oldest_claimed_at,
                coalesce(sum(errors), 0) AS errors,
                coalesce(sum(attempts), 0) AS attempts,
                -- The sequence's value tells which tokens are in use: administrators only.
@@ -219,30 +257,30 @@ SELECT k.queued, k.running, k.done, k.failed, k.running_past_lease, k.expired_un
 -- The views show each role only the keys, queues and namespaces it may use.
 CREATE OR REPLACE VIEW once.queue_stats WITH (security_barrier) AS
 SELECT q.name AS queue,
-       count(e.key) FILTER (WHERE e.state = 'queued') AS depth,
-       count(e.key) FILTER (WHERE e.state = 'queued' AND e.run_at <= clock_timestamp()) AS due,
-       count(e.key) FILTER (WHERE e.state = 'running') AS running,
-       count(e.key) FILTER (WHERE e.state = 'failed') AS dead,
-       clock_timestamp() - min(e.run_at) FILTER (WHERE e.state = 'queued'
-                                                  AND e.run_at <= clock_timestamp())
+       count(e.key) FILTER (WHERE e.state OPERATOR(pg_catalog.=) 'queued') AS depth,
+       count(e.key) FILTER (WHERE e.state OPERATOR(pg_catalog.=) 'queued' AND e.run_at OPERATOR(pg_catalog.<=) clock_timestamp()) AS due,
+       count(e.key) FILTER (WHERE e.state OPERATOR(pg_catalog.=) 'running') AS running,
+       count(e.key) FILTER (WHERE e.state OPERATOR(pg_catalog.=) 'failed') AS dead,
+       clock_timestamp() OPERATOR(pg_catalog.-) min(e.run_at) FILTER (WHERE e.state OPERATOR(pg_catalog.=) 'queued'
+                                                  AND e.run_at OPERATOR(pg_catalog.<=) clock_timestamp())
            AS oldest_due_age,
        (SELECT count(*) FROM once.attempts a
-         WHERE a.queue = q.name AND a.outcome = 'completed'
-           AND a.finished_at > clock_timestamp() - interval '1 minute') AS completed_last_minute,
+         WHERE a.queue OPERATOR(pg_catalog.=) q.name AND a.outcome OPERATOR(pg_catalog.=) 'completed'
+           AND a.finished_at OPERATOR(pg_catalog.>) (clock_timestamp() OPERATOR(pg_catalog.-) interval '1 minute')) AS completed_last_minute,
        (SELECT count(*) FROM once.attempts a
-         WHERE a.queue = q.name AND a.outcome <> 'completed'
-           AND a.finished_at > clock_timestamp() - interval '1 minute') AS failed_last_minute,
+         WHERE a.queue OPERATOR(pg_catalog.=) q.name AND a.outcome OPERATOR(pg_catalog.<>) 'completed'
+           AND a.finished_at OPERATOR(pg_catalog.>) (clock_timestamp() OPERATOR(pg_catalog.-) interval '1 minute')) AS failed_last_minute,
        (SELECT count(*) FROM once.attempts a
-         WHERE a.queue = q.name AND a.outcome = 'completed'
-           AND a.finished_at > clock_timestamp() - interval '1 hour') AS completed_last_hour
+         WHERE a.queue OPERATOR(pg_catalog.=) q.name AND a.outcome OPERATOR(pg_catalog.=) 'completed'
+           AND a.finished_at OPERATOR(pg_catalog.>) (clock_timestamp() OPERATOR(pg_catalog.-) interval '1 hour')) AS completed_last_hour
   FROM once.queues q
-  LEFT JOIN once.entries e ON e.queue = q.name AND once_internal.may_use_key(e.key)
+  LEFT JOIN once.entries e ON e.queue OPERATOR(pg_catalog.=) q.name AND once_internal.may_use_key(e.key)
  WHERE q.namespace IS NULL OR once_internal.may_use_key(q.namespace)
  GROUP BY q.name;
 CREATE OR REPLACE VIEW once.dead_letters WITH (security_barrier) AS
 SELECT key, queue, payload, attempts, errors, error, updated_at AS failed_at
   FROM once.entries
- WHERE state = 'failed' AND queue IS NOT NULL AND once_internal.may_use_key(key);
+ WHERE state OPERATOR(pg_catalog.=) 'failed' AND queue IS NOT NULL AND once_internal.may_use_key(key);
 CREATE VIEW once.namespaces WITH (security_barrier) AS
 SELECT prefix, owner, notify, created_at, once_internal.may_use_key(prefix) AS member
   FROM once_internal.namespace_owners;
@@ -256,6 +294,59 @@ SELECT prefix, owner, notify, created_at, once_internal.may_use_key(prefix) AS m
 -- fresh install's afterwards, and the grants stay the administrator's, dumped and
 -- restored like any other. (Updating pg_init_privs needs a superuser, as does running
 -- this script: pg_once.control says superuser = true.)
+-- grant_again(acl, owner, catalog, object): object (of catalog pg_proc or pg_class) was
+-- just created in place of a dropped one whose privileges were acl: what the installing
+-- role's default privileges gave on it goes, what acl granted to roles other than its
+-- owner is granted again, and the extension's initial privileges are a fresh install's.
+CREATE FUNCTION once_internal.grant_again(acl aclitem[], owner oid, catalog regclass,
+                                          object text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $grant$
+DECLARE
+    id oid := CASE WHEN catalog = 'pg_proc'::regclass THEN object::regprocedure::oid
+                   ELSE object::regclass::oid END;
+    initial aclitem[];
+    g record;
+BEGIN
+    -- Also records the object's initial privileges: its owner's alone, as on install.
+    EXECUTE format('REVOKE ALL ON %s %s FROM PUBLIC',
+                   CASE WHEN catalog = 'pg_proc'::regclass THEN 'FUNCTION' ELSE 'TABLE' END, object);
+    FOR g IN SELECT DISTINCT a.grantee
+               FROM pg_class c, aclexplode(COALESCE(c.relacl, acldefault('r', c.relowner))) a
+              WHERE catalog = 'pg_class'::regclass AND c.oid = id AND a.grantee <> c.relowner
+             UNION
+             SELECT DISTINCT a.grantee
+               FROM pg_proc p, aclexplode(COALESCE(p.proacl, acldefault('f', p.proowner))) a
+              WHERE catalog = 'pg_proc'::regclass AND p.oid = id AND a.grantee <> p.proowner LOOP
+        EXECUTE format('REVOKE ALL ON %s %s FROM %s',
+                       CASE WHEN catalog = 'pg_proc'::regclass THEN 'FUNCTION' ELSE 'TABLE' END,
+                       object,
+                       CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE g.grantee::regrole::text END);
+    END LOOP;
+    initial := (SELECT initprivs FROM pg_init_privs
+                 WHERE objoid = id AND classoid = catalog AND objsubid = 0);
+    FOR g IN SELECT a.grantee, a.privilege_type, a.is_grantable FROM aclexplode(acl) a
+              WHERE a.grantee <> owner LOOP
+        EXECUTE format('GRANT %s ON %s %s TO %s%s', g.privilege_type,
+                       CASE WHEN catalog = 'pg_proc'::regclass THEN 'FUNCTION' ELSE 'TABLE' END,
+                       object,
+                       CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE g.grantee::regrole::text END,
+                       CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+    END LOOP;
+    UPDATE pg_init_privs SET initprivs = initial
+     WHERE objoid = id AND classoid = catalog AND objsubid = 0;
+    PERFORM set_config('pg_once.kept_privileges',
+                       concat_ws(',', nullif(current_setting('pg_once.kept_privileges'), ''),
+                                 catalog::oid || ':' || id), true);
+END
+$grant$;
+
+SELECT once_internal.grant_again(pg_catalog.current_setting('pg_once.stats_acl')::pg_catalog.aclitem[],
+                                 pg_catalog.current_setting('pg_once.stats_owner')::pg_catalog.oid,
+                                 'pg_catalog.pg_class', 'once.stats');
+
 CREATE FUNCTION once_internal.replace_function(old regprocedure, new_signature text,
                                                create_new text)
 RETURNS void
@@ -266,24 +357,10 @@ DECLARE
     acl aclitem[] := (SELECT coalesce(proacl, acldefault('f', proowner)) FROM pg_proc
                        WHERE oid = old);
     owner oid := (SELECT proowner FROM pg_proc WHERE oid = old);
-    initial aclitem[];
-    g record;
 BEGIN
     EXECUTE format('DROP FUNCTION %s', old);
     EXECUTE create_new;
-    EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', new_signature);
-    initial := (SELECT initprivs FROM pg_init_privs
-                 WHERE objoid = new_signature::regprocedure
-                   AND classoid = 'pg_proc'::regclass AND objsubid = 0);
-    FOR g IN SELECT a.grantee, a.is_grantable FROM aclexplode(acl) a
-              WHERE a.privilege_type = 'EXECUTE' AND a.grantee <> owner LOOP
-        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s%s', new_signature,
-                       CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE g.grantee::regrole::text END,
-                       CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
-    END LOOP;
-    UPDATE pg_init_privs SET initprivs = initial
-     WHERE objoid = new_signature::regprocedure
-       AND classoid = 'pg_proc'::regclass AND objsubid = 0;
+    PERFORM once_internal.grant_again(acl, owner, 'pg_proc', new_signature);
 END
 $replace$;
 
@@ -337,7 +414,24 @@ SET plan_cache_mode = force_generic_plan
 AS 'MODULE_PATHNAME', 'complete_keys_0_2_wrapper'
 $create$);
 
+-- create_queue gains namespace.
+SELECT once_internal.replace_function(
+    'once.create_queue(text, integer, interval, interval)',
+    'once.create_queue(text, integer, interval, interval, text)',
+    $create$
+CREATE FUNCTION once.create_queue(
+    name         text,
+    max_attempts integer DEFAULT 5,
+    backoff      interval DEFAULT '1 second',
+    max_backoff  interval DEFAULT '1 hour',
+    namespace    text DEFAULT NULL)
+RETURNS void
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'create_queue_0_2_wrapper'
+$create$);
+
 DROP FUNCTION once_internal.replace_function(regprocedure, text, text);
+DROP FUNCTION once_internal.grant_again(aclitem[], oid, regclass, text);
 
 -- The C functions no longer pin search_path in their declarations: they pin it around
 -- each SQL statement they run (src/storage/statements.rs), so a call that runs none, a
@@ -347,8 +441,11 @@ DECLARE
     f regprocedure;
 BEGIN
     FOR f IN SELECT p.oid FROM pg_catalog.pg_proc p
-              WHERE p.pronamespace IN ('once'::regnamespace, 'once_internal'::regnamespace)
-                AND p.prolang = (SELECT oid FROM pg_catalog.pg_language WHERE lanname = 'c')
+              WHERE p.pronamespace OPERATOR(pg_catalog.=)
+                        ANY (ARRAY['once'::pg_catalog.regnamespace::pg_catalog.oid,
+                                   'once_internal'::pg_catalog.regnamespace::pg_catalog.oid])
+                AND p.prolang OPERATOR(pg_catalog.=) (SELECT l.oid FROM pg_catalog.pg_language l
+                                                       WHERE l.lanname OPERATOR(pg_catalog.=) 'c')
                 AND p.proconfig IS NOT NULL LOOP
         EXECUTE pg_catalog.format('ALTER FUNCTION %s RESET search_path', f);
     END LOOP;
@@ -511,7 +608,11 @@ BEGIN
     IF failed_with IN ('42501', '57014') THEN
         PERFORM once.release_key(bound, answer.token);
     ELSE
-        PERFORM once.fail_key(bound, answer.token, failed_message, retry_after);
+        -- Cut to what fail_key takes (once.max_error_size, 16 kB by default; 4,000
+        -- characters are at most 16,000 bytes): the claim is committed, and a refused
+        -- fail_key would leave it running until its lease.
+        PERFORM once.fail_key(bound, answer.token, pg_catalog.left(failed_message, 4000),
+                              retry_after);
     END IF;
     COMMIT;
     RAISE EXCEPTION USING ERRCODE = failed_with, MESSAGE = failed_message;
@@ -524,10 +625,11 @@ committed before query runs, so that a failing query is recorded (fail_key) and 
 with the other callers of the same role and query until retry_after, and the others are
 woken when it ends.$$;
 
--- Privileges of the new objects, as a fresh install sets them (end of functions.sql).
+-- Privileges of the new objects, as a fresh install sets them (end of functions.sql). Those
+-- granted again (grant_again) are not named: a REVOKE would record their grants as the
+-- extension's own.
 REVOKE ALL ON FUNCTION once_internal.library_version(), once.create_namespace(text, regrole, text, text),
-    once.drop_namespace(text), once_internal.key_namespace(text),
-    once.create_queue(text, integer, interval, interval, text), once_internal.runtime(),
+    once.drop_namespace(text), once_internal.key_namespace(text), once_internal.runtime(),
     once_internal.may_use_key(text), once_internal.caller_administers(),
     once_internal.namespaces_changed(),
     once_internal.next_token(), once.refresh_key(text, interval), once.cached_key(text, text),
@@ -535,7 +637,68 @@ REVOKE ALL ON FUNCTION once_internal.library_version(), once.create_namespace(te
     FROM PUBLIC;
 REVOKE ALL ON PROCEDURE once.cached(text, text, jsonb, interval, interval, double precision,
                                     double precision, interval, interval, interval) FROM PUBLIC;
-REVOKE ALL ON once_internal.namespace_owners, once.stats, once.namespaces FROM PUBLIC;
+REVOKE ALL ON once_internal.namespace_owners, once.namespaces FROM PUBLIC;
+REVOKE ALL ON SCHEMA once_internal FROM PUBLIC;
+-- (end of functions.sql)
+-- Nobody but the owner holds a privilege on what these scripts created, nor any privilege
+-- on what only pg_once uses (once_internal). Revoking from PUBLIC is not enough: the
+-- installing role's default privileges (ALTER DEFAULT PRIVILEGES ... GRANT SELECT, UPDATE
+-- ON TABLES TO x) apply to every object a script creates, and would give x once.entries
+-- itself. What existed before an upgrade keeps what administrators granted on it (listed
+-- in pg_once.kept_privileges, set at the script's start, along with the objects an
+-- upgrade recreated and granted again). The grants below are given after. Every install
+-- and upgrade script ends with this same block.
+DO $owner_only$
+DECLARE
+    o record;
+    role pg_catalog.text;
+BEGIN
+    -- Collected first: each REVOKE changes what the query reads.
+    FOR o IN
+        SELECT * FROM (
+        SELECT m.object,
+               pg_catalog.array_agg(DISTINCT CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                    ELSE a.grantee::pg_catalog.regrole::pg_catalog.text END) AS roles
+          FROM (SELECT 'pg_catalog.pg_proc'::pg_catalog.regclass, p.oid,
+                       COALESCE(p.proacl, pg_catalog.acldefault('f', p.proowner)), p.proowner,
+                       p.pronamespace, 'ROUTINE ' OPERATOR(pg_catalog.||) p.oid::pg_catalog.regprocedure::pg_catalog.text
+                  FROM pg_catalog.pg_proc p
+                UNION ALL
+                SELECT 'pg_catalog.pg_class'::pg_catalog.regclass, c.oid,
+                       COALESCE(c.relacl, pg_catalog.acldefault('r', c.relowner)), c.relowner,
+                       c.relnamespace,
+                       CASE WHEN c.relkind OPERATOR(pg_catalog.=) 'S' THEN 'SEQUENCE ' ELSE 'TABLE ' END
+                           OPERATOR(pg_catalog.||) c.oid::pg_catalog.regclass::pg_catalog.text
+                  FROM pg_catalog.pg_class c
+                 WHERE c.relkind OPERATOR(pg_catalog.=) ANY (ARRAY['r', 'v', 'm', 'S', 'p', 'f']::pg_catalog."char"[])
+                UNION ALL
+                SELECT 'pg_catalog.pg_namespace'::pg_catalog.regclass, n.oid,
+                       COALESCE(n.nspacl, pg_catalog.acldefault('n', n.nspowner)), n.nspowner,
+                       n.oid, 'SCHEMA ' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(n.nspname)
+                  FROM pg_catalog.pg_namespace n) AS m(catalog, id, acl, owner, namespace, object)
+          JOIN pg_catalog.pg_depend d
+            ON d.classid OPERATOR(pg_catalog.=) m.catalog AND d.objid OPERATOR(pg_catalog.=) m.id
+           AND d.deptype OPERATOR(pg_catalog.=) 'e'
+           AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+          JOIN pg_catalog.pg_extension e
+            ON e.oid OPERATOR(pg_catalog.=) d.refobjid AND e.extname OPERATOR(pg_catalog.=) 'pg_once'
+         CROSS JOIN LATERAL pg_catalog.aclexplode(m.acl) a
+         WHERE a.grantee OPERATOR(pg_catalog.<>) m.owner
+           AND (m.namespace OPERATOR(pg_catalog.=) 'once_internal'::pg_catalog.regnamespace::pg_catalog.oid
+                OR NOT (m.catalog::pg_catalog.oid::pg_catalog.text OPERATOR(pg_catalog.||) ':'
+                        OPERATOR(pg_catalog.||) m.id::pg_catalog.text)
+                       OPERATOR(pg_catalog.=) ANY (pg_catalog.string_to_array(
+                           pg_catalog.current_setting('pg_once.kept_privileges', true), ',')))
+         GROUP BY 1
+        OFFSET 0) AS found
+    LOOP
+        FOREACH role IN ARRAY o.roles LOOP
+            EXECUTE pg_catalog.format('REVOKE ALL ON %s FROM %s CASCADE', o.object, role);
+        END LOOP;
+    END LOOP;
+END
+$owner_only$;
+GRANT EXECUTE ON FUNCTION once.key_hash(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION once_internal.may_use_key(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION once_internal.runtime() TO PUBLIC;
 GRANT EXECUTE ON FUNCTION once_internal.caller_administers() TO PUBLIC;

@@ -10,6 +10,55 @@
 -- Nothing here is granted to PUBLIC: applications call the SECURITY DEFINER functions in
 -- functions.sql, which are the only writers of once.entries (see README, "Granting access").
 
+-- Before anything else: the schema "once" must be trustworthy. CREATE EXTENSION adopts an
+-- existing schema of that name, and this script runs with search_path = once: whoever owns
+-- it, or may create objects in it, could plant operators or functions that match what the
+-- script names better than pg_catalog's, and so run code as the installing superuser. So
+-- the schema must belong to the installing role (CREATE EXTENSION creates it so) or to a
+-- superuser, and no other role may create objects in it. This block names nothing that
+-- such a role could plant; every operator in the scripts is pg_catalog's too
+-- (scripts/check-sql.py). The upgrade scripts begin with the same block.
+DO $trust$
+DECLARE
+    schema_owner pg_catalog.oid := (SELECT n.nspowner FROM pg_catalog.pg_namespace n
+                                     WHERE n.nspname OPERATOR(pg_catalog.=) 'once');
+    creator pg_catalog.text := (SELECT pg_catalog.string_agg(CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                                                       ELSE a.grantee::pg_catalog.regrole::pg_catalog.text END, ', ')
+                                  FROM pg_catalog.pg_namespace n,
+                                       pg_catalog.aclexplode(n.nspacl) a
+                                 WHERE n.nspname OPERATOR(pg_catalog.=) 'once'
+                                   AND a.privilege_type OPERATOR(pg_catalog.=) 'CREATE'
+                                   AND a.grantee OPERATOR(pg_catalog.<>) n.nspowner);
+BEGIN
+    IF schema_owner OPERATOR(pg_catalog.<>) (SELECT r.oid FROM pg_catalog.pg_roles r
+                                               WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER)
+       AND NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r
+                 WHERE r.oid OPERATOR(pg_catalog.=) schema_owner) THEN
+        RAISE EXCEPTION 'schema once belongs to role %, which is neither the role installing pg_once nor a superuser',
+                        schema_owner::pg_catalog.regrole
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = 'Its owner could have put objects in it that the install would run as this role.',
+                  HINT = 'Drop or rename schema once first; or, if you trust its owner and everything in it, ALTER SCHEMA once OWNER TO ' OPERATOR(pg_catalog.||) CURRENT_USER OPERATOR(pg_catalog.||) '.';
+    END IF;
+    IF creator IS NOT NULL THEN
+        RAISE EXCEPTION 'roles other than the owner of schema once may create objects in it: %', creator
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = 'They could have put objects in it that the install would run as this role.',
+                  HINT = 'REVOKE CREATE ON SCHEMA once FROM those roles, after checking what they created in it.';
+    END IF;
+END
+$trust$;
+
+-- What exists before this script runs (nothing, on install): the $owner_only$ block at its
+-- end closes everything else to every role but the owner.
+SELECT pg_catalog.set_config('pg_once.kept_privileges', COALESCE(pg_catalog.string_agg(
+           d.classid::pg_catalog.oid::pg_catalog.text OPERATOR(pg_catalog.||) ':'
+           OPERATOR(pg_catalog.||) d.objid::pg_catalog.text, ','), ''), true)
+  FROM pg_catalog.pg_depend d
+  JOIN pg_catalog.pg_extension e ON e.oid OPERATOR(pg_catalog.=) d.refobjid
+ WHERE d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+   AND d.deptype OPERATOR(pg_catalog.=) 'e' AND e.extname OPERATOR(pg_catalog.=) 'pg_once';
+
 COMMENT ON SCHEMA once IS
     'pg_once: claim_key and the other functions, the once.stats, once.queue_stats, once.dead_letters and once.namespaces views, and the tables they read. Grant USAGE on it (and EXECUTE on its functions) to the roles that use pg_once.';
 
@@ -25,14 +74,14 @@ COMMENT ON SCHEMA once_internal IS
 -- installed version again (storage/installed.rs).
 DO $guard$
 DECLARE
-    target text := (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'pg_once');
+    target text := (SELECT extversion FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'pg_once');
     loaded text;
 BEGIN
     CREATE OR REPLACE FUNCTION once_internal.library_version() RETURNS text
         LANGUAGE c VOLATILE PARALLEL SAFE
         AS 'MODULE_PATHNAME', 'library_version_wrapper';
     loaded := once_internal.library_version();
-    IF pg_catalog.string_to_array(loaded, '.')::int[] < pg_catalog.string_to_array(target, '.')::int[] THEN
+    IF pg_catalog.string_to_array(loaded, '.')::int[] OPERATOR(pg_catalog.<) pg_catalog.string_to_array(target, '.')::int[] THEN
         RAISE EXCEPTION 'pg_once % cannot be installed with the pg_once % library this session runs', target, loaded
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'Start a new session; where pg_once is in shared_preload_libraries, restart the server first.';
@@ -110,7 +159,7 @@ COMMENT ON COLUMN once.claim.expires_at IS
 DO $$
 DECLARE
     floor bigint := (pg_catalog.pg_current_wal_insert_lsn() OPERATOR(pg_catalog.-)
-                     '0/0'::pg_catalog.pg_lsn)::bigint + 1;
+                     '0/0'::pg_catalog.pg_lsn)::bigint OPERATOR(pg_catalog.+) 1;
 BEGIN
     EXECUTE pg_catalog.format(
         'CREATE SEQUENCE once_internal.token_seq AS bigint START WITH %s CACHE 1', floor);
@@ -333,7 +382,7 @@ COMMENT ON COLUMN once.entries.enqueued_at IS
 -- only running keys. Keyed by key_hash so that a lookup of one running key may use it as
 -- well as the primary key; keyed by anything else, the planner (trusting statistics that
 -- say few keys run) could pick a scan of every running key to find one.
-CREATE INDEX entries_running_idx ON once.entries (key_hash) WHERE state = 'running';
+CREATE INDEX entries_running_idx ON once.entries (key_hash) WHERE state OPERATOR(pg_catalog.=) 'running';
 
 -- Results with a time to live, for purging once they expire.
 CREATE INDEX entries_expires_idx ON once.entries (expires_at) WHERE expires_at IS NOT NULL;
@@ -341,7 +390,7 @@ CREATE INDEX entries_expires_idx ON once.entries (expires_at) WHERE expires_at I
 -- claim_next's order within a queue: fewest errors, then priority, then due time. Holds
 -- only queued keys, so workers never scan running, done or failed ones.
 CREATE INDEX entries_queue_idx ON once.entries (queue, errors, priority, run_at)
-    WHERE state = 'queued';
+    WHERE state OPERATOR(pg_catalog.=) 'queued';
 
 -- Every attempt at a queued key, once it ends: append-only, trimmed by reap_stale after
 -- once.history_retention.
@@ -400,13 +449,13 @@ COMMENT ON FUNCTION once_internal.notify_key_resolved() IS
 CREATE TRIGGER entries_notify_resolved
     AFTER UPDATE ON once.entries
     FOR EACH ROW
-    WHEN (OLD.state = 'running' AND NEW.state <> 'running')
+    WHEN (OLD.state OPERATOR(pg_catalog.=) 'running' AND NEW.state OPERATOR(pg_catalog.<>) 'running')
     EXECUTE FUNCTION once_internal.notify_key_resolved();
 
 CREATE TRIGGER entries_notify_deleted
     AFTER DELETE ON once.entries
     FOR EACH ROW
-    WHEN (OLD.state = 'running')
+    WHEN (OLD.state OPERATOR(pg_catalog.=) 'running')
     EXECUTE FUNCTION once_internal.notify_key_resolved();
 
 -- Wake the workers waiting in claim_next(wait => ...) for a queue when a running key goes
@@ -421,7 +470,7 @@ COMMENT ON FUNCTION once_internal.wake_queue() IS
 CREATE TRIGGER entries_wake_queue
     AFTER UPDATE ON once.entries
     FOR EACH ROW
-    WHEN (OLD.state = 'running' AND NEW.state = 'queued')
+    WHEN (OLD.state OPERATOR(pg_catalog.=) 'running' AND NEW.state OPERATOR(pg_catalog.=) 'queued')
     EXECUTE FUNCTION once_internal.wake_queue();
 
 -- Record how each attempt at a queued key ended: as the statement that ended it says in
@@ -446,13 +495,13 @@ COMMENT ON FUNCTION once_internal.record_attempt() IS
 CREATE TRIGGER entries_record_attempt
     AFTER UPDATE ON once.entries
     FOR EACH ROW
-    WHEN (OLD.state = 'running' AND OLD.queue IS NOT NULL
-          AND (NEW.state <> 'running' OR NEW.token <> OLD.token)
-          AND NEW.last_outcome IS DISTINCT FROM 'completed')
+    WHEN (OLD.state OPERATOR(pg_catalog.=) 'running' AND OLD.queue IS NOT NULL
+          AND (NEW.state OPERATOR(pg_catalog.<>) 'running' OR NEW.token OPERATOR(pg_catalog.<>) OLD.token)
+          AND (NEW.last_outcome IS NULL OR NEW.last_outcome OPERATOR(pg_catalog.<>) 'completed'))
     EXECUTE FUNCTION once_internal.record_attempt();
 
 CREATE TRIGGER entries_record_cancelled_attempt
     AFTER DELETE ON once.entries
     FOR EACH ROW
-    WHEN (OLD.state = 'running' AND OLD.queue IS NOT NULL)
+    WHEN (OLD.state OPERATOR(pg_catalog.=) 'running' AND OLD.queue IS NOT NULL)
     EXECUTE FUNCTION once_internal.record_attempt();

@@ -38,3 +38,19 @@ GRANT EXECUTE ON FUNCTION once.claim_key(text, interval, interval, integer),
                           once.complete_keys(text[], bigint[], jsonb[], interval),
                           once.fail_key(text, bigint, text, interval)
     TO up_app;
+
+-- The update drops and creates once.stats (its columns change) and create_queue (a new
+-- signature): what was granted on them is granted again (grants.sql). It moves what only
+-- pg_once calls into once_internal, where nothing is granted to anyone: these grants go
+-- (a fresh install has none).
+GRANT SELECT ON once.stats TO up_app;
+GRANT EXECUTE ON FUNCTION once.create_queue(text, integer, interval, interval) TO up_app;
+GRANT EXECUTE ON FUNCTION once.backend_alive(integer, timestamptz), once.row_taken(tid) TO up_app;
+GRANT USAGE, SELECT ON SEQUENCE once.token_seq TO up_app;
+-- The upgrading role's default privileges give nothing the update creates to anyone
+-- (grants.sql sets the same ones after a fresh install, so that both dumps list them).
+CREATE ROLE up_intruder;
+ALTER DEFAULT PRIVILEGES GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO up_intruder;
+ALTER DEFAULT PRIVILEGES GRANT USAGE, SELECT, UPDATE ON SEQUENCES TO up_intruder;
+ALTER DEFAULT PRIVILEGES GRANT EXECUTE ON ROUTINES TO up_intruder;
+ALTER DEFAULT PRIVILEGES GRANT USAGE ON SCHEMAS TO up_intruder;

@@ -6,3 +6,12 @@ GRANT EXECUTE ON FUNCTION once.claim_key(text, interval, interval, integer, bool
                           once.complete_keys(text[], bigint[], jsonb[], interval, interval, float8, float8),
                           once.fail_key(text, bigint, text, interval)
     TO up_app;
+-- Carried over by the update, which drops and creates both.
+GRANT SELECT ON once.stats TO up_app;
+GRANT EXECUTE ON FUNCTION once.create_queue(text, integer, interval, interval, text) TO up_app;
+-- Set before the update in the upgraded database (fill.sql), where they must have given
+-- nothing; here, after the install, so that both dumps list them.
+ALTER DEFAULT PRIVILEGES GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO up_intruder;
+ALTER DEFAULT PRIVILEGES GRANT USAGE, SELECT, UPDATE ON SEQUENCES TO up_intruder;
+ALTER DEFAULT PRIVILEGES GRANT EXECUTE ON ROUTINES TO up_intruder;
+ALTER DEFAULT PRIVILEGES GRANT USAGE ON SCHEMAS TO up_intruder;

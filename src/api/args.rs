@@ -7,7 +7,10 @@
 use crate::errors;
 use crate::protocol::freshness::Policy;
 use crate::protocol::namespace::{Existing, Payload};
+use crate::runtime::guc;
+use crate::storage::jsonb::Jsonb;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
+use pgrx::GucSetting;
 
 /// Longest key, in bytes. A key is also the NOTIFY payload, which must stay under 8,000
 /// bytes; 7,500 leaves room.
@@ -177,13 +180,46 @@ pub fn stale(stale: Option<Interval>) -> Option<Interval> {
 
 /// A result no larger than once.max_result_size; `size` in bytes.
 pub fn result_size(size: usize, what: &str) {
-    let limit_kb = crate::runtime::guc::MAX_RESULT_SIZE_KB.get() as usize;
+    within_limit(
+        size,
+        what,
+        "once.max_result_size",
+        &guc::MAX_RESULT_SIZE_KB,
+        "Store a smaller result (a reference to where a large one is kept, e.g. an object's URL), or ask an administrator to raise once.max_result_size.",
+    );
+}
+
+/// A payload no larger than once.max_payload_size.
+pub fn payload_size(payload: Option<Jsonb>) {
+    if let Some(payload) = payload {
+        within_limit(
+            payload.size(),
+            "payload",
+            "once.max_payload_size",
+            &guc::MAX_PAYLOAD_SIZE_KB,
+            "Pass a smaller payload (a reference to where large input is kept, e.g. an object's URL), or ask an administrator to raise once.max_payload_size.",
+        );
+    }
+}
+
+/// An error no longer than once.max_error_size.
+pub fn error_size(error: &str) {
+    within_limit(
+        error.len(),
+        "error",
+        "once.max_error_size",
+        &guc::MAX_ERROR_SIZE_KB,
+        "Record the error's first lines and keep the whole of it in your logs, or ask an administrator to raise once.max_error_size.",
+    );
+}
+
+/// The one rule of the once.max_*_size settings: `size` bytes at most `setting` kB.
+fn within_limit(size: usize, what: &str, name: &str, setting: &GucSetting<i32>, hint: &str) {
+    let limit_kb = setting.get() as usize;
     if size > limit_kb * 1024 {
         errors::limit_exceeded(
-            format!(
-                "{what} is {size} bytes, more than once.max_result_size ({limit_kb} kB)"
-            ),
-            "Store a smaller result (a reference to where a large one is kept, e.g. an object's URL), or ask an administrator to raise once.max_result_size.",
+            format!("{what} is {size} bytes, more than {name} ({limit_kb} kB)"),
+            hint,
         );
     }
 }

@@ -99,6 +99,7 @@ fn fail_key(
             "error",
             "Describe what went wrong, e.g. the upstream error message.",
         );
+        args::error_size(&error);
         let retry_after = args::retry_after(retry_after);
         claim::fail(&key, token, error, retry_after)
     })

@@ -54,6 +54,7 @@ fn enqueue_key(
 ) -> &'static str {
     body(|| {
         let key = usable_key(key, "enqueue_key");
+        args::payload_size(payload);
         let queue = queue::require(args::queue(queue), "enqueue_key");
         let job = queue::Job {
             key: &key,

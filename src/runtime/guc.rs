@@ -39,6 +39,13 @@ pub static RELAY_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(50);
 /// Largest result complete_key stores, in kB (a result is sent whole with every hit).
 pub static MAX_RESULT_SIZE_KB: GucSetting<i32> = GucSetting::<i32>::new(16 * 1024);
 
+/// Largest payload enqueue_key stores, in kB (claim_next hands it to a worker whole).
+pub static MAX_PAYLOAD_SIZE_KB: GucSetting<i32> = GucSetting::<i32>::new(1024);
+
+/// Longest error fail_key stores, in kB (every caller answered `failed` is sent it, and
+/// every attempt at a queued key keeps its own copy in once.attempts).
+pub static MAX_ERROR_SIZE_KB: GucSetting<i32> = GucSetting::<i32>::new(16);
+
 /// Milliseconds between two reap_stale runs of a pg_once worker.
 pub static REAPER_NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 
@@ -56,12 +63,16 @@ pub fn register(preloading: bool) {
         GucContext::Userset,
         GucFlags::default(),
     );
+    // Any role may tune its own waits, but not into a busy loop: each look is an index
+    // read that a waiting call makes for as long as its wait lasts, so 10 ms (at most
+    // 100 looks a second per waiting call) is the floor. A superuser-only setting would
+    // keep the loop away from roles too, but also per-role tuning, which is the point.
     GucRegistry::define_int_guc(
         c"once.poll_interval",
         c"How often a waiting claim_key looks at its key again when it cannot be woken.",
-        c"Used when pg_once is not in shared_preload_libraries.",
+        c"Used when pg_once is not in shared_preload_libraries. At least 10 ms.",
         &POLL_INTERVAL_MS,
-        1,
+        10,
         60_000,
         GucContext::Userset,
         GucFlags::UNIT_MS,
@@ -94,6 +105,28 @@ pub fn register(preloading: bool) {
         &MAX_RESULT_SIZE_KB,
         1,
         256 * 1024,
+        GucContext::Suset,
+        GucFlags::UNIT_KB,
+    );
+    GucRegistry::define_int_guc(
+        c"once.max_payload_size",
+        c"Largest payload enqueue_key stores.",
+        c"A larger payload is refused with 54000 before anything is written. claim_next \
+          hands the whole payload to a worker; jsonb cannot hold much more than 256MB.",
+        &MAX_PAYLOAD_SIZE_KB,
+        1,
+        256 * 1024,
+        GucContext::Suset,
+        GucFlags::UNIT_KB,
+    );
+    GucRegistry::define_int_guc(
+        c"once.max_error_size",
+        c"Longest error fail_key stores.",
+        c"A longer error is refused with 54000 before anything is written. Every caller \
+          answered failed is sent it, and once.attempts keeps it for each queued attempt.",
+        &MAX_ERROR_SIZE_KB,
+        1,
+        1024,
         GucContext::Suset,
         GucFlags::UNIT_KB,
     );

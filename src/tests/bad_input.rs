@@ -3,7 +3,7 @@
 
 #[pgrx::pg_schema]
 mod tests {
-    use crate::tests::{assert_error, error_of, one, outcome_and_token, snapshot, text};
+    use crate::tests::{assert_error, hint_of, one, outcome_and_token, snapshot, text};
     use pgrx::prelude::*;
 
     #[pg_test]
@@ -194,18 +194,53 @@ mod tests {
     }
 
     #[pg_test]
+    fn payloads_and_errors_past_their_limits_are_refused() {
+        let (_, token) = outcome_and_token("k");
+        Spi::run("SET LOCAL once.max_payload_size = '1kB'").unwrap();
+        Spi::run("SET LOCAL once.max_error_size = '1kB'").unwrap();
+        let before = snapshot();
+        assert_error(
+            "SELECT once.enqueue_key('job', jsonb_build_object('blob', repeat('x', 2000)))",
+            "54000",
+            "more than once.max_payload_size (1 kB)",
+        );
+        assert_error(
+            &format!("SELECT once.fail_key('k', {token}, repeat('é', 513))"),
+            "54000",
+            "error is 1026 bytes, more than once.max_error_size (1 kB)",
+        );
+        assert_eq!(snapshot(), before, "a refused call writes nothing");
+        // The hint says what to do instead.
+        let hint = hint_of("SELECT once.enqueue_key('job', to_jsonb(repeat('x', 2000)))").unwrap();
+        assert!(hint.contains("raise once.max_payload_size"), "{hint}");
+        // Up to the limit is fine.
+        assert_eq!(
+            text("SELECT once.enqueue_key('job', to_jsonb(repeat('x', 100)))"),
+            "queued"
+        );
+        assert_eq!(
+            one::<bool>(&format!(
+                "SELECT once.fail_key('k', {token}, repeat('e', 1024))"
+            )),
+            Some(true)
+        );
+    }
+
+    #[pg_test]
+    fn poll_interval_has_a_floor() {
+        // Any role may set it, but not into a busy loop (src/runtime/guc.rs).
+        assert_error(
+            "SET LOCAL once.poll_interval = '1ms'",
+            "22023",
+            "outside the valid range for parameter \"once.poll_interval\" (10 .. 60000)",
+        );
+        Spi::run("SET LOCAL once.poll_interval = '10ms'").unwrap();
+    }
+
+    #[pg_test]
     fn errors_carry_a_hint() {
-        // Re-raise the hint as the message, so error_of can show it.
-        let error = error_of(
-            "DO $$ DECLARE h text;
-             BEGIN PERFORM once.claim_key('x', lease => '0');
-             EXCEPTION WHEN invalid_parameter_value THEN
-               GET STACKED DIAGNOSTICS h = PG_EXCEPTION_HINT;
-               RAISE EXCEPTION USING MESSAGE = h;
-             END $$",
-        )
-        .unwrap();
-        assert!(error.contains("heartbeat_key"), "{error}");
+        let hint = hint_of("SELECT once.claim_key('x', lease => '0')").unwrap();
+        assert!(hint.contains("heartbeat_key"), "{hint}");
     }
 
     #[pg_test]
@@ -483,16 +518,7 @@ mod tests {
             text("SELECT string_agg(name, ',' ORDER BY name) FROM once.queues"),
             queues
         );
-        // Re-raise the hint as the message, so error_of can show it.
-        let hint = error_of(
-            "DO $$ DECLARE h text;
-             BEGIN PERFORM once.drop_queue('default');
-             EXCEPTION WHEN object_in_use THEN
-               GET STACKED DIAGNOSTICS h = PG_EXCEPTION_HINT;
-               RAISE EXCEPTION USING MESSAGE = h;
-             END $$",
-        )
-        .unwrap();
+        let hint = hint_of("SELECT once.drop_queue('default')").unwrap();
         assert!(
             hint.contains("invalidate_keys(queue => 'default')"),
             "{hint}"

@@ -44,6 +44,22 @@ fn error_of(sql: &str) -> Option<String> {
     Spi::get_one_with_args::<String>("SELECT pg_temp.error_of($1)", &[sql.into()]).unwrap()
 }
 
+/// The hint of the error `sql` raises; None if it succeeds (or its error has no hint).
+fn hint_of(sql: &str) -> Option<String> {
+    Spi::run(
+        "CREATE OR REPLACE FUNCTION pg_temp.hint_of(sql text) RETURNS text
+         LANGUAGE plpgsql AS $$
+         DECLARE hint text;
+         BEGIN EXECUTE sql; RETURN NULL;
+         EXCEPTION WHEN OTHERS THEN
+             GET STACKED DIAGNOSTICS hint = PG_EXCEPTION_HINT;
+             RETURN nullif(hint, '');
+         END $$",
+    )
+    .unwrap();
+    Spi::get_one_with_args::<String>("SELECT pg_temp.hint_of($1)", &[sql.into()]).unwrap()
+}
+
 fn assert_error(sql: &str, sqlstate: &str, message_part: &str) {
     let error = error_of(sql).unwrap_or_else(|| panic!("{sql} succeeded; expected {sqlstate}"));
     assert!(

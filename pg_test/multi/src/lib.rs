@@ -11,7 +11,11 @@ pub use pg_once_tools as once;
 
 /// A connection to the test server, with pg_once created if it is not yet.
 pub async fn admin() -> Result<Client> {
+    // One test at a time: two concurrent CREATE EXTENSION IF NOT EXISTS both find it
+    // missing, and one fails on the catalog's unique index.
+    static CREATING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     let client = once::connect(&once::dsn_from_env()?).await?;
+    let _creating = CREATING.lock().await;
     client
         .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_once")
         .await?;

@@ -114,8 +114,8 @@ RESET search_path;
 SELECT count(*) AS keys, count(*) FILTER (WHERE state = 'failed') AS failed FROM once.entries;
 
 -- The once. prefix is reserved: a misspelt setting is refused, not kept as a placeholder.
-SET once.poll_interval = '5ms';
-SET once.poll_intervall = '5ms';
+SET once.poll_interval = '10ms';
+SET once.poll_intervall = '10ms';
 RESET once.poll_interval;
 
 -- Waiting cannot work under a snapshot that never sees other sessions' commits.

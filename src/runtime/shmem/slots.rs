@@ -72,10 +72,20 @@ impl Shared {
 
     /// Set the latch of every backend waiting for one of `tags`.
     pub fn wake(&self, tags: &[u64]) -> usize {
+        self.wake_where(|tag| tags.contains(&tag))
+    }
+
+    /// Set the latch of every waiting backend: each looks at its key again (a transaction
+    /// resolved too many keys to list them: runtime::notify).
+    pub fn wake_all(&self) -> usize {
+        self.wake_where(|_| true)
+    }
+
+    fn wake_where(&self, wanted: impl Fn(u64) -> bool) -> usize {
         let mut woken = 0;
         for slot in self.slots() {
             let waiting_for = slot.waiting_for.load(SeqCst);
-            if waiting_for != 0 && tags.contains(&waiting_for) {
+            if waiting_for != 0 && wanted(waiting_for) {
                 // SAFETY: SetLatch on another process's latch is what latches are for.
                 unsafe { pg_sys::SetLatch(latch_of(slot.proc_number.load(SeqCst))) };
                 woken += 1;
