@@ -10,13 +10,17 @@
 //   pooled connection being recycled and end within about a second if the process dies.
 import pg from 'pg';
 import { Listener } from './listener.js';
-import { OnceFailed, OnceTimeout, OnceError } from './errors.js';
 import {
-  describeError, freshness, isConnectionError, jitter, seconds, sleep, toJson,
+  ClaimLost, OnceError, OnceFailed, OnceTimeout, ResultRefused,
+} from './errors.js';
+import { checkKey, defaultKey } from './keys.js';
+import { serializer, toText } from './values.js';
+import {
+  bounded, describeError, freshness, isConnectionError, jitter, seconds, sleep,
 } from './util.js';
 import { Worker } from './worker.js';
 import {
-  COMPLETE_FRESHNESS_SQL, COMPLETE_SQL, FAIL_SQL, Heartbeat, RELEASE_SQL,
+  COMPLETE_FRESHNESS_SQL, COMPLETE_SQL, ENQUEUE_SQL, FAIL_SQL, Heartbeat, INVALIDATE_SQL, REFRESH_SQL, RELEASE_SQL,
 } from './protocol.js';
 
 // What the connected server supports. Servers from before owner_session() (and the
@@ -40,10 +44,15 @@ SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = 'once') AS installed,
 // to recompute, with the previous result to answer meanwhile) and 'stale' (the previous
 // result, at once). Without them it sends exactly what pre-0.2 clients send.
 const claimSql = (withOwner, serveStale) => `
-SELECT outcome, token, result, error, lease_expires_at, retry_at
+SELECT outcome, token, result::text AS result, error, lease_expires_at, retry_at
   FROM once.claim_key($1, lease => make_interval(secs => $2), wait => '0'${withOwner ? ', owner_pid => $3' : ''}${serveStale ? ', serve_stale => true' : ''})`;
-/** Marks "nothing computed yet" (null and undefined are results). */
-const NOTHING = Symbol('nothing');
+/**
+ * What a follower in this process gets when the call it shares ended for a reason of its
+ * own caller (its wait ran out, its signal aborted): the follower asks again itself.
+ */
+const LEADER_GAVE_UP = Symbol('the leading call gave up');
+/** Marks the OnceTimeout a call raised for its own wait. */
+const OWN_DEADLINE = Symbol('own deadline');
 
 const defaultOnError = (err) => console.warn(`pg-once: ${err?.message ?? err}`);
 
@@ -73,13 +82,13 @@ export class OnceClient {
   constructor({
     pool, connectionString, listenConnectionString, listen = true,
     lease = 30, wait = 30, ttl = null, retryAfter = 5, recheck = 1, stale = null, beta = null, jitter = null,
-    connectTimeout = 10, onError = defaultOnError,
+    serialize, deserialize, connectTimeout = 10, onError = defaultOnError,
   } = {}) {
     if (!pool) throw new TypeError('pg-once: new OnceClient({ pool }) needs a pg.Pool (or use OnceClient.connect(url))');
     this.#pool = pool;
     this.#onError = onError;
     this.#defaults = this.#options({
-      lease, wait, ttl, retryAfter, recheck, stale, beta, jitter,
+      lease, wait, ttl, retryAfter, recheck, stale, beta, jitter, serialize, deserialize,
     }, {});
     if (listen) {
       const config = listenConnectionString ? { connectionString: listenConnectionString }
@@ -134,45 +143,93 @@ export class OnceClient {
   }
 
   /**
-   * The cached result of `key`, or compute it with `compute()` if nobody has, exactly
-   * once across every process. Calls for one key in this process while one is running
-   * share its outcome (and its options).
+   * The cached result of `key`, or compute it with `compute({ signal })` if nobody has,
+   * exactly once across every process. Calls for one key in this process while one is
+   * running share its outcome, each within its own `wait` and `signal`.
    */
   getOrCompute(key, compute, options = {}) {
-    if (typeof key !== 'string' || key === '') {
-      return Promise.reject(new TypeError('pg-once: key must be a non-empty string'));
-    }
-    if (typeof compute !== 'function') {
-      return Promise.reject(new TypeError('pg-once: compute must be a function'));
-    }
-    if (this.#closed) return Promise.reject(new OnceError('pg-once: the client has been ended'));
-    const running = this.#inflight.get(key);
-    if (running) return running;
     let opts;
     try {
+      checkKey(key);
+      if (typeof compute !== 'function') throw new TypeError('pg-once: compute must be a function');
+      if (this.#closed) throw new OnceError('pg-once: the client has been ended');
       opts = this.#options(options, this.#defaults);
     } catch (err) {
       return Promise.reject(err);
     }
-    const call = this.#getOrCompute(key, compute, opts).finally(() => this.#inflight.delete(key));
-    this.#inflight.set(key, call);
-    return call;
+    return this.#call(key, compute, opts);
   }
 
   /**
-   * `fn` wrapped so that its result is cached: `key` is a function of fn's arguments
-   * returning the key, or a prefix (default fn.name) followed by the arguments as JSON.
+   * `fn` wrapped so that its result is cached. The key of a call is `key(...args)` if
+   * given, else derived from `name` and the arguments (docs/clients.md, rule K; `name`
+   * is required because a minifier renames functions). The wrapper has
+   * `.invalidate(...args)` and `.refresh(...args)` for the key of those arguments.
    */
-  cached(fn, { key, ...options } = {}) {
+  cached(fn, { name, key, ...options } = {}) {
     if (typeof fn !== 'function') throw new TypeError('pg-once: cached(fn) needs a function');
-    let keyOf = key;
-    if (typeof key !== 'function') {
-      const prefix = key ?? fn.name;
-      if (!prefix) throw new TypeError('pg-once: cached() of an anonymous function needs a key option');
-      keyOf = (...args) => `${prefix}:${JSON.stringify(args)}`;
+    let keyOf;
+    if (key !== undefined) {
+      if (typeof key !== 'function') throw new TypeError('pg-once: cached(fn, { key }) takes a function of the arguments returning the key (for a fixed prefix, pass name)');
+      keyOf = (...args) => checkKey(key(...args));
+    } else {
+      if (typeof name !== 'string' || name === '') {
+        throw new TypeError('pg-once: cached(fn) needs a name (the prefix of its keys: fn.name is not stable under minifiers) or a key function');
+      }
+      keyOf = (...args) => defaultKey(name, args);
     }
     this.#options(options, this.#defaults); // refuse bad options now, not at the first call
-    return (...args) => this.getOrCompute(keyOf(...args), () => fn(...args), options);
+    // Each takes fn's arguments; a key that cannot be derived rejects, like any call.
+    const withKey = (f) => (...args) => {
+      try {
+        return f(keyOf(...args), args);
+      } catch (err) {
+        return Promise.reject(err);
+      }
+    };
+    const wrapper = withKey((k, args) => this.getOrCompute(k, () => fn(...args), options));
+    wrapper.invalidate = withKey((k) => this.invalidate(k));
+    wrapper.refresh = withKey((k) => this.refresh(k, { stale: options.stale ?? this.#defaults.stale }));
+    return wrapper;
+  }
+
+  /** Forget `key`'s result or failure (once.invalidate_key): false if it was absent. */
+  async invalidate(key) {
+    checkKey(key);
+    const { rows: [{ invalidated }] } = await this.#query(INVALIDATE_SQL, [key]);
+    return invalidated;
+  }
+
+  /**
+   * Have `key` computed again without a second computation beside a running one
+   * (once.refresh_key), its result served as stale for `stale` seconds meanwhile:
+   * 'expired', 'rerun', 'pending' or 'absent'.
+   */
+  async refresh(key, { stale = null } = {}) {
+    checkKey(key);
+    const { rows: [{ refreshed }] } = await this.#query(REFRESH_SQL, [key, seconds('stale', stale, { allowZero: true, allowNull: true })]);
+    return refreshed;
+  }
+
+  /**
+   * Ask for `key` to be computed by `queue`'s workers (once.enqueue_key): 'queued',
+   * 'requeued', 'duplicate' or 'cached'. `payload` is JSON, handed to the handler.
+   */
+  async enqueue(key, {
+    payload = null, queue = 'default', priority = 0, runAt = null, refresh = false, maxAttempts = null,
+  } = {}) {
+    checkKey(key);
+    const text = toText(key, payload, serializer());
+    if (!Number.isInteger(priority)) throw new TypeError(`pg-once: priority must be an integer, got ${priority}`);
+    if (maxAttempts !== null && !(Number.isInteger(maxAttempts) && maxAttempts > 0)) {
+      throw new TypeError(`pg-once: maxAttempts must be a positive integer, got ${maxAttempts}`);
+    }
+    if (runAt !== null && !(runAt instanceof Date && !Number.isNaN(runAt.getTime()))) {
+      throw new TypeError('pg-once: runAt must be a valid Date');
+    }
+    const { rows: [{ enqueued }] } = await this.#query(ENQUEUE_SQL,
+      [key, text, queue, priority, runAt?.toISOString() ?? null, Boolean(refresh), maxAttempts]);
+    return enqueued;
   }
 
   /**
@@ -183,8 +240,8 @@ export class OnceClient {
     if (this.#closed) throw new OnceError('pg-once: the client has been ended');
     // The client's lease and ttl are the worker's defaults; retryAfter is not: a queue's
     // own backoff decides when a failed job runs again.
-    const { lease, ttl } = this.#defaults;
-    const worker = new Worker(queue, handler, { lease, ttl, ...options }, {
+    const { lease, ttl, serializer: defaultSerializer } = this.#defaults;
+    const worker = new Worker(queue, handler, { lease, ttl, serializer: defaultSerializer, ...options }, {
       query: (sql, params) => this.#query(sql, params),
       owner: () => this.#owner(),
       verifyOwner: async () => {
@@ -224,7 +281,12 @@ export class OnceClient {
       retryAfter: seconds('retryAfter', pick('retryAfter'), { allowZero: true }),
       recheck: seconds('recheck', pick('recheck')),
       ...freshness(pick('stale'), pick('beta'), pick('jitter')),
+      serializer: o.serialize === undefined && o.deserialize === undefined ? d.serializer ?? serializer() : serializer(o),
+      signal: o.signal,
     };
+    if (opts.signal !== undefined && !(opts.signal instanceof AbortSignal)) {
+      throw new TypeError('pg-once: signal must be an AbortSignal');
+    }
     if (opts.freshness && opts.ttl === null) {
       throw new TypeError('pg-once: stale, beta and jitter need a ttl: they say what happens around the result\'s expiry, and without a ttl it never expires');
     }
@@ -289,8 +351,43 @@ export class OnceClient {
     }
   }
 
-  async #getOrCompute(key, compute, o) {
+  /**
+   * One caller's call: it leads (claims, computes or waits) when no call for `key` is
+   * running in this process, else it follows the running one, within its own wait and
+   * signal. A follower whose leader gave up for a reason of its own asks again.
+   */
+  async #call(key, compute, o) {
     const deadline = Date.now() + o.wait * 1000;
+    for (;;) {
+      const flight = this.#inflight.get(key);
+      if (!flight) return this.#lead(key, compute, o, deadline);
+      try {
+        return await bounded(flight, {
+          signal: o.signal,
+          ms: deadline - Date.now(),
+          onTimeout: () => new OnceTimeout(key, o.wait),
+        });
+      } catch (err) {
+        if (err !== LEADER_GAVE_UP) throw err;
+      }
+    }
+  }
+
+  #lead(key, compute, o, deadline) {
+    const call = this.#getOrCompute(key, compute, o, deadline);
+    const shared = call.catch((err) => {
+      throw (err?.[OWN_DEADLINE] || (o.signal?.aborted && err === o.signal.reason)) ? LEADER_GAVE_UP : err;
+    });
+    shared.catch(() => {}); // nobody may follow
+    this.#inflight.set(key, shared);
+    const forget = () => {
+      if (this.#inflight.get(key) === shared) this.#inflight.delete(key);
+    };
+    shared.then(forget, forget);
+    return call;
+  }
+
+  async #getOrCompute(key, compute, o, deadline) {
     const caps = await this.#loadCapabilities();
     if (o.freshness && !(caps.freshness && caps.claim_owner)) {
       throw new OnceError('pg-once: stale, beta and jitter need pg_once 0.2.0 or later on the server (ALTER EXTENSION pg_once UPDATE)');
@@ -298,35 +395,27 @@ export class OnceClient {
     // Interest first, claim second: a completion notified in between is not lost.
     const interest = this.#listener?.interest(key);
     let pollDelay = 50; // listen: false — 50 ms doubling to 1 s
-    let computed = NOTHING; // a result computed under a claim that was then lost
     try {
       for (;;) {
+        o.signal?.throwIfAborted();
         interest?.arm();
         const claim = await this.#claim(key, o.lease, o.serveStale);
         switch (claim.outcome) {
           case 'hit':
-            return claim.result;
-          case 'stale':
-            // Someone refreshes it (or its last refresh failed): the previous result, never a wait.
-            return claim.result;
+          case 'stale': // someone refreshes it (or its last refresh failed): the previous result, never a wait
+            return o.serializer.deserialize(claim.result);
           case 'refresh':
             // Ours to recompute; the previous result is the answer meanwhile.
             this.#refreshInBackground(key, claim.token, compute, o);
-            return claim.result;
+            return o.serializer.deserialize(claim.result);
           case 'failed':
             throw new OnceFailed(key, claim.error, claim.retry_at);
-          case 'claimed': {
-            const done = await this.#computeClaimed(key, claim.token, compute, o, computed);
-            if (done.stored) return done.value;
-            // The claim was lost (its lease ran out and someone took over, or it was
-            // invalidated): ask again. We get the new owner's result, or claim again and
-            // store what we already computed instead of computing it twice.
-            computed = done.json;
-            continue;
-          }
+          case 'claimed':
+            return await this.#computeClaimed(key, claim.token, compute, o);
           case 'wait': {
+            // claim.token is NULL here (or, from older servers, the owner's): never used.
             const now = Date.now();
-            if (now >= deadline) throw new OnceTimeout(key, o.wait);
+            if (now >= deadline) throw Object.assign(new OnceTimeout(key, o.wait), { [OWN_DEADLINE]: true });
             let pause;
             if (interest) {
               pause = jitter(o.recheck * 1000);
@@ -339,7 +428,7 @@ export class OnceClient {
             const leaseLeft = new Date(claim.lease_expires_at).getTime() - now + 20;
             if (leaseLeft > 0) pause = Math.min(pause, leaseLeft);
             pause = Math.min(pause, deadline - now);
-            await (interest ? interest.wait(pause) : sleep(pause));
+            await bounded(interest ? interest.wait(pause) : sleep(pause), { signal: o.signal });
             continue;
           }
           default:
@@ -356,22 +445,20 @@ export class OnceClient {
    * are answered with the previous result. At most one runs per key in this process: a
    * refresh of this key still running here means the server no longer counts its claim (it
    * would have answered 'stale'), so its result will be refused; this claim then goes
-   * back, as does one drawn while ending.
+   * back, as does one drawn while ending. The caller's signal does not stop it.
    */
   #refreshInBackground(key, token, compute, o) {
     if (this.#closed || this.#refreshes.has(key)) {
       this.#release(key, token);
       return;
     }
-    const refresh = { key, token, abandoned: false, heartbeat: null };
+    const abandon = new AbortController(); // end() gives up on it
+    const refresh = { key, abandon };
     refresh.done = (async () => {
       try {
-        const done = await this.#computeClaimed(key, token, compute, o, NOTHING, refresh);
-        if (!done.stored && !refresh.abandoned) {
-          this.#onError(new OnceError(`pg-once: the refresh of ${key} lost its claim; its result was not stored`));
-        }
+        await this.#computeClaimed(key, token, compute, { ...o, signal: abandon.signal });
       } catch (err) {
-        if (!refresh.abandoned) {
+        if (!abandon.signal.aborted) {
           this.#onError(new OnceError(`pg-once: refreshing ${key} failed; the previous result is still served until its stale window ends: ${err?.message ?? err}`, { cause: err }));
         }
       } finally {
@@ -393,62 +480,70 @@ export class OnceClient {
     clearTimeout(timer);
     await Promise.all(running.filter((r) => this.#refreshes.get(r.key) === r).map((r) => {
       this.#onError(new OnceError(`pg-once: ending: the refresh of ${r.key} is still running after ${timeout} s; its claim is given back`));
-      r.abandoned = true;
-      r.heartbeat?.stop();
-      return this.#release(r.key, r.token);
+      r.abandon.abort(new OnceError('pg-once: the client is ending'));
+      return r.done; // computeClaimed gives the claim back
     }));
   }
 
   /**
-   * Run `compute` under the claim `token`, heartbeating, and store its result.
-   * Returns { stored: true, value } or, when the claim was lost, { stored: false, json }.
-   * `refresh`: the background refresh this is, whose claim end() may give back meanwhile.
+   * Run `compute` under the claim `token`, heartbeating, store its result and return
+   * what every other caller will read: deserialize(serialize(value)). Throws ClaimLost
+   * when the claim ends first (compute's signal aborts then too); gives the claim back
+   * and throws the reason when `o.signal` aborts; otherwise a failure is recorded with
+   * fail_key, so the waiters share it rather than compute it again.
    */
-  async #computeClaimed(key, token, compute, o, precomputed, refresh = null) {
-    const heartbeat = new Heartbeat((sql, params) => this.#query(sql, params), (err) => this.#onError(err), key, token, o.lease);
-    if (refresh) refresh.heartbeat = heartbeat;
-    let json = precomputed;
+  async #computeClaimed(key, token, compute, o) {
+    const stop = new AbortController(); // compute's signal: the caller cancelled, or the claim was lost
+    const heartbeat = new Heartbeat((sql, params) => this.#query(sql, params), (err) => this.#onError(err),
+      key, token, o.lease, () => stop.abort(new ClaimLost(key)));
+    const cancel = () => stop.abort(o.signal.reason);
+    o.signal?.addEventListener('abort', cancel, { once: true });
+    let text;
     try {
-      if (json === NOTHING) {
-        let value;
-        try {
-          value = await compute();
-        } catch (err) {
-          if (!refresh?.abandoned) await this.#fail(key, token, describeError(err), o.retryAfter);
+      if (o.signal?.aborted) cancel();
+      const running = Promise.resolve().then(() => compute({ signal: stop.signal }));
+      running.catch(() => {}); // it may settle after we stopped waiting for it
+      let value;
+      try {
+        value = await bounded(running, { signal: stop.signal });
+      } catch (err) {
+        if (stop.signal.aborted && err === stop.signal.reason) {
+          // Lost: nothing of ours to write. Cancelled: the next caller takes the key at once.
+          if (!(err instanceof ClaimLost)) await this.#release(key, token);
           throw err;
         }
-        try {
-          json = toJson(key, value);
-        } catch (err) {
-          // Share the reason with the waiters rather than let each of them compute the
-          // same unstorable value; it is retried after retryAfter like any failure.
-          await this.#fail(key, token, describeError(err), o.retryAfter);
-          throw err;
-        }
+        await this.#fail(key, token, describeError(err), o.retryAfter);
+        throw err;
+      }
+      try {
+        text = toText(key, value, o.serializer);
+      } catch (err) {
+        // Shared with the waiters rather than computed again by each of them.
+        await this.#fail(key, token, describeError(err), o.retryAfter);
+        throw err;
       }
     } finally {
       heartbeat.stop();
+      o.signal?.removeEventListener('abort', cancel);
     }
-    if (heartbeat.lost || refresh?.abandoned) return { stored: false, json };
     let stored;
     try {
       ({ rows: [{ stored }] } = o.freshness
-        ? await this.#query(COMPLETE_FRESHNESS_SQL, [key, token, json, o.ttl, o.stale, o.beta, o.jitter])
-        : await this.#query(COMPLETE_SQL, [key, token, json, o.ttl]));
+        ? await this.#query(COMPLETE_FRESHNESS_SQL, [key, token, text, o.ttl, o.stale, o.beta, o.jitter])
+        : await this.#query(COMPLETE_SQL, [key, token, text, o.ttl]));
     } catch (err) {
       if (isConnectionError(err)) throw err; // nothing we can write: the lease ends the claim
-      // The server refused the value (e.g. a \u0000 in a string, which jsonb cannot hold):
-      // fail the key, so it is not left claimed, and say why.
-      const error = new OnceError(`pg-once: the server refused the result for ${key}: ${err.message}`, { cause: err });
-      await this.#fail(key, token, describeError(error), o.retryAfter);
-      throw error;
+      // Refused (54000 too large, a \u0000 jsonb cannot hold, text that is not JSON):
+      // failed, so that the waiters get the same error instead of computing it again.
+      const refused = new ResultRefused(key, err);
+      await this.#fail(key, token, describeError(refused), o.retryAfter);
+      throw refused;
     }
-    if (!stored) return { stored: false, json };
-    // Everyone else gets the result back from jsonb; the owner gets the same thing.
-    return { stored: true, value: JSON.parse(json) };
+    if (!stored) throw new ClaimLost(key);
+    return o.serializer.deserialize(text);
   }
 
-  /** Give a claim back (background refreshes only): the next caller takes the key at once. */
+  /** Give a claim back: the next caller takes the key at once. */
   async #release(key, token) {
     try {
       await this.#query(RELEASE_SQL, [key, token]);

@@ -201,8 +201,14 @@ export class Listener {
     this.#connect().catch((e) => this.#onError(e));
   }
 
-  #notified(key) {
-    for (const interest of this.#interests.get(key) ?? []) interest.notify();
+  #notified(payload) {
+    // An empty payload (never a key) announces a transaction that resolved too many keys
+    // to name them one by one: every waiter asks again.
+    if (payload === '') {
+      this.#wakeAll();
+      return;
+    }
+    for (const interest of this.#interests.get(payload) ?? []) interest.notify();
   }
 
   #wakeAll() {

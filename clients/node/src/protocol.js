@@ -13,11 +13,19 @@ export const COMPLETE_FRESHNESS_SQL = `SELECT once.complete_key($1, $2, $3::json
 export const FAIL_SQL = 'SELECT once.fail_key($1, $2, $3, retry_after => make_interval(secs => $4)) AS failed';
 export const RELEASE_SQL = 'SELECT once.release_key($1, $2) AS released';
 
+export const INVALIDATE_SQL = 'SELECT once.invalidate_key($1) AS invalidated';
+export const REFRESH_SQL = 'SELECT once.refresh_key($1, stale => make_interval(secs => $2)) AS refreshed';
+export const ENQUEUE_SQL = `SELECT once.enqueue_key($1, $2::jsonb, queue => $3, priority => $4, run_at => $5::timestamptz,
+  refresh => $6, max_attempts => $7) AS enqueued`;
+
+/** After a beat that failed, the next one comes this soon (ms), not lease/3 later. */
+export const HEARTBEAT_RETRY_MS = 1000;
+
 /**
  * Extends a claim's lease every lease/3 through the pool, so a computation may outlast
- * its lease; records `lost` when heartbeat_key says the claim is no longer ours. A beat
- * that fails (no connection) is reported and tried again at the next interval: the lease
- * is three intervals long.
+ * its lease; records `lost` and calls onLost when heartbeat_key says the claim is no
+ * longer ours. A beat that fails (no connection) is reported and tried again within a
+ * second: waiting a full lease/3 would let two blips in a row lose the claim.
  */
 export class Heartbeat {
   lost = false;
@@ -25,20 +33,23 @@ export class Heartbeat {
   #stopped = false;
 
   constructor(query, onError, key, token, lease, onLost = () => {}) {
+    const interval = (lease * 1000) / 3;
     const beat = async () => {
+      let next = interval;
       try {
         const { rows: [{ expires }] } = await query(HEARTBEAT_SQL, [key, token, lease]);
-        if (expires === null) {
+        if (expires === null && !this.#stopped) {
           this.lost = true;
           this.#stopped = true;
           onLost();
         }
       } catch (err) {
         onError(new OnceError(`pg-once: heartbeat of ${key} failed: ${err.message}`, { cause: err }));
+        next = Math.min(interval, HEARTBEAT_RETRY_MS);
       }
-      if (!this.#stopped) this.#timer = setTimeout(beat, (lease * 1000) / 3);
+      if (!this.#stopped) this.#timer = setTimeout(beat, next);
     };
-    this.#timer = setTimeout(beat, (lease * 1000) / 3);
+    this.#timer = setTimeout(beat, interval);
   }
 
   stop() {

@@ -2,6 +2,29 @@
 
 export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
+/**
+ * `promise`, or a rejection with `signal.reason` as soon as `signal` aborts, or with
+ * `onTimeout()` after `ms`: how a call keeps its own bound while it awaits something it
+ * shares with others (a computation, a notification). Timer and listener are removed
+ * when it settles.
+ */
+export function bounded(promise, { signal, ms, onTimeout } = {}) {
+  if (!signal && ms === undefined) return promise;
+  if (signal?.aborted) return Promise.reject(signal.reason);
+  return new Promise((resolve, reject) => {
+    let timer;
+    const onAbort = () => settle(reject, signal.reason);
+    const settle = (fn, v) => {
+      clearTimeout(timer);
+      signal?.removeEventListener('abort', onAbort);
+      fn(v);
+    };
+    if (ms !== undefined) timer = setTimeout(() => settle(reject, onTimeout()), Math.max(0, ms));
+    signal?.addEventListener('abort', onAbort, { once: true });
+    promise.then((v) => settle(resolve, v), (e) => settle(reject, e));
+  });
+}
+
 /** `ms` spread over ±25%, so that many processes that started together drift apart. */
 export const jitter = (ms) => ms * (0.75 + Math.random() * 0.5);
 
@@ -21,25 +44,6 @@ export function isConnectionError(err) {
   // node-postgres reports a socket that closed mid-query without a code.
   return !code && /Connection terminated|connection error|Connection timeout|timeout exceeded when trying to connect/i
     .test(String(err?.message));
-}
-
-/**
- * The JSON text of a computation's result, or a TypeError that says why there is none.
- * JSON.stringify throws on BigInt and cycles, and returns undefined for undefined,
- * functions and symbols: all three would otherwise reach the server as garbage or NULL.
- */
-export function toJson(key, value) {
-  let json;
-  try {
-    json = JSON.stringify(value);
-  } catch (err) {
-    throw new TypeError(`pg-once: the result for ${key} is not JSON-serialisable: ${err.message}`, { cause: err });
-  }
-  if (json === undefined) {
-    throw new TypeError(`pg-once: the result for ${key} is not JSON-serialisable: got ${typeof value}`
-      + ' (return null to cache "nothing")');
-  }
-  return json;
 }
 
 /** The text stored with a failure, and shown to the callers it is shared with. */

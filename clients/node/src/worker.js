@@ -5,7 +5,8 @@
 // stopTimeout, released so another worker takes them at once).
 import os from 'node:os';
 import { OnceError } from './errors.js';
-import { describeError, isConnectionError, jitter, seconds, toJson } from './util.js';
+import { describeError, isConnectionError, jitter, seconds } from './util.js';
+import { serializer, toText } from './values.js';
 import { Heartbeat, COMPLETE_SQL, FAIL_SQL, RELEASE_SQL } from './protocol.js';
 
 const claimNextSql = ({ owner, wait }) => `
@@ -32,7 +33,7 @@ export class Worker {
     if (typeof handler !== 'function') throw new TypeError('pg-once: work(queue, handler) needs a handler function');
     const {
       concurrency = 1, lease, ttl, retryAfter = 0, idleWait = 1, stopTimeout = 10,
-      worker = `${os.hostname()}:${process.pid}`, handleSignals = true, signal,
+      worker = `${os.hostname()}:${process.pid}`, handleSignals = true, signal, serialize, deserialize,
     } = options;
     if (!Number.isInteger(concurrency) || concurrency < 1 || concurrency > 1000) {
       throw new TypeError(`pg-once: concurrency must be an integer from 1 to 1000, got ${concurrency}`);
@@ -48,6 +49,8 @@ export class Worker {
       // A queue's own backoff applies on top of this (fail_key uses the larger).
       retryAfter: seconds('retryAfter', retryAfter, { allowZero: true }),
       idleWait: seconds('idleWait', idleWait),
+      // The client's unless the worker has its own: the readers of these keys deserialize them.
+      serializer: serialize === undefined ? options.serializer : serializer({ serialize, deserialize }),
     };
     this.#stopTimeout = seconds('stopTimeout', stopTimeout, { allowZero: true });
     if (handleSignals) {
@@ -163,7 +166,7 @@ export class Worker {
       }
       let json;
       try {
-        json = toJson(row.key, value);
+        json = toText(row.key, value, this.#o.serializer);
       } catch (err) {
         this.#ops.onError(err);
         await this.#finish(FAIL_SQL, [row.key, row.token, describeError(err), this.#o.retryAfter], row.key);
