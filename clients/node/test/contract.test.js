@@ -1,0 +1,149 @@
+// The behaviours of docs/clients.md that issue 24 fixed, against a real server, in every setup.
+import { describe, test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import {
+  setups, makeClient, closeClient, freshKey, sleep, admin,
+} from './helpers.js';
+import {
+  ClaimLost, NotSerializable, OnceFailed, OnceTimeout, ResultRefused,
+} from '../src/index.js';
+
+const dateSerializer = {
+  serialize: (v) => JSON.stringify(v, function tagDates(k, x) { return this[k] instanceof Date ? { $date: x } : x; }),
+  deserialize: (t) => JSON.parse(t, (k, x) => (x && typeof x === 'object' && '$date' in x ? new Date(x.$date) : x)),
+};
+
+for (const setup of setups) {
+  describe(`contract (${setup.name})`, () => {
+    let client;
+    let other; // as another process
+    let a;
+    before(async () => {
+      client = makeClient(setup);
+      other = makeClient(setup);
+      a = await admin();
+    });
+    after(async () => {
+      await Promise.all([closeClient(client), closeClient(other)]);
+      await a.end();
+    });
+
+    test('the computing caller and every reader get the same value, through serialize/deserialize', async () => {
+      const key = freshKey('serialize');
+      const when = new Date(Date.UTC(2026, 11, 2));
+      const mine = await client.getOrCompute(key, () => ({ when }), dateSerializer);
+      const theirs = await other.getOrCompute(key, () => assert.fail('recomputed'), dateSerializer);
+      assert.ok(mine.when instanceof Date && theirs.when instanceof Date);
+      assert.deepEqual(mine, theirs);
+      assert.notEqual(mine.when, when, 'a copy, as the others read it, not the computed object');
+    });
+
+    test('a value JSON cannot round-trip: NotSerializable for the computer, the same failure for a waiter, computed once', async () => {
+      const key = freshKey('notjson');
+      let computed = 0;
+      const computing = client.getOrCompute(key, async () => { computed += 1; await sleep(300); return { at: new Date() }; });
+      await sleep(100);
+      const waiting = other.getOrCompute(key, () => { computed += 1; return 'recomputed'; });
+      await assert.rejects(computing, (err) => err instanceof NotSerializable && /a Date at \$\.at/.test(err.message));
+      await assert.rejects(waiting, (err) => err instanceof OnceFailed && /NotSerializable/.test(err.error));
+      assert.equal(computed, 1);
+    });
+
+    test('a result the server refuses (54000): ResultRefused, and the waiters share the failure', async () => {
+      const key = freshKey('toolarge');
+      let computed = 0;
+      const big = 'x'.repeat(17 * 1024 * 1024);
+      const computing = client.getOrCompute(key, async () => { computed += 1; await sleep(300); return big; });
+      await sleep(100);
+      const waiting = other.getOrCompute(key, () => { computed += 1; return 'small'; });
+      await assert.rejects(computing, (err) => err instanceof ResultRefused && err.code === '54000');
+      await assert.rejects(waiting, (err) => err instanceof OnceFailed && /54000|max_result_size/.test(err.error));
+      assert.equal(computed, 1);
+    });
+
+    test('a lost claim throws ClaimLost; the result is neither stored nor computed again', async () => {
+      const key = freshKey('lost');
+      let computed = 0;
+      const computing = client.getOrCompute(key, async ({ signal }) => {
+        computed += 1;
+        await sleep(1200);
+        assert.ok(signal.aborted, 'compute is told the claim is gone');
+        return 'late';
+      }, { lease: 0.9 });
+      await sleep(150);
+      await a.query('SELECT once.invalidate_keys(prefix => $1)', [key]);
+      await assert.rejects(computing, ClaimLost);
+      const { rows } = await a.query("SELECT state FROM once.entries WHERE key = $1 AND state = 'done'", [key]);
+      assert.equal(rows.length, 0, 'nothing stored');
+      assert.equal(computed, 1);
+    });
+
+    test("an empty notification (a transaction that resolved many keys) wakes every waiter at once", async () => {
+      const key = freshKey('emptynotify');
+      const computing = other.getOrCompute(key, async () => { await sleep(3000); return 1; });
+      await sleep(200);
+      const waiting = client.getOrCompute(key, () => 2, { recheck: 20 });
+      await sleep(300);
+      const asked = client.pool.claims.get(key);
+      await a.query("NOTIFY once, ''");
+      for (let i = 0; i < 20 && client.pool.claims.get(key) === asked; i += 1) await sleep(50);
+      assert.equal(client.pool.claims.get(key), asked + 1, 'asked again within a second, not after the 20 s recheck');
+      assert.equal(await waiting, 1);
+      await computing;
+    });
+
+    test('a follower in this process keeps its own wait instead of the leader\'s', async () => {
+      const key = freshKey('ownwait');
+      const leader = client.getOrCompute(key, async () => { await sleep(1500); return 'v'; }, { wait: 30 });
+      await sleep(50);
+      const started = Date.now();
+      await assert.rejects(client.getOrCompute(key, () => 'x', { wait: 0.3 }), OnceTimeout);
+      assert.ok(Date.now() - started < 800, `${Date.now() - started} ms`);
+      const ac = new AbortController();
+      const follower = client.getOrCompute(key, () => 'x', { signal: ac.signal });
+      ac.abort(new Error('mine'));
+      await assert.rejects(follower, /mine/);
+      assert.equal(await leader, 'v');
+    });
+
+    test('a cancelled leader aborts compute and releases its claim: the next caller takes over at once', async () => {
+      const key = freshKey('cancel');
+      const ac = new AbortController();
+      let aborted = false;
+      const leader = client.getOrCompute(key, async ({ signal }) => {
+        signal.addEventListener('abort', () => { aborted = true; });
+        await sleep(5000);
+        return 'never';
+      }, { signal: ac.signal, lease: 30 });
+      await sleep(150);
+      const follower = client.getOrCompute(key, async () => 'follower computed');
+      const elsewhere = other.getOrCompute(freshKey('unrelated'), () => 0); // keeps `other` warm
+      ac.abort(new Error('cancelled by caller'));
+      await assert.rejects(leader, /cancelled by caller/);
+      assert.ok(aborted);
+      const started = Date.now();
+      assert.equal(await follower, 'follower computed');
+      assert.ok(Date.now() - started < 1000, 'not after the 30 s lease');
+      await elsewhere;
+    });
+
+    test('invalidate, refresh, enqueue, and invalidate/refresh on a cached wrapper', async () => {
+      const name = freshKey('wrapped');
+      let n = 0;
+      const f = client.cached(async (x) => { n += 1; return x * 10 + n; }, { name, ttl: 60 });
+      assert.equal(await f(1), 11);
+      assert.equal(await f(1), 11);
+      assert.equal(await f.invalidate(1), true);
+      assert.equal(await f(1), 12);
+      assert.equal(await f.refresh(1), 'expired');
+      assert.equal(await f(1), 13);
+      assert.equal(await client.invalidate(freshKey('absent')), false);
+      assert.equal(await client.refresh(freshKey('absent')), 'absent');
+      const queued = freshKey('queued');
+      await a.query("SELECT once.create_queue('node-contract')").catch(() => {});
+      assert.equal(await client.enqueue(queued, { payload: { a: 1 }, queue: 'node-contract' }), 'queued');
+      assert.equal(await client.enqueue(queued, { payload: { a: 1 }, queue: 'node-contract' }), 'duplicate');
+      await assert.rejects(client.enqueue(queued, { payload: new Date() }), NotSerializable);
+    });
+  });
+}
