@@ -69,7 +69,7 @@ export class ResultRefused extends OnceError {
   kind = 'Refused';
 
   constructor(key, cause) {
-    super(`${key}: the server refused the result: ${cause.message}`, { cause });
+    super(`${key}: the server refused the result (${cause.code ?? 'no SQLSTATE'}): ${cause.message}`, { cause });
     this.key = key;
     this.code = cause.code;
   }

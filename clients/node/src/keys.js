@@ -27,22 +27,22 @@ export function checkKey(key) {
 const refuse = (what) => new TypeError(
   `pg-once: cannot derive a cache key from ${what}: pass key (a function of the arguments returning a string)`);
 
-// Lone surrogates would reach the server as U+FFFD, so two keys could become one.
-const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+// Lone surrogates would reach the server as U+FFFD (two keys would become one): escaped
+// as \udxxx, as JSON.stringify writes them.
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/g;
 const SHORT_ESCAPES = { '"': '\\"', '\\': '\\\\', '\b': '\\b', '\f': '\\f', '\n': '\\n', '\r': '\\r', '\t': '\\t' };
 
-/** A JSON string escaping only `"`, `\` and control characters (K2). */
+const unicodeEscape = (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`;
+
+/** A JSON string escaping only `"`, `\`, control characters and lone surrogates (K2). */
 function encodeString(s) {
-  if (LONE_SURROGATE.test(s)) throw refuse('a string with a lone surrogate');
-  return `"${s.replace(/["\\\u0000-\u001f]/g,
-    (c) => SHORT_ESCAPES[c] ?? `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`)}"`;
+  return `"${s.replace(/["\\\u0000-\u001f]/g, (c) => SHORT_ESCAPES[c] ?? unicodeEscape(c))
+    .replace(LONE_SURROGATE, unicodeEscape)}"`;
 }
 
 function encodeNumber(n) {
   if (!Number.isFinite(n)) throw refuse(String(n));
-  // Integers as their digits at any size (1e21 is "1000000000000000000000", as Python's
-  // int writes it); -0 is 0. Other numbers as Number.prototype.toString writes them.
-  return Number.isInteger(n) ? BigInt(n).toString() : String(n);
+  return String(n); // Number.prototype.toString: 1.0 is 1, -0 is 0, 1e21 is 1e+21
 }
 
 const byUtf8 = (a, b) => Buffer.compare(Buffer.from(a[0], 'utf8'), Buffer.from(b[0], 'utf8'));
@@ -95,13 +95,10 @@ export function encode(value) {
   throw refuse(typeName(value));
 }
 
-/**
- * A Date as Python's `datetime.isoformat()` writes an aware UTC datetime:
- * 2026-12-02T10:00:00+00:00, with 6 fractional digits only when there is a fraction.
- */
+/** A Date in UTC, its fraction of a second without trailing zeros: 2026-12-02T10:00:00.5+00:00. */
 function isoUtc(d) {
-  const iso = d.toISOString(); // 2026-12-02T10:00:00.000Z (years 0..9999)
+  const iso = d.toISOString(); // 2026-12-02T10:00:00.500Z (years 0..9999)
   if (!/^\d{4}-/.test(iso)) throw refuse('a Date outside the years 0 to 9999');
-  const ms = d.getUTCMilliseconds();
-  return `${iso.slice(0, 19)}${ms ? `.${String(ms).padStart(3, '0')}000` : ''}+00:00`;
+  const fraction = iso.slice(20, 23).replace(/0+$/, '');
+  return `${iso.slice(0, 19)}${fraction ? `.${fraction}` : ''}+00:00`;
 }
