@@ -47,8 +47,8 @@ const claimSql = (withOwner, serveStale) => `
 SELECT outcome, token, result::text AS result, error, lease_expires_at, retry_at
   FROM once.claim_key($1, lease => make_interval(secs => $2), wait => '0'${withOwner ? ', owner_pid => $3' : ''}${serveStale ? ', serve_stale => true' : ''})`;
 /**
- * What a follower in this process gets when the call it shares ended for a reason of its
- * own caller (its wait ran out, its signal aborted): the follower asks again itself.
+ * What a follower in this process gets when the flight it shares ended on its first
+ * caller's `wait`: the follower asks again itself, within its own.
  */
 const LEADER_GAVE_UP = Symbol('the leading call gave up');
 /** Marks the OnceTimeout a call raised for its own wait. */
@@ -99,6 +99,7 @@ export class OnceClient {
         onError: (err) => this.#onError(err),
         ownerSession: () => Boolean(this.#caps?.owner_session),
         connectTimeout,
+        notifyThroughPool: (payload) => this.#query("SELECT pg_notify('once', $1)", [payload]),
       });
     }
   }
@@ -319,17 +320,18 @@ export class OnceClient {
 
   /**
    * One statement through the pool, in autocommit, as an unnamed statement. Sent again
-   * (up to twice) when the connection it went out on was closed under it: every pg_once
-   * call is safe to repeat with the same token, and a recycled pooled connection is no
-   * reason to fail the caller.
+   * on another connection (4 attempts in all: at once, then after 50 and 100 ms,
+   * jittered) when the one it went out on was closed under it (docs/clients.md, R1, R2):
+   * every pg_once call is safe to repeat with the same token, and a recycled pooled
+   * connection is no reason to fail the caller.
    */
   async #query(text, values) {
     for (let attempt = 1; ; attempt += 1) {
       try {
         return await this.#pool.query(text, values);
       } catch (err) {
-        if (attempt >= 3 || this.#closed || !isConnectionError(err)) throw err;
-        await sleep(jitter(50 * attempt));
+        if (attempt >= 4 || this.#closed || !isConnectionError(err)) throw err;
+        if (attempt > 1) await sleep(jitter(50 * 2 ** (attempt - 2)));
       }
     }
   }
@@ -352,39 +354,67 @@ export class OnceClient {
   }
 
   /**
-   * One caller's call: it leads (claims, computes or waits) when no call for `key` is
-   * running in this process, else it follows the running one, within its own wait and
-   * signal. A follower whose leader gave up for a reason of its own asks again.
+   * One caller's call. The first call for `key` in this process starts a flight (claim,
+   * compute or wait) bounded by its own `wait`; later ones follow it, each within its own
+   * `wait` and `signal`. The flight is cancelled (its claim given back) only when every
+   * caller on it has given up. A follower whose flight ended on the first caller's `wait`
+   * asks again itself.
    */
   async #call(key, compute, o) {
     const deadline = Date.now() + o.wait * 1000;
     for (;;) {
       const flight = this.#inflight.get(key);
-      if (!flight) return this.#lead(key, compute, o, deadline);
+      if (!flight) return this.#attach(this.#startFlight(key, compute, o, deadline), o);
       try {
-        return await bounded(flight, {
-          signal: o.signal,
-          ms: deadline - Date.now(),
-          onTimeout: () => new OnceTimeout(key, o.wait),
-        });
+        return await this.#attach(flight, o, deadline);
       } catch (err) {
         if (err !== LEADER_GAVE_UP) throw err;
       }
     }
   }
 
-  #lead(key, compute, o, deadline) {
-    const call = this.#getOrCompute(key, compute, o, deadline);
-    const shared = call.catch((err) => {
-      throw (err?.[OWN_DEADLINE] || (o.signal?.aborted && err === o.signal.reason)) ? LEADER_GAVE_UP : err;
+  #startFlight(key, compute, o, deadline) {
+    const cancel = new AbortController();
+    const flight = { key, callers: 0, cancel, settled: false };
+    flight.run = this.#getOrCompute(key, compute, { ...o, signal: cancel.signal }, deadline);
+    flight.shared = flight.run.catch((err) => {
+      throw err?.[OWN_DEADLINE] ? LEADER_GAVE_UP : err;
     });
-    shared.catch(() => {}); // nobody may follow
-    this.#inflight.set(key, shared);
+    flight.shared.catch(() => {}); // followers may never come
     const forget = () => {
-      if (this.#inflight.get(key) === shared) this.#inflight.delete(key);
+      flight.settled = true;
+      if (this.#inflight.get(key) === flight) this.#inflight.delete(key);
     };
-    shared.then(forget, forget);
-    return call;
+    flight.run.then(forget, forget);
+    this.#inflight.set(key, flight);
+    return flight;
+  }
+
+  /**
+   * Await `flight` within the caller's signal and, for a follower, its deadline (the
+   * first caller's deadline is the flight's own). The last caller to give up cancels it.
+   */
+  async #attach(flight, o, deadline) {
+    flight.callers += 1;
+    let reason;
+    try {
+      if (deadline === undefined) return await bounded(flight.run, { signal: o.signal });
+      return await bounded(flight.shared, {
+        signal: o.signal,
+        ms: deadline - Date.now(),
+        onTimeout: () => new OnceTimeout(flight.key, o.wait),
+      });
+    } catch (err) {
+      reason = err;
+      throw err;
+    } finally {
+      flight.callers -= 1;
+      if (flight.callers === 0 && !flight.settled) {
+        // Every caller gave up (its signal or its wait): nobody wants the result any more.
+        if (this.#inflight.get(flight.key) === flight) this.#inflight.delete(flight.key);
+        flight.cancel.abort(reason);
+      }
+    }
   }
 
   async #getOrCompute(key, compute, o, deadline) {
@@ -535,9 +565,8 @@ export class OnceClient {
       if (isConnectionError(err)) throw err; // nothing we can write: the lease ends the claim
       // Refused (54000 too large, a \u0000 jsonb cannot hold, text that is not JSON):
       // failed, so that the waiters get the same error instead of computing it again.
-      const refused = new ResultRefused(key, err);
-      await this.#fail(key, token, describeError(refused), o.retryAfter);
-      throw refused;
+      await this.#fail(key, token, `${err.code ?? 'no SQLSTATE'}: ${err.message}`, o.retryAfter);
+      throw new ResultRefused(key, err);
     }
     if (!stored) throw new ClaimLost(key);
     return o.serializer.deserialize(text);

@@ -11,9 +11,9 @@
 //
 // It must be a direct or session-pooled connection: under transaction pooling neither
 // LISTEN nor a session's pid means anything.
-import { createHash } from 'node:crypto';
+import { createHash, randomUUID } from 'node:crypto';
 import pg from 'pg';
-import { OnceError } from './errors.js';
+import { ConfigurationError, OnceError } from './errors.js';
 import { jitter, sleep } from './util.js';
 
 /**
@@ -71,7 +71,13 @@ export class Listener {
   /** key -> Set<Interest> */
   #interests = new Map();
 
-  constructor(config, { onError, ownerSession, connectTimeout = 10 }) {
+  #notifyThroughPool; // (payload) => Promise: NOTIFY once, payload, sent through the pool
+  #probes = new Map(); // probe payload -> resolve
+
+  constructor(config, {
+    onError, ownerSession, connectTimeout = 10, notifyThroughPool = null,
+  }) {
+    this.#notifyThroughPool = notifyThroughPool;
     // keepAlive: a listener whose network silently died would otherwise never notice,
     // and this process's waiters would only ever wake on their rechecks.
     this.#config = { keepAlive: true, application_name: 'pg-once listener', ...config };
@@ -146,6 +152,7 @@ export class Listener {
       try {
         return await this.#connectOnce();
       } catch (err) {
+        if (err instanceof ConfigurationError) throw err; // trying again will not help
         // A server that is restarting comes back; wrong credentials or a wrong host name
         // do not, but they fail fast anyway, so the same deadline serves both.
         if (Date.now() + delay > deadline) throw err;
@@ -172,6 +179,7 @@ export class Listener {
         ? 'SELECT once.owner_session() AS pid'
         : 'SELECT pg_backend_pid() AS pid'; // a server without owner_session(): pid unused
       pid = Number((await client.query(sql)).rows[0].pid);
+      await this.#refuseTransactionPooler(client, sql, pid);
     } catch (err) {
       client.end().catch(() => {});
       throw err;
@@ -185,6 +193,37 @@ export class Listener {
     // Whatever was notified while there was no listener is lost: every waiter re-checks.
     this.#wakeAll();
     return pid;
+  }
+
+  /**
+   * A LISTEN connection through a transaction pooler hears nothing (docs/clients.md, N5),
+   * and every waiter would fall back to its recheck: refuse it. The pid the protocol
+   * reported at connect (node-postgres' processID) equals the server's on a direct
+   * connection. Otherwise a proxy sits between: a second statement on another backend is a
+   * transaction pooler; the same backend proves nothing (a quiet pooler hands it back), so
+   * a NOTIFY sent through the pool must reach this connection within 2 s.
+   */
+  async #refuseTransactionPooler(client, sql, pid) {
+    if (client.processID === pid) return;
+    const again = Number((await client.query(sql)).rows[0].pid);
+    let heard = again === pid;
+    if (heard && this.#notifyThroughPool) {
+      const payload = `pg_once-probe:${randomUUID()}`;
+      heard = await new Promise((resolve) => {
+        const timer = setTimeout(() => resolve(false), 2000);
+        this.#probes.set(payload, () => {
+          clearTimeout(timer);
+          resolve(true);
+        });
+        this.#notifyThroughPool(payload).catch(() => {}); // unsent: not heard, refused below
+      });
+      this.#probes.delete(payload);
+    }
+    if (!heard) {
+      throw new ConfigurationError('pg-once: the LISTEN connection goes through a transaction pooler (its statements '
+        + 'run on different server connections, or it hears no notification): waiters would never be woken and claims '
+        + 'would not end with this process. Pass listenConnectionString, a direct or session-pooled connection string.');
+    }
   }
 
   #lost(client, err) {
@@ -202,6 +241,7 @@ export class Listener {
   }
 
   #notified(payload) {
+    this.#probes.get(payload)?.();
     // An empty payload (never a key) announces a transaction that resolved too many keys
     // to name them one by one: every waiter asks again.
     if (payload === '') {

@@ -18,14 +18,14 @@ export const REFRESH_SQL = 'SELECT once.refresh_key($1, stale => make_interval(s
 export const ENQUEUE_SQL = `SELECT once.enqueue_key($1, $2::jsonb, queue => $3, priority => $4, run_at => $5::timestamptz,
   refresh => $6, max_attempts => $7) AS enqueued`;
 
-/** After a beat that failed, the next one comes this soon (ms), not lease/3 later. */
+/** After a beat that failed, the next one comes within this (ms) or lease/6, not lease/3 later. */
 export const HEARTBEAT_RETRY_MS = 1000;
 
 /**
  * Extends a claim's lease every lease/3 through the pool, so a computation may outlast
  * its lease; records `lost` and calls onLost when heartbeat_key says the claim is no
  * longer ours. A beat that fails (no connection) is reported and tried again within a
- * second: waiting a full lease/3 would let two blips in a row lose the claim.
+ * second (or lease/6): waiting a full lease/3 would let two blips in a row lose the claim.
  */
 export class Heartbeat {
   lost = false;
@@ -45,7 +45,7 @@ export class Heartbeat {
         }
       } catch (err) {
         onError(new OnceError(`pg-once: heartbeat of ${key} failed: ${err.message}`, { cause: err }));
-        next = Math.min(interval, HEARTBEAT_RETRY_MS);
+        next = Math.min(HEARTBEAT_RETRY_MS, interval / 2); // docs/clients.md, H2
       }
       if (!this.#stopped) this.#timer = setTimeout(beat, next);
     };

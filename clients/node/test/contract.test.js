@@ -2,10 +2,10 @@
 import { describe, test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  setups, makeClient, closeClient, freshKey, sleep, admin,
+  setups, makeClient, closeClient, freshKey, sleep, admin, BOUNCER_DSN, DSN,
 } from './helpers.js';
 import {
-  ClaimLost, NotSerializable, OnceFailed, OnceTimeout, ResultRefused,
+  ClaimLost, ConfigurationError, NotSerializable, OnceFailed, OnceTimeout, ResultRefused,
 } from '../src/index.js';
 
 const dateSerializer = {
@@ -106,8 +106,25 @@ for (const setup of setups) {
       assert.equal(await leader, 'v');
     });
 
-    test('a cancelled leader aborts compute and releases its claim: the next caller takes over at once', async () => {
-      const key = freshKey('cancel');
+    test('a cancelled caller leaves the computation to the callers still waiting for it', async () => {
+      const key = freshKey('cancelone');
+      const ac = new AbortController();
+      let aborted = false;
+      const first = client.getOrCompute(key, async ({ signal }) => {
+        signal.addEventListener('abort', () => { aborted = true; });
+        await sleep(600);
+        return 'shared';
+      }, { signal: ac.signal });
+      await sleep(100);
+      const second = client.getOrCompute(key, () => assert.fail('computed twice'));
+      ac.abort(new Error('first gave up'));
+      await assert.rejects(first, /first gave up/);
+      assert.equal(await second, 'shared');
+      assert.equal(aborted, false);
+    });
+
+    test('when every caller is cancelled, compute is aborted and the claim given back: another process takes over at once', async () => {
+      const key = freshKey('cancelall');
       const ac = new AbortController();
       let aborted = false;
       const leader = client.getOrCompute(key, async ({ signal }) => {
@@ -116,15 +133,14 @@ for (const setup of setups) {
         return 'never';
       }, { signal: ac.signal, lease: 30 });
       await sleep(150);
-      const follower = client.getOrCompute(key, async () => 'follower computed');
-      const elsewhere = other.getOrCompute(freshKey('unrelated'), () => 0); // keeps `other` warm
+      const waiting = other.getOrCompute(key, async () => 'taken over');
+      await sleep(100);
+      const started = Date.now();
       ac.abort(new Error('cancelled by caller'));
       await assert.rejects(leader, /cancelled by caller/);
-      assert.ok(aborted);
-      const started = Date.now();
-      assert.equal(await follower, 'follower computed');
-      assert.ok(Date.now() - started < 1000, 'not after the 30 s lease');
-      await elsewhere;
+      assert.ok(aborted, 'compute was told');
+      assert.equal(await waiting, 'taken over');
+      assert.ok(Date.now() - started < 1500, 'not after the 30 s lease');
     });
 
     test('invalidate, refresh, enqueue, and invalidate/refresh on a cached wrapper', async () => {
@@ -147,3 +163,44 @@ for (const setup of setups) {
     });
   });
 }
+
+// The LISTEN connection through PgBouncer in transaction mode (one DSN for everything, what
+// most users try first): refused at once, naming the option to pass.
+describe('a LISTEN connection through a transaction pooler', { skip: !BOUNCER_DSN && 'PG_ONCE_BOUNCER_DSN is not set' }, () => {
+  test('is refused with a ConfigurationError naming listenConnectionString', async () => {
+    const client = makeClient({ poolDsn: BOUNCER_DSN, listenDsn: BOUNCER_DSN });
+    const started = Date.now();
+    try {
+      await assert.rejects(client.ready(), (err) => err instanceof ConfigurationError && /listenConnectionString/.test(err.message));
+      assert.ok(Date.now() - started < 5000, 'not retried until connectTimeout');
+      await assert.rejects(client.getOrCompute(freshKey('pooler'), () => 1), ConfigurationError);
+    } finally {
+      await closeClient(client);
+    }
+  });
+
+  test('a direct LISTEN connection beside a transaction-pooled pool is accepted', async () => {
+    const client = makeClient({ poolDsn: BOUNCER_DSN, listenDsn: DSN });
+    try {
+      await client.ready();
+      assert.ok(client.ownerPid > 0);
+    } finally {
+      await closeClient(client);
+    }
+  });
+});
+
+// PG_ONCE_SESSION_BOUNCER_DSN: a PgBouncer in session mode, through which LISTEN works.
+describe('a LISTEN connection through a session pooler', { skip: !process.env.PG_ONCE_SESSION_BOUNCER_DSN && 'PG_ONCE_SESSION_BOUNCER_DSN is not set' }, () => {
+  test('is accepted (its notification probe arrives)', async () => {
+    const dsn = process.env.PG_ONCE_SESSION_BOUNCER_DSN;
+    const client = makeClient({ poolDsn: dsn, listenDsn: dsn });
+    try {
+      await client.ready();
+      assert.ok(client.ownerPid > 0);
+      assert.equal(await client.getOrCompute(freshKey('session'), () => 'ok'), 'ok');
+    } finally {
+      await closeClient(client);
+    }
+  });
+});
