@@ -8,6 +8,7 @@
 //   so a pool behind PgBouncer in transaction mode works;
 // - claims name the listener connection as their owner (owner_pid), so they survive a
 //   pooled connection being recycled and end within about a second if the process dies.
+import { readFileSync } from 'node:fs';
 import pg from 'pg';
 import { Listener } from './listener.js';
 import {
@@ -53,6 +54,16 @@ SELECT outcome, token, result::text AS result, error, lease_expires_at, retry_at
 const LEADER_GAVE_UP = Symbol('the leading call gave up');
 /** Marks the OnceTimeout a call raised for its own wait. */
 const OWN_DEADLINE = Symbol('own deadline');
+
+/**
+ * What node-postgres leaves out of libpq's environment (it reads PGHOST, PGPORT, PGUSER,
+ * PGPASSWORD, PGDATABASE, PGSSLMODE...): PGSSLROOTCERT, the private CA to verify the
+ * server with (and its host name, as sslrootcert in a connection string does).
+ */
+function sslFromEnvironment(env = process.env) {
+  if (!env.PGSSLROOTCERT || env.PGSSLMODE === 'disable') return {};
+  return { ssl: { ca: readFileSync(env.PGSSLROOTCERT, 'utf8') } };
+}
 
 const defaultOnError = (err) => console.warn(`pg-once: ${err?.message ?? err}`);
 
@@ -106,11 +117,15 @@ export class OnceClient {
 
   /**
    * A client with its own pg.Pool on `connectionString` (ended by end()), connected and
-   * listening before it returns. `poolSize` (default 10) is the pool's `max`.
+   * listening before it returns. `poolSize` (default 10) is the pool's `max`. Without a
+   * connection string (or with ''), libpq's PG* environment variables say where to
+   * connect. The string's (or PGSSLMODE's) sslmode and sslrootcert hold for the pool and
+   * the LISTEN connection alike.
    */
   static async connect(connectionString, { poolSize = 10, poolOptions = {}, ...options } = {}) {
-    const pool = new pg.Pool({ connectionString, max: poolSize, ...poolOptions });
-    const client = new OnceClient({ connectionString, ...options, pool });
+    const where = connectionString ? { connectionString } : sslFromEnvironment();
+    const pool = new pg.Pool({ ...where, max: poolSize, ...poolOptions });
+    const client = new OnceClient({ connectionString: connectionString || undefined, ...options, pool });
     client.#ownsPool = true;
     // A pooled idle connection that the server or PgBouncer closes is an 'error' event
     // on the pool; unhandled, it would end the process. The pool replaces it anyway.
