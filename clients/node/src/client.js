@@ -16,6 +16,7 @@ import {
 } from './errors.js';
 import { checkKey, defaultKey } from './keys.js';
 import { serializer, toText } from './values.js';
+import { Observation, OUTCOMES, tracingReady } from './observe.js';
 import {
   bounded, describeError, freshness, isConnectionError, jitter, seconds, sleep,
 } from './util.js';
@@ -93,13 +94,13 @@ export class OnceClient {
   constructor({
     pool, connectionString, listenConnectionString, listen = true,
     lease = 30, wait = 30, ttl = null, retryAfter = 5, recheck = 1, stale = null, beta = null, jitter = null,
-    serialize, deserialize, connectTimeout = 10, onError = defaultOnError,
+    serialize, deserialize, onOutcome = null, connectTimeout = 10, onError = defaultOnError,
   } = {}) {
     if (!pool) throw new TypeError('pg-once: new OnceClient({ pool }) needs a pg.Pool (or use OnceClient.connect(url))');
     this.#pool = pool;
     this.#onError = onError;
     this.#defaults = this.#options({
-      lease, wait, ttl, retryAfter, recheck, stale, beta, jitter, serialize, deserialize,
+      lease, wait, ttl, retryAfter, recheck, stale, beta, jitter, serialize, deserialize, onOutcome,
     }, {});
     if (listen) {
       const config = listenConnectionString ? { connectionString: listenConnectionString }
@@ -299,9 +300,13 @@ export class OnceClient {
       ...freshness(pick('stale'), pick('beta'), pick('jitter')),
       serializer: o.serialize === undefined && o.deserialize === undefined ? d.serializer ?? serializer() : serializer(o),
       signal: o.signal,
+      onOutcome: pick('onOutcome'),
     };
     if (opts.signal !== undefined && !(opts.signal instanceof AbortSignal)) {
       throw new TypeError('pg-once: signal must be an AbortSignal');
+    }
+    if (opts.onOutcome != null && typeof opts.onOutcome !== 'function') {
+      throw new TypeError(`pg-once: onOutcome must be a function called with { kind (${OUTCOMES.join(', ')}), key, duration, error }`);
     }
     if (opts.freshness && opts.ttl === null) {
       throw new TypeError('pg-once: stale, beta and jitter need a ttl: they say what happens around the result\'s expiry, and without a ttl it never expires');
@@ -377,21 +382,38 @@ export class OnceClient {
    */
   async #call(key, compute, o) {
     const deadline = Date.now() + o.wait * 1000;
-    for (;;) {
-      const flight = this.#inflight.get(key);
-      if (!flight) return this.#attach(this.#startFlight(key, compute, o, deadline), o);
-      try {
-        return await this.#attach(flight, o, deadline);
-      } catch (err) {
-        if (err !== LEADER_GAVE_UP) throw err;
+    await tracingReady();
+    const running = this.#inflight.get(key);
+    const observed = new Observation(key, o.onOutcome, this.#onError, running?.observed.span ? [running.observed.span.spanContext()] : []);
+    try {
+      for (;;) {
+        const flight = this.#inflight.get(key);
+        if (!flight) {
+          const mine = this.#startFlight(key, compute, o, deadline, observed);
+          const value = await this.#attach(mine, o);
+          observed.end(mine.kind);
+          return value;
+        }
+        try {
+          const value = await this.#attach(flight, o, deadline);
+          observed.end('coalesced');
+          return value;
+        } catch (err) {
+          if (err !== LEADER_GAVE_UP) throw err;
+        }
       }
+    } catch (err) {
+      observed.end('failed', err);
+      throw err;
     }
   }
 
-  #startFlight(key, compute, o, deadline) {
+  #startFlight(key, compute, o, deadline, observed) {
     const cancel = new AbortController();
-    const flight = { key, callers: 0, cancel, settled: false };
-    flight.run = this.#getOrCompute(key, compute, { ...o, signal: cancel.signal }, deadline);
+    const flight = {
+      key, callers: 0, cancel, settled: false, observed, kind: null, waited: false,
+    };
+    flight.run = this.#getOrCompute(key, compute, { ...o, signal: cancel.signal, observed }, deadline, flight);
     flight.shared = flight.run.catch((err) => {
       throw err?.[OWN_DEADLINE] ? LEADER_GAVE_UP : err;
     });
@@ -432,7 +454,8 @@ export class OnceClient {
     }
   }
 
-  async #getOrCompute(key, compute, o, deadline) {
+  /** Claim, compute or wait for `key`; records in `flight` how it went (kind, waited). */
+  async #getOrCompute(key, compute, o, deadline, flight) {
     const caps = await this.#loadCapabilities();
     if (o.freshness && !(caps.freshness && caps.claim_owner)) {
       throw new OnceError('pg-once: stale, beta and jitter need pg_once 0.2.0 or later on the server (ALTER EXTENSION pg_once UPDATE)');
@@ -448,16 +471,20 @@ export class OnceClient {
         switch (claim.outcome) {
           case 'hit':
           case 'stale': // someone refreshes it (or its last refresh failed): the previous result, never a wait
+            flight.kind = claim.outcome === 'hit' && flight.waited ? 'waited' : claim.outcome;
             return o.serializer.deserialize(claim.result);
           case 'refresh':
             // Ours to recompute; the previous result is the answer meanwhile.
             this.#refreshInBackground(key, claim.token, compute, o);
+            flight.kind = 'refresh';
             return o.serializer.deserialize(claim.result);
           case 'failed':
             throw new OnceFailed(key, claim.error, claim.retry_at);
           case 'claimed':
+            flight.kind = 'claimed';
             return await this.#computeClaimed(key, claim.token, compute, o);
           case 'wait': {
+            flight.waited = true;
             // claim.token is NULL here (or, from older servers, the owner's): never used.
             const now = Date.now();
             if (now >= deadline) throw Object.assign(new OnceTimeout(key, o.wait), { [OWN_DEADLINE]: true });
@@ -546,7 +573,7 @@ export class OnceClient {
     let text;
     try {
       if (o.signal?.aborted) cancel();
-      const running = Promise.resolve().then(() => compute({ signal: stop.signal }));
+      const running = Promise.resolve().then(() => o.observed.inSpan(() => compute({ signal: stop.signal })));
       running.catch(() => {}); // it may settle after we stopped waiting for it
       let value;
       try {
