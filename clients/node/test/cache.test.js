@@ -6,8 +6,8 @@ import {
 } from './helpers.js';
 import {
   OnceClient, OnceFailed, OnceTimeout, OnceError, NotSerializable,
-} from '../src/index.js';
-import { Listener, notifiedNames } from '../src/listener.js';
+} from '../src/index.mjs';
+import { Listener, notifiedNames } from '../src/listener.cjs';
 
 for (const setup of setups) {
   describe(`cache (${setup.name})`, () => {

@@ -8,9 +8,9 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { randomUUID } from 'node:crypto';
 import pg from 'pg';
-import { defaultKey, OnceClient } from '../src/index.js';
-import { serializer, toText } from '../src/values.js';
-import { isConnectionError } from '../src/util.js';
+import { defaultKey, OnceClient } from '../src/index.mjs';
+import { serializer, toText } from '../src/values.cjs';
+import { isConnectionError } from '../src/util.cjs';
 import { DSN, setups, makeClient, closeClient, sleep } from './helpers.js';
 
 const DIR = process.env.PG_ONCE_CONFORMANCE_DIR

@@ -5,7 +5,7 @@ import { randomUUID } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import readline from 'node:readline';
 import pg from 'pg';
-import { OnceClient } from '../src/index.js';
+import { OnceClient } from '../src/index.mjs';
 
 export const DSN = process.env.PG_ONCE_DSN;
 export const BOUNCER_DSN = process.env.PG_ONCE_BOUNCER_DSN;

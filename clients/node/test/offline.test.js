@@ -3,11 +3,11 @@
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import pg from 'pg';
-import { defaultKey, MAX_KEY_BYTES, OnceClient, NotSerializable } from '../src/index.js';
-import { encode } from '../src/keys.js';
-import { serializer, toText } from '../src/values.js';
-import { isConnectionError } from '../src/util.js';
-import { Heartbeat, HEARTBEAT_RETRY_MS } from '../src/protocol.js';
+import { defaultKey, MAX_KEY_BYTES, OnceClient, NotSerializable } from '../src/index.mjs';
+import { encode } from '../src/keys.cjs';
+import { serializer, toText } from '../src/values.cjs';
+import { isConnectionError } from '../src/util.cjs';
+import { Heartbeat, HEARTBEAT_RETRY_MS } from '../src/protocol.cjs';
 
 // A pool that never connects: constructing a client and checking options needs no server.
 const offlineClient = (options = {}) => new OnceClient({ pool: new pg.Pool({ max: 1 }), listen: false, ...options });

@@ -4,7 +4,7 @@
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
-import { OnceClient } from '../src/index.js';
+import { OnceClient } from '../src/index.mjs';
 import { freshKey, sleep } from './helpers.js';
 
 const TLS_URL = process.env.PG_ONCE_TLS_URL;

@@ -1,6 +1,8 @@
+'use strict';
+
 // Small helpers shared by the client, the listener and the worker loop.
 
-export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 /**
  * `promise`, or a rejection with `signal.reason` as soon as `signal` aborts, or with
@@ -8,7 +10,7 @@ export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
  * shares with others (a computation, a notification). Timer and listener are removed
  * when it settles.
  */
-export function bounded(promise, { signal, ms, onTimeout } = {}) {
+function bounded(promise, { signal, ms, onTimeout } = {}) {
   if (!signal && ms === undefined) return promise;
   if (signal?.aborted) return Promise.reject(signal.reason);
   return new Promise((resolve, reject) => {
@@ -26,7 +28,7 @@ export function bounded(promise, { signal, ms, onTimeout } = {}) {
 }
 
 /** `ms` spread over ±25%, so that many processes that started together drift apart. */
-export const jitter = (ms) => ms * (0.75 + Math.random() * 0.5);
+const jitter = (ms) => ms * (0.75 + Math.random() * 0.5);
 
 // SQLSTATE classes after which the same statement may simply be sent again on another
 // connection: connection exceptions (08: also what PgBouncer reports when it loses a
@@ -38,7 +40,7 @@ const RETRYABLE_SOCKET = new Set(['ECONNRESET', 'ECONNREFUSED', 'EPIPE', 'ETIMED
  * Whether `err` says the connection went away (rather than that the statement is wrong):
  * a pooled connection that PgBouncer or an administrator closed, a restarting server.
  */
-export function isConnectionError(err) {
+function isConnectionError(err) {
   const code = err?.code;
   if (typeof code === 'string' && (RETRYABLE_SQLSTATE.test(code) || RETRYABLE_SOCKET.has(code))) return true;
   // node-postgres reports a socket that closed mid-query without a code.
@@ -47,14 +49,14 @@ export function isConnectionError(err) {
 }
 
 /** The text stored with a failure, and shown to the callers it is shared with. */
-export function describeError(err) {
+function describeError(err) {
   const text = err instanceof Error ? (err.message ? `${err.name}: ${err.message}` : err.name) : String(err);
   // A stack-sized message is no use to the other callers and bloats the row.
   return text.length > 4000 ? `${text.slice(0, 4000)}…` : text;
 }
 
 /** Seconds (a number) as a positive millisecond count, refusing nonsense early. */
-export function seconds(name, value, { allowZero = false, allowNull = false } = {}) {
+function seconds(name, value, { allowZero = false, allowNull = false } = {}) {
   if (value === null || value === undefined) {
     if (allowNull) return null;
     throw new TypeError(`pg-once: ${name} is required (seconds)`);
@@ -70,7 +72,7 @@ export function seconds(name, value, { allowZero = false, allowNull = false } = 
  * server checks the same ranges (22023) in complete_key, but only after the computation,
  * which a typo would then cost, leaving the key failed for retryAfter.
  */
-export function freshness(stale, beta, jitter) {
+function freshness(stale, beta, jitter) {
   const number = (name, value, ok, range) => {
     if (value === null || value === undefined) return null;
     if (typeof value !== 'number' || !ok(value)) {
@@ -91,3 +93,5 @@ export function freshness(stale, beta, jitter) {
     serveStale: opts.stale !== null || Boolean(opts.beta),
   };
 }
+
+module.exports = { sleep, bounded, jitter, isConnectionError, describeError, seconds, freshness };

@@ -1,12 +1,14 @@
+'use strict';
+
 // Default cache keys: docs/clients.md, rule K. A Python, Node and Rust process calling
 // report(7, "eu") derive one key, and two different argument lists never derive one.
-import { createHash } from 'node:crypto';
+const { createHash } = require('node:crypto');
 
 /** The server's key limit in bytes (K3). */
-export const MAX_KEY_BYTES = 7500;
+const MAX_KEY_BYTES = 7500;
 
 /** `name:ENCODE(args)`, hashed when longer than MAX_KEY_BYTES (K1, K3). */
-export function defaultKey(name, args) {
+function defaultKey(name, args) {
   const encoded = encode(args);
   const key = `${name}:${encoded}`;
   if (Buffer.byteLength(key, 'utf8') <= MAX_KEY_BYTES) return key;
@@ -15,7 +17,7 @@ export function defaultKey(name, args) {
 }
 
 /** A key the caller wrote: used as it is, refused (before any call) when the server would refuse it. */
-export function checkKey(key) {
+function checkKey(key) {
   if (typeof key !== 'string' || key === '') throw new TypeError('pg-once: key must be a non-empty string');
   const bytes = Buffer.byteLength(key, 'utf8');
   if (bytes > MAX_KEY_BYTES) {
@@ -61,7 +63,7 @@ function typeName(v) {
 }
 
 /** ENCODE of rule K2; a TypeError for anything it does not cover. */
-export function encode(value) {
+function encode(value) {
   switch (typeof value) {
     case 'string': return encodeString(value);
     case 'number': return encodeNumber(value);
@@ -102,3 +104,5 @@ function isoUtc(d) {
   const fraction = iso.slice(20, 23).replace(/0+$/, '');
   return `${iso.slice(0, 19)}${fraction ? `.${fraction}` : ''}+00:00`;
 }
+
+module.exports = { MAX_KEY_BYTES, defaultKey, checkKey, encode };

@@ -1,9 +1,11 @@
+'use strict';
+
 // Errors pg-once throws. Every one carries the key it is about, so a caller that awaits
 // many keys can tell which one went wrong, and a `kind`: the error's name in
 // docs/clients.md's table, the same in the three clients.
 
 /** Base class of the errors pg-once raises itself. */
-export class OnceError extends Error {
+class OnceError extends Error {
   constructor(message, options) {
     super(message, options);
     this.name = new.target.name;
@@ -15,7 +17,7 @@ export class OnceError extends Error {
  * shared until `retryAt`: asking again before then gets the same error without
  * computing. `error` is the failing computation's error text.
  */
-export class OnceFailed extends OnceError {
+class OnceFailed extends OnceError {
   kind = 'Failed';
 
   constructor(key, error, retryAt) {
@@ -27,7 +29,7 @@ export class OnceFailed extends OnceError {
 }
 
 /** Someone else kept computing the key for longer than the caller's `wait`. */
-export class OnceTimeout extends OnceError {
+class OnceTimeout extends OnceError {
   kind = 'Timeout';
 
   constructor(key, waitSeconds) {
@@ -41,7 +43,7 @@ export class OnceTimeout extends OnceError {
  * The claim ended before the result was stored (its lease ran out and another caller took
  * the key over, or it was invalidated): the result is not stored, and not computed again.
  */
-export class ClaimLost extends OnceError {
+class ClaimLost extends OnceError {
   kind = 'ClaimLost';
 
   constructor(key) {
@@ -55,7 +57,7 @@ export class ClaimLost extends OnceError {
  * Map, Set, undefined, NaN or class instance would come back as something else). The
  * failure is shared with the other callers like any computation's.
  */
-export class NotSerializable extends OnceError {
+class NotSerializable extends OnceError {
   kind = 'NotSerializable';
 
   constructor(key, what, options) {
@@ -65,7 +67,7 @@ export class NotSerializable extends OnceError {
 }
 
 /** The server refused to store the result (e.g. 54000, too large); `cause` is its error. */
-export class ResultRefused extends OnceError {
+class ResultRefused extends OnceError {
   kind = 'Refused';
 
   constructor(key, cause) {
@@ -76,6 +78,10 @@ export class ResultRefused extends OnceError {
 }
 
 /** The client is set up in a way that cannot work (e.g. LISTEN through a transaction pooler). */
-export class ConfigurationError extends OnceError {
+class ConfigurationError extends OnceError {
   kind = 'Configuration';
 }
+
+module.exports = {
+  OnceError, OnceFailed, OnceTimeout, ClaimLost, NotSerializable, ResultRefused, ConfigurationError,
+};

@@ -1,22 +1,24 @@
+'use strict';
+
 // What a call tells the application about itself (docs/clients.md, O): the outcome hook,
 // and OpenTelemetry spans when @opentelemetry/api is installed (an optional peer
 // dependency: without it nothing is imported and nothing is traced).
-import { performance } from 'node:perf_hooks';
+const { performance } = require('node:perf_hooks');
 
 /** The outcome kinds a finished call reports. */
-export const OUTCOMES = ['hit', 'stale', 'refresh', 'claimed', 'waited', 'coalesced', 'failed'];
+const OUTCOMES = ['hit', 'stale', 'refresh', 'claimed', 'waited', 'coalesced', 'failed'];
 
 let otel = null; // the module, once loaded; false when it is not installed
 const loading = import('@opentelemetry/api').then((m) => { otel = m; }, () => { otel = false; });
 
 /** Resolves once it is known whether @opentelemetry/api is there (at most one import). */
-export const tracingReady = () => loading;
+const tracingReady = () => loading;
 
 /**
  * One call being observed: `span` is its OpenTelemetry span (null without the API),
  * `end(kind, error)` reports its outcome to the hook and ends the span.
  */
-export class Observation {
+class Observation {
   #started = performance.now();
   #key;
   #hook;
@@ -60,3 +62,5 @@ export class Observation {
     }
   }
 }
+
+module.exports = { OUTCOMES, tracingReady, Observation };

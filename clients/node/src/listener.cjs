@@ -1,3 +1,5 @@
+'use strict';
+
 // The process's one LISTEN connection.
 //
 // It does two jobs (docs/clients.md):
@@ -11,17 +13,17 @@
 //
 // It must be a direct or session-pooled connection: under transaction pooling neither
 // LISTEN nor a session's pid means anything.
-import { createHash, randomUUID } from 'node:crypto';
-import pg from 'pg';
-import { ConfigurationError, OnceError } from './errors.js';
-import { jitter, sleep } from './util.js';
+const { createHash, randomUUID } = require('node:crypto');
+const pg = require('pg');
+const { ConfigurationError, OnceError } = require('./errors.cjs');
+const { jitter, sleep } = require('./util.cjs');
 
 /**
  * What channel "once" may carry when `key` resolves: the key itself, or, for a key in a
  * namespace created with notify => 'digest' (the default there), its hex SHA-256,
  * encode(once.key_hash(key), 'hex'). A waiter listens for both.
  */
-export function notifiedNames(key) {
+function notifiedNames(key) {
   return [key, createHash('sha256').update(key, 'utf8').digest('hex')];
 }
 
@@ -59,7 +61,7 @@ class Interest {
   }
 }
 
-export class Listener {
+class Listener {
   #config;
   #onError;
   #ownerSession; // () => boolean: whether the server has once.owner_session()
@@ -255,3 +257,5 @@ export class Listener {
     for (const set of this.#interests.values()) for (const interest of set) interest.notify();
   }
 }
+
+module.exports = { notifiedNames, Listener };

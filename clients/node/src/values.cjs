@@ -1,14 +1,16 @@
+'use strict';
+
 // How results become the jsonb the server stores, and come back. The caller that
 // computes gets deserialize(serialize(value)), exactly what every other caller (in this
 // process or another) reads, never its own object (docs/clients.md).
-import { NotSerializable } from './errors.js';
+const { NotSerializable } = require('./errors.cjs');
 
 /**
  * The serializer of a call: `serialize(value)` returns JSON text (the server stores it as
  * jsonb), `deserialize(text)` turns stored JSON text back into a value. The default is
  * JSON, refusing what JSON would not give back unchanged.
  */
-export function serializer({ serialize, deserialize } = {}) {
+function serializer({ serialize, deserialize } = {}) {
   if ((serialize === undefined) !== (deserialize === undefined)) {
     throw new TypeError('pg-once: pass serialize and deserialize together (one undoes the other)');
   }
@@ -19,7 +21,7 @@ export function serializer({ serialize, deserialize } = {}) {
   return { serialize, deserialize };
 }
 
-export const JSON_SERIALIZER = {
+const JSON_SERIALIZER = {
   serialize(value) {
     const problem = notJson(value, '$', new Set());
     if (problem) throw new TypeError(problem);
@@ -32,7 +34,7 @@ export const JSON_SERIALIZER = {
  * `value` as JSON text for key `key`, or NotSerializable saying why: a throwing serialize,
  * or one that returns something other than a string.
  */
-export function toText(key, value, { serialize }) {
+function toText(key, value, { serialize }) {
   let text;
   try {
     text = serialize(value);
@@ -86,3 +88,5 @@ function notJson(value, path, seen) {
     seen.delete(value);
   }
 }
+
+module.exports = { serializer, JSON_SERIALIZER, toText };

@@ -1,3 +1,5 @@
+'use strict';
+
 // OnceClient: compute each key once across every process that shares a database.
 //
 // The rules it follows are docs/clients.md, "What every client does". In short:
@@ -8,22 +10,20 @@
 //   so a pool behind PgBouncer in transaction mode works;
 // - claims name the listener connection as their owner (owner_pid), so they survive a
 //   pooled connection being recycled and end within about a second if the process dies.
-import { readFileSync } from 'node:fs';
-import pg from 'pg';
-import { Listener } from './listener.js';
-import {
-  ClaimLost, OnceError, OnceFailed, OnceTimeout, ResultRefused,
-} from './errors.js';
-import { checkKey, defaultKey } from './keys.js';
-import { serializer, toText } from './values.js';
-import { Observation, OUTCOMES, tracingReady } from './observe.js';
-import {
+const { readFileSync } = require('node:fs');
+const pg = require('pg');
+const { Listener } = require('./listener.cjs');
+const { ClaimLost, OnceError, OnceFailed, OnceTimeout, ResultRefused } = require('./errors.cjs');
+const { checkKey, defaultKey } = require('./keys.cjs');
+const { serializer, toText } = require('./values.cjs');
+const { Observation, OUTCOMES, tracingReady } = require('./observe.cjs');
+const {
   bounded, describeError, freshness, isConnectionError, jitter, seconds, sleep,
-} from './util.js';
-import { Worker } from './worker.js';
-import {
+} = require('./util.cjs');
+const { Worker } = require('./worker.cjs');
+const {
   COMPLETE_FRESHNESS_SQL, COMPLETE_SQL, ENQUEUE_SQL, FAIL_SQL, Heartbeat, INVALIDATE_SQL, REFRESH_SQL, RELEASE_SQL,
-} from './protocol.js';
+} = require('./protocol.cjs');
 
 // What the connected server supports. Servers from before owner_session() (and the
 // owner_pid / claim_next wait arguments) still work: claims are then owned by the pooled
@@ -68,7 +68,7 @@ function sslFromEnvironment(env = process.env) {
 
 const defaultOnError = (err) => console.warn(`pg-once: ${err?.message ?? err}`);
 
-export class OnceClient {
+class OnceClient {
   #pool;
   #ownsPool = false;
   #listener = null;
@@ -633,3 +633,5 @@ export class OnceClient {
   }
 
 }
+
+module.exports = { OnceClient };

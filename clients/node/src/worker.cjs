@@ -1,20 +1,22 @@
+'use strict';
+
 // The queue worker loop (docs/clients.md): claim up to `concurrency` keys at once with
 // claim_next(n => free slots, owner_pid => P), run the handler on each with a heartbeat,
 // complete or fail each, wait for work with a short server-side wait when idle, and stop
 // gracefully on SIGTERM/SIGINT or stop(): jobs in hand are finished (or, after
 // stopTimeout, released so another worker takes them at once).
-import os from 'node:os';
-import { OnceError } from './errors.js';
-import { describeError, isConnectionError, jitter, seconds } from './util.js';
-import { serializer, toText } from './values.js';
-import { Heartbeat, COMPLETE_SQL, FAIL_SQL, RELEASE_SQL } from './protocol.js';
+const os = require('node:os');
+const { OnceError } = require('./errors.cjs');
+const { describeError, isConnectionError, jitter, seconds } = require('./util.cjs');
+const { serializer, toText } = require('./values.cjs');
+const { Heartbeat, COMPLETE_SQL, FAIL_SQL, RELEASE_SQL } = require('./protocol.cjs');
 
 const claimNextSql = ({ owner, wait }) => `
 SELECT key, token, payload, attempt
   FROM once.claim_next($1, lease => make_interval(secs => $2), worker => $3, n => $4${
   wait ? ', wait => make_interval(secs => $5)' : ''}${owner ? `, owner_pid => $${wait ? 6 : 5}` : ''})`;
 
-export class Worker {
+class Worker {
   #queue;
   #handler;
   #o;
@@ -224,3 +226,5 @@ export class Worker {
     this.#signals = [];
   }
 }
+
+module.exports = { Worker };
