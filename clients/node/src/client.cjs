@@ -13,7 +13,9 @@
 const { readFileSync } = require('node:fs');
 const pg = require('pg');
 const { Listener } = require('./listener.cjs');
-const { ClaimLost, OnceError, OnceFailed, OnceTimeout, ResultRefused } = require('./errors.cjs');
+const {
+  ClaimLost, ConfigurationError, OnceError, OnceFailed, OnceTimeout, ResultRefused,
+} = require('./errors.cjs');
 const { checkKey, defaultKey } = require('./keys.cjs');
 const { serializer, toText } = require('./values.cjs');
 const { Observation, OUTCOMES, tracingReady } = require('./observe.cjs');
@@ -458,7 +460,7 @@ class OnceClient {
   async #getOrCompute(key, compute, o, deadline, flight) {
     const caps = await this.#loadCapabilities();
     if (o.freshness && !(caps.freshness && caps.claim_owner)) {
-      throw new OnceError('pg-once: stale, beta and jitter need pg_once 0.2.0 or later on the server (ALTER EXTENSION pg_once UPDATE)');
+      throw new ConfigurationError('pg-once: stale, beta and jitter need pg_once 0.2.0 or later on the server (ALTER EXTENSION pg_once UPDATE)');
     }
     // Interest first, claim second: a completion notified in between is not lost.
     const interest = this.#listener?.interest(key);

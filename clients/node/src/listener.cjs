@@ -16,7 +16,7 @@
 const { createHash, randomUUID } = require('node:crypto');
 const pg = require('pg');
 const { ConfigurationError, OnceError } = require('./errors.cjs');
-const { jitter, sleep } = require('./util.cjs');
+const { bounded, jitter, sleep } = require('./util.cjs');
 
 /**
  * What channel "once" may carry when `key` resolves: the key itself, or, for a key in a
@@ -60,6 +60,8 @@ class Interest {
     });
   }
 }
+
+const IDLE_CHECK_MS = 5000;
 
 class Listener {
   #config;
@@ -148,7 +150,7 @@ class Listener {
 
   async #connectWithRetry() {
     const deadline = Date.now() + this.#connectTimeoutMs;
-    let delay = 100;
+    let delay = 50; // doubling to 2 s (docs/clients.md, N4)
     for (;;) {
       if (this.#closed) throw new OnceError('pg-once: the client has been ended');
       try {
@@ -192,6 +194,7 @@ class Listener {
     }
     this.#client = client;
     this.#pid = pid;
+    this.#checkWhileIdle(client);
     // Whatever was notified while there was no listener is lost: every waiter re-checks.
     this.#wakeAll();
     return pid;
@@ -226,6 +229,25 @@ class Listener {
         + 'run on different server connections, or it hears no notification): waiters would never be woken and claims '
         + 'would not end with this process. Pass listenConnectionString, a direct or session-pooled connection string.');
     }
+  }
+
+  /**
+   * A query every 5 s on the idle connection, answered within 5 s: a LISTEN connection
+   * whose network died silently notices nothing otherwise (TCP keepalive takes minutes),
+   * and meanwhile its waiters' wake-ups would be lost without a word.
+   */
+  #checkWhileIdle(client) {
+    const timer = setInterval(() => {
+      if (client !== this.#client) {
+        clearInterval(timer);
+        return;
+      }
+      bounded(client.query('SELECT 1'), {
+        ms: IDLE_CHECK_MS,
+        onTimeout: () => new OnceError(`no answer to a check within ${IDLE_CHECK_MS / 1000} s`),
+      }).catch((err) => this.#lost(client, err));
+    }, IDLE_CHECK_MS);
+    timer.unref(); // never what keeps the process alive
   }
 
   #lost(client, err) {

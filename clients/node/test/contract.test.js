@@ -1,6 +1,7 @@
 // The behaviours of docs/clients.md that issue 24 fixed, against a real server, in every setup.
 import { describe, test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import net from 'node:net';
 import {
   setups, makeClient, closeClient, freshKey, sleep, admin, BOUNCER_DSN, DSN,
 } from './helpers.js';
@@ -205,6 +206,46 @@ describe('a LISTEN connection through a session pooler', { skip: !process.env.PG
       assert.equal(await client.getOrCompute(freshKey('session'), () => 'ok'), 'ok');
     } finally {
       await closeClient(client);
+    }
+  });
+});
+
+// N4: a LISTEN connection whose network goes silent (no FIN, no RST) is noticed by the
+// check every 5 s, and replaced.
+describe('a LISTEN connection that goes silent', { skip: !DSN && 'PG_ONCE_DSN is not set' }, () => {
+  test('is noticed within two checks and replaced', { timeout: 30_000 }, async () => {
+    const target = new URL(DSN);
+    let silent = false;
+    const sockets = new Set();
+    const proxy = net.createServer((inbound) => {
+      const outbound = net.connect(Number(target.port || 5432), target.hostname);
+      for (const [from, to] of [[inbound, outbound], [outbound, inbound]]) {
+        from.on('data', (chunk) => { if (!silent) to.write(chunk); });
+        from.on('error', () => {});
+        from.on('close', () => to.destroy());
+        sockets.add(from);
+      }
+    });
+    await new Promise((resolve) => proxy.listen(0, '127.0.0.1', resolve));
+    const via = new URL(DSN);
+    via.host = `127.0.0.1:${proxy.address().port}`;
+    const errors = [];
+    const client = makeClient({ poolDsn: DSN, listenDsn: via.toString() }, { onError: (e) => errors.push(e) });
+    try {
+      await client.ready();
+      const before = client.ownerPid;
+      silent = true; // every byte dropped from now on, both ways
+      const started = Date.now();
+      while (!errors.some((e) => /LISTEN connection failed/.test(e.message)) && Date.now() - started < 12_000) await sleep(100);
+      assert.ok(Date.now() - started < 12_000, 'noticed within two 5 s checks');
+      silent = false;
+      for (const s of sockets) s.destroy(); // the old connection is gone for good
+      await client.ready();
+      assert.ok(client.ownerPid > 0 && client.ownerPid !== before, `${before} -> ${client.ownerPid}`);
+    } finally {
+      await closeClient(client);
+      for (const s of sockets) s.destroy();
+      proxy.close();
     }
   });
 });
