@@ -156,7 +156,7 @@ export interface WorkOptions {
   retryAfter?: number;
   /** Server-side wait for work when the queue is empty, in seconds (default 1). */
   idleWait?: number;
-  /** How long stop() lets jobs in hand finish before releasing them, in seconds (default 10). */
+  /** How long stop() lets jobs in hand finish before releasing them, in seconds (default 30). */
   stopTimeout?: number;
   /** The worker name recorded in once.attempts (default host:pid). */
   worker?: string;

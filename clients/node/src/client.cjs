@@ -127,7 +127,10 @@ class OnceClient {
    */
   static async connect(connectionString, { poolSize = 10, poolOptions = {}, ...options } = {}) {
     const where = connectionString ? { connectionString } : sslFromEnvironment();
-    const pool = new pg.Pool({ ...where, max: poolSize, ...poolOptions });
+    // Getting a pooled connection (waiting for a free one included) gives up after
+    // connectTimeout, as the LISTEN connection does (docs/clients.md, N6).
+    const connectionTimeoutMillis = (options.connectTimeout ?? 10) * 1000;
+    const pool = new pg.Pool({ ...where, max: poolSize, connectionTimeoutMillis, ...poolOptions });
     const client = new OnceClient({ connectionString: connectionString || undefined, ...options, pool });
     client.#ownsPool = true;
     // A pooled idle connection that the server or PgBouncer closes is an 'error' event
@@ -271,7 +274,7 @@ class OnceClient {
       onError: (err) => this.#onError(err),
     });
     this.#workers.add(worker);
-    worker.done.finally(() => this.#workers.delete(worker));
+    worker.done.catch(() => {}).finally(() => this.#workers.delete(worker));
     return worker;
   }
 
@@ -284,7 +287,7 @@ class OnceClient {
     if (this.#closed) return;
     seconds('refreshTimeout', refreshTimeout, { allowZero: true });
     this.#closed = true;
-    await Promise.all([...[...this.#workers].map((w) => w.stop()), this.#endRefreshes(refreshTimeout)]);
+    await Promise.all([...[...this.#workers].map((w) => w.stop().catch(() => {})), this.#endRefreshes(refreshTimeout)]);
     await this.#listener?.close();
     if (this.#ownsPool) await this.#pool.end();
   }
@@ -322,6 +325,10 @@ class OnceClient {
         throw new OnceError('pg-once: the pg_once extension is not installed in this database (CREATE EXTENSION pg_once)');
       }
       this.#caps = caps;
+      if (!caps.owner_session) {
+        this.#onError(new OnceError('pg-once: the server has no once.owner_session() (pg_once before 0.2.0): claims belong '
+          + 'to the pooled connection that made them, and a recycled connection loses them (ALTER EXTENSION pg_once UPDATE)'));
+      }
       return caps;
     }, (err) => {
       this.#capabilities = null; // try again on the next call
