@@ -1,17 +1,4 @@
-// pg-once for ESM's import: the same objects as require('pg-once') (index.cjs), so that
-// an application mixing both sees one OnceClient class and one set of error classes.
-import cjs from './index.cjs';
-
-export const {
-  OnceClient,
-  Worker,
-  defaultKey,
-  MAX_KEY_BYTES,
-  OnceError,
-  OnceFailed,
-  OnceTimeout,
-  ClaimLost,
-  NotSerializable,
-  ResultRefused,
-  ConfigurationError,
-} = cjs;
+// pg-once for ESM's import: the same objects as require('pg-once') (index.cjs, whose
+// `module.exports = { ... }` Node reads the names from), so that an application mixing
+// both sees one OnceClient class and one set of error classes.
+export * from './index.cjs';

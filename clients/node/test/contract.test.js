@@ -14,6 +14,22 @@ const dateSerializer = {
   deserialize: (t) => JSON.parse(t, (k, x) => (x && typeof x === 'object' && '$date' in x ? new Date(x.$date) : x)),
 };
 
+/**
+ * A call with a signal whose compute takes `ms` (lease 30 s) and returns `value`:
+ * `cancel(reason)` aborts the caller's signal; `computeAborted()` says whether compute's
+ * own signal aborted.
+ */
+function cancellableCall(client, key, ms, value) {
+  const ac = new AbortController();
+  let aborted = false;
+  const call = client.getOrCompute(key, async ({ signal }) => {
+    signal.addEventListener('abort', () => { aborted = true; });
+    await sleep(ms);
+    return value;
+  }, { signal: ac.signal, lease: 30 });
+  return { call, cancel: (reason) => ac.abort(reason), computeAborted: () => aborted };
+}
+
 for (const setup of setups) {
   describe(`contract (${setup.name})`, () => {
     let client;
@@ -113,37 +129,25 @@ for (const setup of setups) {
 
     test('a cancelled caller leaves the computation to the callers still waiting for it', async () => {
       const key = freshKey('cancelone');
-      const ac = new AbortController();
-      let aborted = false;
-      const first = client.getOrCompute(key, async ({ signal }) => {
-        signal.addEventListener('abort', () => { aborted = true; });
-        await sleep(600);
-        return 'shared';
-      }, { signal: ac.signal });
+      const first = cancellableCall(client, key, 600, 'shared');
       await sleep(100);
       const second = client.getOrCompute(key, () => assert.fail('computed twice'));
-      ac.abort(new Error('first gave up'));
-      await assert.rejects(first, /first gave up/);
+      first.cancel(new Error('first gave up'));
+      await assert.rejects(first.call, /first gave up/);
       assert.equal(await second, 'shared');
-      assert.equal(aborted, false);
+      assert.equal(first.computeAborted(), false);
     });
 
     test('when every caller is cancelled, compute is aborted and the claim given back: another process takes over at once', async () => {
       const key = freshKey('cancelall');
-      const ac = new AbortController();
-      let aborted = false;
-      const leader = client.getOrCompute(key, async ({ signal }) => {
-        signal.addEventListener('abort', () => { aborted = true; });
-        await sleep(5000);
-        return 'never';
-      }, { signal: ac.signal, lease: 30 });
+      const leader = cancellableCall(client, key, 5000, 'never');
       await sleep(150);
       const waiting = other.getOrCompute(key, async () => 'taken over');
       await sleep(100);
       const started = Date.now();
-      ac.abort(new Error('cancelled by caller'));
-      await assert.rejects(leader, /cancelled by caller/);
-      assert.ok(aborted, 'compute was told');
+      leader.cancel(new Error('cancelled by caller'));
+      await assert.rejects(leader.call, /cancelled by caller/);
+      assert.ok(leader.computeAborted(), 'compute was told');
       assert.equal(await waiting, 'taken over');
       assert.ok(Date.now() - started < 1500, 'not after the 30 s lease');
     });
