@@ -159,7 +159,7 @@ async function runScenario(setup, admin, scenario) {
       case 'get_or_compute': return client.getOrCompute(keyed(step.key), computeOf(step.compute), optionsOf(step.options));
       case 'cached': return wrapper()(...fromVector(step.args));
       case 'invalidate': return step.name ? wrapper().invalidate(...fromVector(step.args)) : client.invalidate(keyed(step.key));
-      case 'refresh': return step.name ? wrapper().refresh(...fromVector(step.args)) : client.refresh(keyed(step.key));
+      case 'refresh': return step.name ? wrapper().refresh(...fromVector(step.args)) : client.refresh(keyed(step.key), optionsOf(step.options));
       case 'enqueue': return client.enqueue(keyed(step.key), optionsOf(step.options));
       default: throw new NotApplicable(`call ${step.call} is not run by the Node runner yet`);
     }
@@ -186,6 +186,8 @@ async function runScenario(setup, admin, scenario) {
     }
   };
   try {
+    // Connected first, as a running process's client is: a step's within_ms times the call.
+    await Promise.all(clients.map((c) => c.ready()));
     for (const sql of scenario.setup ?? []) await admin.query(sqlText(sql));
     for (const step of scenario.steps) {
       if (step.sql !== undefined) {
