@@ -1,15 +1,17 @@
-'use strict';
-
 // OnceClient: compute each key once across every process that shares a database.
 //
-// The rules it follows are docs/clients.md, "What every client does". In short:
-// - calls for one key in one process share one claim (#inflight);
+// The rules it follows are docs/clients.md's numbered rules (cited by number here). In short:
+// - calls for one key in one process share one flight (#inflight: one claim, one
+//   computation), each caller within its own wait and signal;
+// - every caller reads deserialize(serialize(result)), the computing one included;
 // - a call that has to wait holds no pooled connection: it asks with claim_key(wait => 0)
 //   and sleeps on the listener (or polls, with listen: false);
 // - every statement is one autocommit call through the pool with an unnamed statement,
 //   so a pool behind PgBouncer in transaction mode works;
 // - claims name the listener connection as their owner (owner_pid), so they survive a
 //   pooled connection being recycled and end within about a second if the process dies.
+'use strict';
+
 const { readFileSync } = require('node:fs');
 const pg = require('pg');
 const { Listener } = require('./listener.cjs');

@@ -1,8 +1,7 @@
-'use strict';
-
 // Errors pg-once throws. Every one carries the key it is about, so a caller that awaits
 // many keys can tell which one went wrong, and a `kind`: the error's name in
 // docs/clients.md's table, the same in the three clients.
+'use strict';
 
 /** Base class of the errors pg-once raises itself. */
 class OnceError extends Error {

@@ -1,7 +1,7 @@
-'use strict';
-
 // Default cache keys: docs/clients.md, rule K. A Python, Node and Rust process calling
 // report(7, "eu") derive one key, and two different argument lists never derive one.
+'use strict';
+
 const { createHash } = require('node:crypto');
 
 /** The server's key limit in bytes (K3). */

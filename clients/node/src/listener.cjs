@@ -1,5 +1,3 @@
-'use strict';
-
 // The process's one LISTEN connection.
 //
 // It does two jobs (docs/clients.md):
@@ -13,6 +11,8 @@
 //
 // It must be a direct or session-pooled connection: under transaction pooling neither
 // LISTEN nor a session's pid means anything.
+'use strict';
+
 const { createHash, randomUUID } = require('node:crypto');
 const pg = require('pg');
 const { ConfigurationError, OnceError } = require('./errors.cjs');

@@ -1,8 +1,8 @@
-'use strict';
-
 // What a call tells the application about itself (docs/clients.md, O): the outcome hook,
 // and OpenTelemetry spans when @opentelemetry/api is installed (an optional peer
 // dependency: without it nothing is imported and nothing is traced).
+'use strict';
+
 const { performance } = require('node:perf_hooks');
 
 /** The outcome kinds a finished call reports. */

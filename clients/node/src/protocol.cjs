@@ -1,9 +1,9 @@
-'use strict';
-
 // The pg_once statements every client sends through the pool, and the heartbeat.
 // Each is one autocommit statement, sent unnamed (no prepared statement outlives it), so
 // they work through PgBouncer in transaction mode. Durations are seconds, passed as
 // numbers and turned into intervals by make_interval.
+'use strict';
+
 const { OnceError } = require('./errors.cjs');
 
 const HEARTBEAT_SQL = 'SELECT once.heartbeat_key($1, $2, lease => make_interval(secs => $3)) AS expires';

@@ -1,6 +1,5 @@
-'use strict';
-
 // Small helpers shared by the client, the listener and the worker loop.
+'use strict';
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 

@@ -1,8 +1,8 @@
-'use strict';
-
 // How results become the jsonb the server stores, and come back. The caller that
 // computes gets deserialize(serialize(value)), exactly what every other caller (in this
 // process or another) reads, never its own object (docs/clients.md).
+'use strict';
+
 const { NotSerializable } = require('./errors.cjs');
 
 /**

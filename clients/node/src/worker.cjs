@@ -1,10 +1,10 @@
-'use strict';
-
 // The queue worker loop (docs/clients.md): claim up to `concurrency` keys at once with
 // claim_next(n => free slots, owner_pid => P), run the handler on each with a heartbeat,
 // complete or fail each, wait for work with a short server-side wait when idle, and stop
 // gracefully on SIGTERM/SIGINT or stop(): jobs in hand are finished (or, after
 // stopTimeout, released so another worker takes them at once).
+'use strict';
+
 const os = require('node:os');
 const { OnceError } = require('./errors.cjs');
 const { describeError, isConnectionError, jitter, seconds } = require('./util.cjs');

@@ -288,7 +288,7 @@ for (const setup of setups) {
   });
 }
 
-describe('namespaces', () => {
+describe('namespaces', { skip: !DSN && 'PG_ONCE_DSN is not set' }, () => {
   test('a waiter for a key in a namespace that announces digests is woken by its digest', async () => {
     // Such a namespace sends encode(once.key_hash(key), 'hex') instead of the key.
     const a = await admin();
