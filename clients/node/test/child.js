@@ -1,6 +1,6 @@
 // A separate process for the tests (see helpers.js, child()): another "pod" with its own
 // pool and listener. Prints JSON lines on stdout.
-import { OnceClient } from '../src/index.js';
+import { OnceClient } from '../src/index.mjs';
 import pg from 'pg';
 
 const [mode, argsJson] = process.argv.slice(2);

@@ -240,7 +240,7 @@ for (const setup of setups) {
       await assert.rejects(filler.getOrCompute(key, () => 1, { ttl: 10, beta: 1000 }), /beta must be/);
       await assert.rejects(filler.getOrCompute(key, () => 1, { ttl: 10, jitter: 1 }), /jitter must be/);
       await assert.rejects(filler.getOrCompute(key, () => 1, { ttl: 10, stale: -1 }), /stale must be/);
-      assert.throws(() => filler.cached(() => 1, { key, beta: 1 }), /need a ttl/);
+      assert.throws(() => filler.cached(() => 1, { name: key, beta: 1 }), /need a ttl/);
       assert.equal(await entry(key), undefined);
       // jitter alone reaches complete_key: each key's ttl is shortened by up to half, drawn
       // per key (all 8 left above 95 s by chance: 0.1^8).

@@ -5,7 +5,7 @@ import { randomUUID } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import readline from 'node:readline';
 import pg from 'pg';
-import { OnceClient } from '../src/index.js';
+import { OnceClient } from '../src/index.mjs';
 
 export const DSN = process.env.PG_ONCE_DSN;
 export const BOUNCER_DSN = process.env.PG_ONCE_BOUNCER_DSN;
@@ -19,7 +19,7 @@ export const setups = [
   DSN && { name: 'direct', poolDsn: DSN, listenDsn: DSN },
   DSN && BOUNCER_DSN && { name: 'pgbouncer', poolDsn: BOUNCER_DSN, listenDsn: DSN },
 ].filter(Boolean);
-if (!DSN) console.warn('PG_ONCE_DSN is not set: every test is skipped');
+if (!DSN) console.warn('PG_ONCE_DSN is not set: the tests that need a server are skipped');
 
 export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 export const freshKey = (name) => `node-test/${name}/${randomUUID()}`;

@@ -1,11 +1,25 @@
-// Compiled (never run) by `npm run typecheck`: the declarations in index.d.ts describe the API.
+// Compiled (never run) by `npm run typecheck`: the declarations in index.d.cts (through
+// index.d.mts, as import sees them) describe the API.
 import pg from 'pg';
-import { OnceClient, OnceFailed, type Job } from 'pg-once';
+import { OnceClient, OnceFailed, ClaimLost, defaultKey, type Job, type OutcomeEvent } from 'pg-once';
 
 const client = new OnceClient({ pool: new pg.Pool(), listenConnectionString: 'postgres://direct/db', lease: 10 });
 const n: number = await client.getOrCompute('k', async () => 42, { ttl: 60 });
 const square = client.cached(async (x: number) => x * x, { key: (x) => `sq:${x}`, ttl: 3600 });
 const s: number = await square(3);
+const report = client.cached(async (n: number, region: string) => ({ n, region }), { name: 'report' });
+const invalidated: boolean = await report.invalidate(7, 'eu');
+const refreshed: string = await report.refresh(7, 'eu');
+const key: string = defaultKey('report', [7, 'eu']);
+const cancel = new AbortController();
+const cancellable: number = await client.getOrCompute('c', async ({ signal }) => (signal.aborted ? 0 : 1), {
+  signal: cancel.signal,
+  onOutcome: (e: OutcomeEvent) => console.log(e.kind, e.duration),
+  serialize: JSON.stringify,
+  deserialize: JSON.parse,
+});
+const queued: string = await client.enqueue('job', { payload: { w: 1 }, queue: 'thumbnails' });
+console.log(invalidated, refreshed, key, cancellable, queued, new ClaimLost('k').kind);
 const fresh: string = await client.getOrCompute('page', async () => 'html', { ttl: 15, stale: 300, beta: 1, jitter: 0.1 });
 const worker = client.work<{ w: number }>('thumbnails', async (job: Job<{ w: number }>) => ({ width: job.payload.w }), { concurrency: 4 });
 const stats = await worker.stop();

@@ -110,5 +110,17 @@ for (const setup of setups) {
         await dropQueue();
       }
     });
+
+    test('claim_next failing for a reason retrying cannot cure (no such queue) stops the worker with that error', { timeout: 10_000 }, async () => {
+      const client = makeClient(setup);
+      try {
+        const worker = client.work(`node-missing-${randomUUID().slice(0, 8)}`, () => 1, { handleSignals: false });
+        const started = Date.now();
+        await assert.rejects(worker.done, (err) => err.cause?.code === '42704');
+        assert.ok(Date.now() - started < 3000, 'not retried every second forever');
+      } finally {
+        await closeClient(client);
+      }
+    });
   });
 }

@@ -1,5 +1,6 @@
-// Types of pg-once, the node-postgres client of the pg_once PostgreSQL extension.
-// Durations are seconds (numbers; fractions allowed).
+// Types of pg-once, the node-postgres client of the pg_once PostgreSQL extension, for
+// require() (index.d.mts gives import the same). Durations are seconds (numbers;
+// fractions allowed).
 import type { Pool, PoolConfig } from 'pg';
 
 /** Anything JSON.stringify turns into JSON (what a computation may return). */
@@ -30,6 +31,44 @@ export interface CallOptions {
   beta?: number | null;
   /** 0 to below 1 (needs ttl): the ttl used is ttl * (1 - jitter * random()), so keys filled together expire apart. */
   jitter?: number | null;
+  /**
+   * Turns a result into the JSON text the server stores (default: JSON.stringify, refusing
+   * with NotSerializable what JSON would not give back unchanged: Date, BigInt, Map, Set,
+   * undefined, NaN, class instances). Pass deserialize with it.
+   */
+  serialize?: (value: any) => string;
+  /** Turns stored JSON text back into a value; every caller, the computing one included, gets its result. */
+  deserialize?: (text: string) => any;
+  /** Called once per finished call with how it went (a call's replaces the client's). */
+  onOutcome?: ((event: OutcomeEvent) => void) | null;
+}
+
+/** What the outcome hook gets. */
+export interface OutcomeEvent {
+  /**
+   * hit (stored value), stale (old value, someone else refreshes), refresh (old value,
+   * this process refreshes), claimed (computed here), waited (another process's result),
+   * coalesced (shared a call of this process), failed (the call threw: `error`).
+   */
+  kind: 'hit' | 'stale' | 'refresh' | 'claimed' | 'waited' | 'coalesced' | 'failed';
+  key: string;
+  /** Milliseconds from the call to its answer. */
+  duration: number;
+  error?: unknown;
+}
+
+export interface GetOrComputeOptions extends CallOptions {
+  /**
+   * Stop waiting when it aborts (rejecting with its reason); also passed to compute. The
+   * computation is cancelled, and its claim given back, only when every caller waiting
+   * for it in this process has stopped.
+   */
+  signal?: AbortSignal;
+}
+
+/** What compute gets: a signal that aborts when every caller gave up or the claim was lost. */
+export interface ComputeContext {
+  signal: AbortSignal;
 }
 
 export interface OnceClientOptions extends CallOptions {
@@ -46,10 +85,11 @@ export interface OnceClientOptions extends CallOptions {
   listen?: boolean;
   /** How long to keep trying to (re)connect the listener before a call fails, in seconds (default 10). */
   connectTimeout?: number;
-  /** Background errors (listener reconnects, failed heartbeats). Default: console.warn. */
+  /** Background errors (listener reconnects, failed heartbeats, a throwing onOutcome). Default: console.warn. */
   onError?: (err: Error) => void;
 }
 
+/** Without a connection string, libpq's PG* environment variables (PGSSLROOTCERT included). */
 export interface ConnectOptions extends Omit<OnceClientOptions, 'pool' | 'connectionString'> {
   /** The pool's max (default 10). */
   poolSize?: number;
@@ -57,9 +97,40 @@ export interface ConnectOptions extends Omit<OnceClientOptions, 'pool' | 'connec
   poolOptions?: PoolConfig;
 }
 
+/**
+ * Either `name` (keys are derived from it and the arguments, docs/clients.md rule K:
+ * `name:[...]`, hashed past 7,500 bytes; arguments of other types than JSON's, Map, Set,
+ * Date, Buffer and BigInt are refused with a TypeError) or `key`, a function of the arguments.
+ */
 export interface CachedOptions<A extends unknown[]> extends CallOptions {
-  /** The key of a call: a function of its arguments, or a prefix (default fn.name) followed by the arguments as JSON. */
-  key?: string | ((...args: A) => string);
+  /** The prefix of the derived keys; required without `key` (fn.name changes under minifiers). */
+  name?: string;
+  /** The key of a call, written by the caller. */
+  key?: (...args: A) => string;
+}
+
+/** A cached function: call it as fn; invalidate or refresh the entry of some arguments. */
+export interface Cached<A extends unknown[], T> {
+  (...args: A): Promise<T>;
+  /** once.invalidate_key of these arguments' key: false if it was absent. */
+  invalidate(...args: A): Promise<boolean>;
+  /** once.refresh_key of these arguments' key, with the wrapper's stale: expired, rerun, pending or absent. */
+  refresh(...args: A): Promise<string>;
+}
+
+export interface EnqueueOptions {
+  /** Handed to the handler (JSON). */
+  payload?: Json;
+  /** Default 'default'. */
+  queue?: string;
+  /** Smaller runs first (default 0). */
+  priority?: number;
+  /** Due at (default now). */
+  runAt?: Date | null;
+  /** Requeue a key that has a result, served until the new one lands. */
+  refresh?: boolean;
+  /** Overrides the queue's. */
+  maxAttempts?: number | null;
 }
 
 export interface Job<P = Json> {
@@ -85,7 +156,7 @@ export interface WorkOptions {
   retryAfter?: number;
   /** Server-side wait for work when the queue is empty, in seconds (default 1). */
   idleWait?: number;
-  /** How long stop() lets jobs in hand finish before releasing them, in seconds (default 10). */
+  /** How long stop() lets jobs in hand finish before releasing them, in seconds (default 30). */
   stopTimeout?: number;
   /** The worker name recorded in once.attempts (default host:pid). */
   worker?: string;
@@ -93,6 +164,9 @@ export interface WorkOptions {
   handleSignals?: boolean;
   /** Stop when this signal aborts. */
   signal?: AbortSignal;
+  /** The results' serializer (default: the client's). */
+  serialize?: (value: any) => string;
+  deserialize?: (text: string) => any;
 }
 
 export interface WorkerStats {
@@ -126,12 +200,20 @@ export declare class OnceClient {
   /**
    * The cached result of `key`, computing it with `compute()` exactly once across every
    * process if nobody has. Concurrent calls for one key in this process share one outcome.
+   * Every caller, the computing one included, gets deserialize(serialize(result)).
    * Rejects with OnceFailed (a failure shared by another caller), OnceTimeout, the
-   * compute function's own error, or a TypeError for a result that is not JSON.
+   * compute function's own error, NotSerializable, ResultRefused, ClaimLost,
+   * ConfigurationError, the signal's reason, or a TypeError/RangeError for bad input.
    */
-  getOrCompute<T = any>(key: string, compute: () => T | Promise<T>, options?: CallOptions): Promise<T>;
+  getOrCompute<T = any>(key: string, compute: (context: ComputeContext) => T | Promise<T>, options?: GetOrComputeOptions): Promise<Awaited<T>>;
   /** `fn` wrapped so that its results are cached by key. */
-  cached<A extends unknown[], T>(fn: (...args: A) => T | Promise<T>, options?: CachedOptions<A>): (...args: A) => Promise<Awaited<T>>;
+  cached<A extends unknown[], T>(fn: (...args: A) => T | Promise<T>, options: CachedOptions<A>): Cached<A, Awaited<T>>;
+  /** once.invalidate_key: forget the key's result or failure; false if it was absent. */
+  invalidate(key: string): Promise<boolean>;
+  /** once.refresh_key: compute it again, serving the result as stale for `stale` seconds meanwhile. */
+  refresh(key: string, options?: { stale?: number | null }): Promise<'expired' | 'rerun' | 'pending' | 'absent'>;
+  /** once.enqueue_key: have a queue's workers compute it. */
+  enqueue(key: string, options?: EnqueueOptions): Promise<'queued' | 'requeued' | 'duplicate' | 'cached'>;
   /** Work a queue until stopped; the handler's result completes the job, a throw fails it. */
   work<P = Json>(queue: string, handler: (job: Job<P>) => unknown, options?: WorkOptions): Worker;
   /**
@@ -144,7 +226,13 @@ export declare class OnceClient {
 
 export declare class OnceError extends Error {}
 
+/** The derived key of `args` under `name` (docs/clients.md, rule K). */
+export declare function defaultKey(name: string, args: unknown[]): string;
+/** The server's limit on a key, in UTF-8 bytes. */
+export declare const MAX_KEY_BYTES: 7500;
+
 export declare class OnceFailed extends OnceError {
+  readonly kind: 'Failed';
   readonly key: string;
   /** The failing computation's error text. */
   readonly error: string;
@@ -153,7 +241,34 @@ export declare class OnceFailed extends OnceError {
 }
 
 export declare class OnceTimeout extends OnceError {
+  readonly kind: 'Timeout';
   readonly key: string;
   /** The caller's wait, in seconds. */
   readonly wait: number;
+}
+
+/** The claim ended (lease taken over, or invalidated) before the result was stored; nothing was stored. */
+export declare class ClaimLost extends OnceError {
+  constructor(key: string);
+  readonly kind: 'ClaimLost';
+  readonly key: string;
+}
+
+/** The result cannot go through the serializer unchanged; the failure is shared with the waiters. */
+export declare class NotSerializable extends OnceError {
+  readonly kind: 'NotSerializable';
+  readonly key: string;
+}
+
+/** The server refused to store the result (e.g. 54000, too large); shared with the waiters. */
+export declare class ResultRefused extends OnceError {
+  readonly kind: 'Refused';
+  readonly key: string;
+  /** The server's SQLSTATE. */
+  readonly code: string | undefined;
+}
+
+/** A setup that cannot work, e.g. the LISTEN connection through a transaction pooler. */
+export declare class ConfigurationError extends OnceError {
+  readonly kind: 'Configuration';
 }

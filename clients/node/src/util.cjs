@@ -1,9 +1,33 @@
 // Small helpers shared by the client, the listener and the worker loop.
+'use strict';
 
-export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/**
+ * `promise`, or a rejection with `signal.reason` as soon as `signal` aborts, or with
+ * `onTimeout()` after `ms`: how a call keeps its own bound while it awaits something it
+ * shares with others (a computation, a notification). Timer and listener are removed
+ * when it settles.
+ */
+function bounded(promise, { signal, ms, onTimeout } = {}) {
+  if (!signal && ms === undefined) return promise;
+  if (signal?.aborted) return Promise.reject(signal.reason);
+  return new Promise((resolve, reject) => {
+    let timer;
+    const onAbort = () => settle(reject, signal.reason);
+    const settle = (fn, v) => {
+      clearTimeout(timer);
+      signal?.removeEventListener('abort', onAbort);
+      fn(v);
+    };
+    if (ms !== undefined) timer = setTimeout(() => settle(reject, onTimeout()), Math.max(0, ms));
+    signal?.addEventListener('abort', onAbort, { once: true });
+    promise.then((v) => settle(resolve, v), (e) => settle(reject, e));
+  });
+}
 
 /** `ms` spread over ±25%, so that many processes that started together drift apart. */
-export const jitter = (ms) => ms * (0.75 + Math.random() * 0.5);
+const jitter = (ms) => ms * (0.75 + Math.random() * 0.5);
 
 // SQLSTATE classes after which the same statement may simply be sent again on another
 // connection: connection exceptions (08: also what PgBouncer reports when it loses a
@@ -15,7 +39,7 @@ const RETRYABLE_SOCKET = new Set(['ECONNRESET', 'ECONNREFUSED', 'EPIPE', 'ETIMED
  * Whether `err` says the connection went away (rather than that the statement is wrong):
  * a pooled connection that PgBouncer or an administrator closed, a restarting server.
  */
-export function isConnectionError(err) {
+function isConnectionError(err) {
   const code = err?.code;
   if (typeof code === 'string' && (RETRYABLE_SQLSTATE.test(code) || RETRYABLE_SOCKET.has(code))) return true;
   // node-postgres reports a socket that closed mid-query without a code.
@@ -23,34 +47,15 @@ export function isConnectionError(err) {
     .test(String(err?.message));
 }
 
-/**
- * The JSON text of a computation's result, or a TypeError that says why there is none.
- * JSON.stringify throws on BigInt and cycles, and returns undefined for undefined,
- * functions and symbols: all three would otherwise reach the server as garbage or NULL.
- */
-export function toJson(key, value) {
-  let json;
-  try {
-    json = JSON.stringify(value);
-  } catch (err) {
-    throw new TypeError(`pg-once: the result for ${key} is not JSON-serialisable: ${err.message}`, { cause: err });
-  }
-  if (json === undefined) {
-    throw new TypeError(`pg-once: the result for ${key} is not JSON-serialisable: got ${typeof value}`
-      + ' (return null to cache "nothing")');
-  }
-  return json;
-}
-
 /** The text stored with a failure, and shown to the callers it is shared with. */
-export function describeError(err) {
+function describeError(err) {
   const text = err instanceof Error ? (err.message ? `${err.name}: ${err.message}` : err.name) : String(err);
   // A stack-sized message is no use to the other callers and bloats the row.
   return text.length > 4000 ? `${text.slice(0, 4000)}…` : text;
 }
 
 /** Seconds (a number) as a positive millisecond count, refusing nonsense early. */
-export function seconds(name, value, { allowZero = false, allowNull = false } = {}) {
+function seconds(name, value, { allowZero = false, allowNull = false } = {}) {
   if (value === null || value === undefined) {
     if (allowNull) return null;
     throw new TypeError(`pg-once: ${name} is required (seconds)`);
@@ -66,7 +71,7 @@ export function seconds(name, value, { allowZero = false, allowNull = false } = 
  * server checks the same ranges (22023) in complete_key, but only after the computation,
  * which a typo would then cost, leaving the key failed for retryAfter.
  */
-export function freshness(stale, beta, jitter) {
+function freshness(stale, beta, jitter) {
   const number = (name, value, ok, range) => {
     if (value === null || value === undefined) return null;
     if (typeof value !== 'number' || !ok(value)) {
@@ -87,3 +92,5 @@ export function freshness(stale, beta, jitter) {
     serveStale: opts.stale !== null || Boolean(opts.beta),
   };
 }
+
+module.exports = { sleep, bounded, jitter, isConnectionError, describeError, seconds, freshness };

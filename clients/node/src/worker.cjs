@@ -3,17 +3,20 @@
 // complete or fail each, wait for work with a short server-side wait when idle, and stop
 // gracefully on SIGTERM/SIGINT or stop(): jobs in hand are finished (or, after
 // stopTimeout, released so another worker takes them at once).
-import os from 'node:os';
-import { OnceError } from './errors.js';
-import { describeError, isConnectionError, jitter, seconds, toJson } from './util.js';
-import { Heartbeat, COMPLETE_SQL, FAIL_SQL, RELEASE_SQL } from './protocol.js';
+'use strict';
+
+const os = require('node:os');
+const { OnceError } = require('./errors.cjs');
+const { describeError, isConnectionError, jitter, seconds } = require('./util.cjs');
+const { serializer, toText } = require('./values.cjs');
+const { Heartbeat, COMPLETE_SQL, FAIL_SQL, RELEASE_SQL } = require('./protocol.cjs');
 
 const claimNextSql = ({ owner, wait }) => `
 SELECT key, token, payload, attempt
   FROM once.claim_next($1, lease => make_interval(secs => $2), worker => $3, n => $4${
   wait ? ', wait => make_interval(secs => $5)' : ''}${owner ? `, owner_pid => $${wait ? 6 : 5}` : ''})`;
 
-export class Worker {
+class Worker {
   #queue;
   #handler;
   #o;
@@ -31,8 +34,8 @@ export class Worker {
     if (typeof queue !== 'string' || !queue) throw new TypeError('pg-once: work(queue, ...) needs a queue name');
     if (typeof handler !== 'function') throw new TypeError('pg-once: work(queue, handler) needs a handler function');
     const {
-      concurrency = 1, lease, ttl, retryAfter = 0, idleWait = 1, stopTimeout = 10,
-      worker = `${os.hostname()}:${process.pid}`, handleSignals = true, signal,
+      concurrency = 1, lease, ttl, retryAfter = 0, idleWait = 1, stopTimeout = 30,
+      worker = `${os.hostname()}:${process.pid}`, handleSignals = true, signal, serialize, deserialize,
     } = options;
     if (!Number.isInteger(concurrency) || concurrency < 1 || concurrency > 1000) {
       throw new TypeError(`pg-once: concurrency must be an integer from 1 to 1000, got ${concurrency}`);
@@ -48,6 +51,8 @@ export class Worker {
       // A queue's own backoff applies on top of this (fail_key uses the larger).
       retryAfter: seconds('retryAfter', retryAfter, { allowZero: true }),
       idleWait: seconds('idleWait', idleWait),
+      // The client's unless the worker has its own: the readers of these keys deserialize them.
+      serializer: serialize === undefined ? options.serializer : serializer({ serialize, deserialize }),
     };
     this.#stopTimeout = seconds('stopTimeout', stopTimeout, { allowZero: true });
     if (handleSignals) {
@@ -68,9 +73,15 @@ export class Worker {
     }
     signal?.addEventListener('abort', () => this.stop(), { once: true });
     this.#done = this.#run().finally(() => this.#removeSignalHandlers());
+    // An error that ends the loop also went to onError: not awaiting done must not crash
+    // the process with an unhandled rejection.
+    this.#done.catch(() => {});
   }
 
-  /** Resolves with `stats` once the worker has stopped and every job is finished or released. */
+  /**
+   * Resolves with `stats` once the worker has stopped and every job is finished or
+   * released; rejects with the error that stopped it, if one did (W4).
+   */
   get done() {
     return this.#done;
   }
@@ -91,6 +102,7 @@ export class Worker {
 
   async #run() {
     let idle = false; // the last claim found nothing: wait for work on the server
+    let fatal = null; // an error that retrying will not cure ends the loop (docs/clients.md, W4)
     while (!this.#stopping) {
       const free = this.#o.concurrency - this.#active.size;
       if (free === 0) {
@@ -99,17 +111,28 @@ export class Worker {
       }
       let rows;
       let caps;
+      let owner = null;
       try {
         caps = await this.#ops.capabilities();
-        const owner = caps.claim_owner ? await this.#ops.owner() : null;
+        owner = caps.claim_owner ? await this.#ops.owner() : null;
         const wait = idle && caps.claim_next_wait ? this.#o.idleWait : 0;
         const params = [this.#queue, this.#o.lease, this.#o.worker, free];
         if (caps.claim_next_wait) params.push(wait);
         if (owner !== null) params.push(owner);
         ({ rows } = await this.#ops.query(claimNextSql({ owner: owner !== null, wait: caps.claim_next_wait }), params));
       } catch (err) {
-        if (err.code === '22023') await this.#ops.verifyOwner(); // our listener may have just died
-        this.#ops.onError(new OnceError(`pg-once: claim_next on ${this.#queue} failed: ${err.message}`, { cause: err }));
+        if (err.code === '22023' && owner) {
+          // Our listener may have just died (R3): asked again at once if it has a new pid.
+          await this.#ops.verifyOwner();
+          if ((await this.#ops.owner().catch(() => owner)) !== owner) continue;
+        }
+        if (!isConnectionError(err)) {
+          fatal = new OnceError(`pg-once: the worker on ${this.#queue} stops: claim_next failed: ${err.message}`, { cause: err });
+          this.#ops.onError(fatal);
+          this.#stopping = true;
+          break;
+        }
+        this.#ops.onError(new OnceError(`pg-once: claim_next on ${this.#queue} failed, trying again: ${err.message}`, { cause: err }));
         await this.#nap(jitter(1000));
         continue;
       }
@@ -131,6 +154,7 @@ export class Worker {
       job.abort.abort(new OnceError('pg-once: worker stopped; the job was released'));
       return this.#release(job.row).then(() => job.settled);
     }));
+    if (fatal) throw fatal;
     return this.stats;
   }
 
@@ -158,12 +182,12 @@ export class Worker {
       }
       heartbeat.stop();
       if (heartbeat.lost || job.released) {
-        if (heartbeat.lost) this.stats.lost += 1;
+        if (heartbeat.lost) this.#lostJob(row.key);
         return;
       }
       let json;
       try {
-        json = toJson(row.key, value);
+        json = toText(row.key, value, this.#o.serializer);
       } catch (err) {
         this.#ops.onError(err);
         await this.#finish(FAIL_SQL, [row.key, row.token, describeError(err), this.#o.retryAfter], row.key);
@@ -171,7 +195,7 @@ export class Worker {
         return;
       }
       const stored = await this.#finish(COMPLETE_SQL, [row.key, row.token, json, this.#o.ttl], row.key);
-      if (stored === false) this.stats.lost += 1;
+      if (stored === false) this.#lostJob(row.key);
       else if (stored === true) this.stats.completed += 1;
     })().finally(() => {
       this.#active.delete(row.token);
@@ -192,6 +216,12 @@ export class Worker {
       }
       return undefined;
     }
+  }
+
+  /** A job whose claim ended before its result was stored (L2): counted and logged. */
+  #lostJob(key) {
+    this.stats.lost += 1;
+    this.#ops.onError(new OnceError(`pg-once: the claim on job ${key} was lost (lease taken over or invalidated); its result was not stored`));
   }
 
   async #release(row) {
@@ -221,3 +251,5 @@ export class Worker {
     this.#signals = [];
   }
 }
+
+module.exports = { Worker };

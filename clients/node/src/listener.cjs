@@ -11,17 +11,19 @@
 //
 // It must be a direct or session-pooled connection: under transaction pooling neither
 // LISTEN nor a session's pid means anything.
-import { createHash } from 'node:crypto';
-import pg from 'pg';
-import { OnceError } from './errors.js';
-import { jitter, sleep } from './util.js';
+'use strict';
+
+const { createHash, randomUUID } = require('node:crypto');
+const pg = require('pg');
+const { ConfigurationError, OnceError } = require('./errors.cjs');
+const { bounded, jitter, sleep } = require('./util.cjs');
 
 /**
  * What channel "once" may carry when `key` resolves: the key itself, or, for a key in a
  * namespace created with notify => 'digest' (the default there), its hex SHA-256,
  * encode(once.key_hash(key), 'hex'). A waiter listens for both.
  */
-export function notifiedNames(key) {
+function notifiedNames(key) {
   return [key, createHash('sha256').update(key, 'utf8').digest('hex')];
 }
 
@@ -59,7 +61,9 @@ class Interest {
   }
 }
 
-export class Listener {
+const IDLE_CHECK_MS = 5000;
+
+class Listener {
   #config;
   #onError;
   #ownerSession; // () => boolean: whether the server has once.owner_session()
@@ -71,7 +75,13 @@ export class Listener {
   /** key -> Set<Interest> */
   #interests = new Map();
 
-  constructor(config, { onError, ownerSession, connectTimeout = 10 }) {
+  #notifyThroughPool; // (payload) => Promise: NOTIFY once, payload, sent through the pool
+  #probes = new Map(); // probe payload -> resolve
+
+  constructor(config, {
+    onError, ownerSession, connectTimeout = 10, notifyThroughPool = null,
+  }) {
+    this.#notifyThroughPool = notifyThroughPool;
     // keepAlive: a listener whose network silently died would otherwise never notice,
     // and this process's waiters would only ever wake on their rechecks.
     this.#config = { keepAlive: true, application_name: 'pg-once listener', ...config };
@@ -140,12 +150,13 @@ export class Listener {
 
   async #connectWithRetry() {
     const deadline = Date.now() + this.#connectTimeoutMs;
-    let delay = 100;
+    let delay = 50; // doubling to 2 s (docs/clients.md, N4)
     for (;;) {
       if (this.#closed) throw new OnceError('pg-once: the client has been ended');
       try {
         return await this.#connectOnce();
       } catch (err) {
+        if (err instanceof ConfigurationError) throw err; // trying again will not help
         // A server that is restarting comes back; wrong credentials or a wrong host name
         // do not, but they fail fast anyway, so the same deadline serves both.
         if (Date.now() + delay > deadline) throw err;
@@ -172,6 +183,7 @@ export class Listener {
         ? 'SELECT once.owner_session() AS pid'
         : 'SELECT pg_backend_pid() AS pid'; // a server without owner_session(): pid unused
       pid = Number((await client.query(sql)).rows[0].pid);
+      await this.#refuseTransactionPooler(client, sql, pid);
     } catch (err) {
       client.end().catch(() => {});
       throw err;
@@ -182,9 +194,60 @@ export class Listener {
     }
     this.#client = client;
     this.#pid = pid;
+    this.#checkWhileIdle(client);
     // Whatever was notified while there was no listener is lost: every waiter re-checks.
     this.#wakeAll();
     return pid;
+  }
+
+  /**
+   * A LISTEN connection through a transaction pooler hears nothing (docs/clients.md, N5),
+   * and every waiter would fall back to its recheck: refuse it. The pid the protocol
+   * reported at connect (node-postgres' processID) equals the server's on a direct
+   * connection. Otherwise a proxy sits between: a second statement on another backend is a
+   * transaction pooler; the same backend proves nothing (a quiet pooler hands it back), so
+   * a NOTIFY sent through the pool must reach this connection within 2 s.
+   */
+  async #refuseTransactionPooler(client, sql, pid) {
+    if (client.processID === pid) return;
+    const again = Number((await client.query(sql)).rows[0].pid);
+    let heard = again === pid;
+    if (heard && this.#notifyThroughPool) {
+      const payload = `pg_once-probe:${randomUUID()}`;
+      heard = await new Promise((resolve) => {
+        const timer = setTimeout(() => resolve(false), 2000);
+        this.#probes.set(payload, () => {
+          clearTimeout(timer);
+          resolve(true);
+        });
+        this.#notifyThroughPool(payload).catch(() => {}); // unsent: not heard, refused below
+      });
+      this.#probes.delete(payload);
+    }
+    if (!heard) {
+      throw new ConfigurationError('pg-once: the LISTEN connection goes through a transaction pooler (its statements '
+        + 'run on different server connections, or it hears no notification): waiters would never be woken and claims '
+        + 'would not end with this process. Pass listenConnectionString, a direct or session-pooled connection string.');
+    }
+  }
+
+  /**
+   * A query every 5 s on the idle connection, answered within 5 s: a LISTEN connection
+   * whose network died silently notices nothing otherwise (TCP keepalive takes minutes),
+   * and meanwhile its waiters' wake-ups would be lost without a word.
+   */
+  #checkWhileIdle(client) {
+    const timer = setInterval(() => {
+      if (client !== this.#client) {
+        clearInterval(timer);
+        return;
+      }
+      bounded(client.query('SELECT 1'), {
+        ms: IDLE_CHECK_MS,
+        onTimeout: () => new OnceError(`no answer to a check within ${IDLE_CHECK_MS / 1000} s`),
+      }).catch((err) => this.#lost(client, err));
+    }, IDLE_CHECK_MS);
+    timer.unref(); // never what keeps the process alive
   }
 
   #lost(client, err) {
@@ -201,11 +264,20 @@ export class Listener {
     this.#connect().catch((e) => this.#onError(e));
   }
 
-  #notified(key) {
-    for (const interest of this.#interests.get(key) ?? []) interest.notify();
+  #notified(payload) {
+    this.#probes.get(payload)?.();
+    // An empty payload (never a key) announces a transaction that resolved too many keys
+    // to name them one by one: every waiter asks again.
+    if (payload === '') {
+      this.#wakeAll();
+      return;
+    }
+    for (const interest of this.#interests.get(payload) ?? []) interest.notify();
   }
 
   #wakeAll() {
     for (const set of this.#interests.values()) for (const interest of set) interest.notify();
   }
 }
+
+module.exports = { notifiedNames, Listener };

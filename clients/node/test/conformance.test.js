@@ -1,0 +1,225 @@
+// The language-neutral conformance suite (clients/conformance/README.md), run by node --test:
+// the offline vectors always, the scenarios against PG_ONCE_DSN. PG_ONCE_CONFORMANCE_DIR
+// points at another copy of the suite (default: the repository's clients/conformance).
+import { describe, test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { randomUUID } from 'node:crypto';
+import pg from 'pg';
+import { defaultKey, OnceClient } from '../src/index.mjs';
+import { serializer, toText } from '../src/values.cjs';
+import { isConnectionError } from '../src/util.cjs';
+import { DSN, setups, makeClient, closeClient, sleep } from './helpers.js';
+
+const DIR = process.env.PG_ONCE_CONFORMANCE_DIR
+  ?? fileURLToPath(new URL('../../conformance', import.meta.url));
+const load = (sub) => {
+  const dir = path.join(DIR, sub);
+  if (!existsSync(dir)) return [];
+  return readdirSync(dir).filter((f) => f.endsWith('.json')).sort()
+    .map((f) => ({ file: `${sub}/${f}`, ...JSON.parse(readFileSync(path.join(dir, f), 'utf8')) }));
+};
+
+/** A case Node cannot run: a type JavaScript lacks, or another language's case. */
+class NotApplicable extends Error {}
+
+class Unsupported { constructor(what) { this.what = what; } }
+
+/** A value in the vector notation (README, "Values in vectors") as JavaScript. */
+function fromVector(v) {
+  if (Array.isArray(v)) return v.map(fromVector);
+  if (v === null || typeof v !== 'object') return v;
+  const [tag, ...more] = Object.keys(v);
+  if (more.length === 0 && tag?.startsWith('$')) {
+    const x = v[tag];
+    switch (tag) {
+      case '$int': return BigInt(x);
+      case '$float': return Number(x);
+      case '$bytes': return Buffer.from(x, 'base64');
+      case '$set': return new Set(x.map(fromVector));
+      case '$map': return new Map(x.map(([k, val]) => [fromVector(k), fromVector(val)]));
+      case '$datetime': return new Date(x);
+      case '$unsupported': return new Unsupported(x);
+      case '$repeat': return String(x[0]).repeat(x[1]);
+      default: throw new NotApplicable(`${tag} has no JavaScript type`);
+    }
+  }
+  return Object.fromEntries(Object.entries(v).map(([k, val]) => [k, fromVector(val)]));
+}
+
+/** Runs `body` for each case of `file`, skipping (and saying why) those Node cannot run. */
+function cases(file, body) {
+  describe(`${file.file} (rule ${file.rule})`, () => {
+    for (const c of file.cases) {
+      let skip = false;
+      if (c.languages && !c.languages.includes('node')) skip = `only ${c.languages.join(', ')}`;
+      if (c.python_params || c.kwargs) skip = 'Python only (keyword arguments)';
+      test(c.name, { skip }, async (t) => {
+        try {
+          await body(c, t);
+        } catch (err) {
+          if (!(err instanceof NotApplicable)) throw err;
+          t.skip(err.message);
+        }
+      });
+    }
+  });
+}
+
+const vectors = Object.fromEntries(load('vectors').map((f) => [path.basename(f.file, '.json'), f]));
+if (!vectors.keys) {
+  test('conformance vectors', { skip: `none in ${DIR} (set PG_ONCE_CONFORMANCE_DIR)` }, () => {});
+}
+
+if (vectors.keys) {
+  cases(vectors.keys, (c) => {
+    const args = fromVector(c.args);
+    if (c.error) assert.throws(() => defaultKey(c.function, args), globalThis[c.error]);
+    else assert.equal(defaultKey(c.function, args), c.key);
+  });
+}
+
+if (vectors.values) {
+  cases(vectors.values, (c) => {
+    const value = fromVector(c.value);
+    const json = serializer();
+    if (c.error) {
+      assert.throws(() => toText('k', value, json), (err) => err.kind === c.error);
+      return;
+    }
+    const text = toText('k', value, json);
+    assert.deepEqual(JSON.parse(text), c.stored);
+    assert.deepEqual(json.deserialize(text), fromVector(c.returns));
+  });
+}
+
+if (vectors.options) {
+  // A pool that answers nothing: a call that passed every check reaches it and stops there.
+  const reached = new Error('reached the pool');
+  const client = new OnceClient({ pool: { query: () => Promise.reject(reached), options: {} }, listen: false });
+  const camel = (name) => name.replace(/_([a-z])/g, (_, ch) => ch.toUpperCase());
+  cases(vectors.options, async (c) => {
+    const options = Object.fromEntries(Object.entries(c.options).map(([k, v]) => [camel(k), fromVector(v)]));
+    const call = client.getOrCompute(c.key, () => 1, options);
+    if (c.error) await assert.rejects(call, (err) => err instanceof TypeError || err instanceof RangeError);
+    else await assert.rejects(call, (err) => err === reached);
+  });
+}
+
+if (vectors.retry) {
+  cases(vectors.retry, (c) => {
+    const message = c.connection_lost ? 'Connection terminated unexpectedly' : 'something else';
+    const err = Object.assign(new Error(message), c.sqlstate ? { code: c.sqlstate } : {});
+    assert.equal(isConnectionError(err), c.retry);
+  });
+}
+
+// ---- scenarios -------------------------------------------------------------------------
+
+const scenarios = load('scenarios');
+if (scenarios.length && !DSN) {
+  test('conformance scenarios', { skip: 'PG_ONCE_DSN is not set' }, () => {});
+}
+
+for (const setup of scenarios.length ? setups : []) {
+  describe(`conformance scenarios (${setup.name})`, () => {
+    let admin;
+    before(async () => {
+      admin = new pg.Client({ connectionString: DSN });
+      await admin.connect();
+    });
+    after(() => admin.end());
+    for (const file of scenarios) {
+      cases(file, (c) => runScenario(setup, admin, c));
+    }
+  });
+}
+
+async function runScenario(setup, admin, scenario) {
+  const prefix = `conf/${randomUUID()}/`;
+  const keyed = (k) => `${prefix}${k}`;
+  const sqlText = (s) => s.replace(/\{key:((?:[^}"]|"[^"]*")*)\}/g, (_, k) => keyed(k).replace(/'/g, "''"));
+  const counters = new Map();
+  const running = new Map();
+  const clients = Array.from({ length: scenario.clients ?? 1 }, () => makeClient(setup));
+  const computeOf = (spec = {}) => async () => {
+    if (spec.counts) counters.set(spec.counts, (counters.get(spec.counts) ?? 0) + 1);
+    if (spec.sleep_ms) await sleep(spec.sleep_ms);
+    if (spec.raises !== undefined) throw new Error(spec.raises);
+    return fromVector(spec.returns ?? null);
+  };
+  const camel = (name) => name.replace(/_([a-z])/g, (_, ch) => ch.toUpperCase());
+  const optionsOf = (o = {}) => Object.fromEntries(Object.entries(o).map(([k, v]) => [camel(k), fromVector(v)]));
+  const call = (step) => {
+    const client = clients[step.client ?? 0];
+    const wrapper = () => client.cached(computeOf(step.compute), { name: keyed(step.name), ...optionsOf(step.options) });
+    switch (step.call) {
+      case 'get_or_compute': return client.getOrCompute(keyed(step.key), computeOf(step.compute), optionsOf(step.options));
+      case 'cached': return wrapper()(...fromVector(step.args));
+      case 'invalidate': return step.name ? wrapper().invalidate(...fromVector(step.args)) : client.invalidate(keyed(step.key));
+      case 'refresh': return step.name ? wrapper().refresh(...fromVector(step.args)) : client.refresh(keyed(step.key), optionsOf(step.options));
+      case 'enqueue': return client.enqueue(keyed(step.key), optionsOf(step.options));
+      default: throw new NotApplicable(`call ${step.call} is not run by the Node runner yet`);
+    }
+  };
+  const check = async (promise, expect = {}, started, within) => {
+    let value;
+    let error;
+    try {
+      value = await promise;
+    } catch (err) {
+      error = err;
+    }
+    if (within !== undefined) assert.ok(Date.now() - started <= within, `took ${Date.now() - started} ms, more than ${within}`);
+    if (expect.error) {
+      assert.ok(error, `expected ${expect.error}, got the value ${JSON.stringify(value)}`);
+      assert.equal(error.kind, expect.error, error.stack);
+      if (expect.message_contains) assert.ok(`${error.message} ${error.error ?? ''}`.includes(expect.message_contains), error.message);
+      if (expect.sqlstate) assert.equal(error.code, expect.sqlstate);
+    } else if (expect.raised !== undefined) {
+      assert.equal(error?.message, expect.raised);
+    } else {
+      if (error) throw error;
+      if ('value' in expect) assert.deepEqual(value, fromVector(expect.value));
+    }
+  };
+  try {
+    // Connected first, as a running process's client is: a step's within_ms times the call.
+    await Promise.all(clients.map((c) => c.ready()));
+    for (const sql of scenario.setup ?? []) await admin.query(sqlText(sql));
+    for (const step of scenario.steps) {
+      if (step.sql !== undefined) {
+        let result = await admin.query(sqlText(step.sql));
+        if (Array.isArray(result)) result = result[result.length - 1];
+        if (step.expect?.rows) {
+          const rows = result.rows.map((r) => result.fields.map((f) => r[f.name]));
+          assert.deepEqual(rows, step.expect.rows);
+        }
+      } else if (step.call) {
+        const started = Date.now();
+        const promise = call(step);
+        if (step.background) {
+          promise.catch(() => {});
+          running.set(step.as, { promise, started });
+        } else {
+          await check(promise, step.expect, started, step.within_ms);
+        }
+      } else if (step.await) {
+        const { promise, started } = running.get(step.await);
+        await check(promise, step.expect, started, step.within_ms);
+      } else if (step.sleep_ms !== undefined) {
+        await sleep(step.sleep_ms);
+      } else if (step.expect?.counter) {
+        const [name, n] = step.expect.counter;
+        assert.equal(counters.get(name) ?? 0, n, `counter ${name}`);
+      } else {
+        throw new NotApplicable(`a step the Node runner does not know: ${JSON.stringify(step)}`);
+      }
+    }
+  } finally {
+    await Promise.allSettled([...running.values()].map((r) => r.promise));
+    await Promise.all(clients.map(closeClient));
+  }
+}

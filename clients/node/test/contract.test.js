@@ -1,0 +1,255 @@
+// The behaviours of docs/clients.md that issue 24 fixed, against a real server, in every setup.
+import { describe, test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import net from 'node:net';
+import {
+  setups, makeClient, closeClient, freshKey, sleep, admin, BOUNCER_DSN, DSN,
+} from './helpers.js';
+import {
+  ClaimLost, ConfigurationError, NotSerializable, OnceFailed, OnceTimeout, ResultRefused,
+} from '../src/index.mjs';
+
+const dateSerializer = {
+  serialize: (v) => JSON.stringify(v, function tagDates(k, x) { return this[k] instanceof Date ? { $date: x } : x; }),
+  deserialize: (t) => JSON.parse(t, (k, x) => (x && typeof x === 'object' && '$date' in x ? new Date(x.$date) : x)),
+};
+
+/**
+ * A call with a signal whose compute takes `ms` (lease 30 s) and returns `value`:
+ * `cancel(reason)` aborts the caller's signal; `computeAborted()` says whether compute's
+ * own signal aborted.
+ */
+function cancellableCall(client, key, ms, value) {
+  const ac = new AbortController();
+  let aborted = false;
+  const call = client.getOrCompute(key, async ({ signal }) => {
+    signal.addEventListener('abort', () => { aborted = true; });
+    await sleep(ms);
+    return value;
+  }, { signal: ac.signal, lease: 30 });
+  return { call, cancel: (reason) => ac.abort(reason), computeAborted: () => aborted };
+}
+
+for (const setup of setups) {
+  describe(`contract (${setup.name})`, () => {
+    let client;
+    let other; // as another process
+    let a;
+    before(async () => {
+      client = makeClient(setup);
+      other = makeClient(setup);
+      a = await admin();
+    });
+    after(async () => {
+      await Promise.all([closeClient(client), closeClient(other)]);
+      await a.end();
+    });
+
+    test('the computing caller and every reader get the same value, through serialize/deserialize', async () => {
+      const key = freshKey('serialize');
+      const when = new Date(Date.UTC(2026, 11, 2));
+      const mine = await client.getOrCompute(key, () => ({ when }), dateSerializer);
+      const theirs = await other.getOrCompute(key, () => assert.fail('recomputed'), dateSerializer);
+      assert.ok(mine.when instanceof Date && theirs.when instanceof Date);
+      assert.deepEqual(mine, theirs);
+      assert.notEqual(mine.when, when, 'a copy, as the others read it, not the computed object');
+    });
+
+    test('a value JSON cannot round-trip: NotSerializable for the computer, the same failure for a waiter, computed once', async () => {
+      const key = freshKey('notjson');
+      let computed = 0;
+      const computing = client.getOrCompute(key, async () => { computed += 1; await sleep(300); return { at: new Date() }; });
+      await sleep(100);
+      const waiting = other.getOrCompute(key, () => { computed += 1; return 'recomputed'; });
+      await Promise.all([ // both at once: either may settle first
+        assert.rejects(computing, (err) => err instanceof NotSerializable && /a Date at \$\.at/.test(err.message)),
+        assert.rejects(waiting, (err) => err instanceof OnceFailed && /NotSerializable/.test(err.error)),
+      ]);
+      assert.equal(computed, 1);
+    });
+
+    test('a result the server refuses (54000): ResultRefused, and the waiters share the failure', async () => {
+      const key = freshKey('toolarge');
+      let computed = 0;
+      const big = 'x'.repeat(17 * 1024 * 1024);
+      const computing = client.getOrCompute(key, async () => { computed += 1; await sleep(300); return big; });
+      await sleep(100);
+      const waiting = other.getOrCompute(key, () => { computed += 1; return 'small'; });
+      await Promise.all([
+        assert.rejects(computing, (err) => err instanceof ResultRefused && err.code === '54000'),
+        assert.rejects(waiting, (err) => err instanceof OnceFailed && /^54000: /.test(err.error)),
+      ]);
+      assert.equal(computed, 1);
+    });
+
+    test('a lost claim throws ClaimLost; the result is neither stored nor computed again', async () => {
+      const key = freshKey('lost');
+      let computed = 0;
+      const computing = client.getOrCompute(key, async ({ signal }) => {
+        computed += 1;
+        await sleep(1200);
+        assert.ok(signal.aborted, 'compute is told the claim is gone');
+        return 'late';
+      }, { lease: 0.9 });
+      await sleep(150);
+      await a.query('SELECT once.invalidate_keys(prefix => $1)', [key]);
+      await assert.rejects(computing, ClaimLost);
+      const { rows } = await a.query("SELECT state FROM once.entries WHERE key = $1 AND state = 'done'", [key]);
+      assert.equal(rows.length, 0, 'nothing stored');
+      assert.equal(computed, 1);
+    });
+
+    test("an empty notification (a transaction that resolved many keys) wakes every waiter at once", async () => {
+      const key = freshKey('emptynotify');
+      const computing = other.getOrCompute(key, async () => { await sleep(3000); return 1; });
+      await sleep(200);
+      const waiting = client.getOrCompute(key, () => 2, { recheck: 20 });
+      await sleep(300);
+      const asked = client.pool.claims.get(key);
+      await a.query("NOTIFY once, ''");
+      for (let i = 0; i < 20 && client.pool.claims.get(key) === asked; i += 1) await sleep(50);
+      assert.equal(client.pool.claims.get(key), asked + 1, 'asked again within a second, not after the 20 s recheck');
+      assert.equal(await waiting, 1);
+      await computing;
+    });
+
+    test('a follower in this process keeps its own wait instead of the leader\'s', async () => {
+      const key = freshKey('ownwait');
+      const leader = client.getOrCompute(key, async () => { await sleep(1500); return 'v'; }, { wait: 30 });
+      await sleep(50);
+      const started = Date.now();
+      await assert.rejects(client.getOrCompute(key, () => 'x', { wait: 0.3 }), OnceTimeout);
+      assert.ok(Date.now() - started < 800, `${Date.now() - started} ms`);
+      const ac = new AbortController();
+      const follower = client.getOrCompute(key, () => 'x', { signal: ac.signal });
+      ac.abort(new Error('mine'));
+      await assert.rejects(follower, /mine/);
+      assert.equal(await leader, 'v');
+    });
+
+    test('a cancelled caller leaves the computation to the callers still waiting for it', async () => {
+      const key = freshKey('cancelone');
+      const first = cancellableCall(client, key, 600, 'shared');
+      await sleep(100);
+      const second = client.getOrCompute(key, () => assert.fail('computed twice'));
+      first.cancel(new Error('first gave up'));
+      await assert.rejects(first.call, /first gave up/);
+      assert.equal(await second, 'shared');
+      assert.equal(first.computeAborted(), false);
+    });
+
+    test('when every caller is cancelled, compute is aborted and the claim given back: another process takes over at once', async () => {
+      const key = freshKey('cancelall');
+      const leader = cancellableCall(client, key, 5000, 'never');
+      await sleep(150);
+      const waiting = other.getOrCompute(key, async () => 'taken over');
+      await sleep(100);
+      const started = Date.now();
+      leader.cancel(new Error('cancelled by caller'));
+      await assert.rejects(leader.call, /cancelled by caller/);
+      assert.ok(leader.computeAborted(), 'compute was told');
+      assert.equal(await waiting, 'taken over');
+      assert.ok(Date.now() - started < 1500, 'not after the 30 s lease');
+    });
+
+    test('invalidate, refresh, enqueue, and invalidate/refresh on a cached wrapper', async () => {
+      const name = freshKey('wrapped');
+      let n = 0;
+      const f = client.cached(async (x) => { n += 1; return x * 10 + n; }, { name, ttl: 60 });
+      assert.equal(await f(1), 11);
+      assert.equal(await f(1), 11);
+      assert.equal(await f.invalidate(1), true);
+      assert.equal(await f(1), 12);
+      assert.equal(await f.refresh(1), 'expired');
+      assert.equal(await f(1), 13);
+      assert.equal(await client.invalidate(freshKey('absent')), false);
+      assert.equal(await client.refresh(freshKey('absent')), 'absent');
+      const queued = freshKey('queued');
+      await a.query("SELECT once.create_queue('node-contract')").catch(() => {});
+      assert.equal(await client.enqueue(queued, { payload: { a: 1 }, queue: 'node-contract' }), 'queued');
+      assert.equal(await client.enqueue(queued, { payload: { a: 1 }, queue: 'node-contract' }), 'duplicate');
+      await assert.rejects(client.enqueue(queued, { payload: new Date() }), NotSerializable);
+    });
+  });
+}
+
+// The LISTEN connection through PgBouncer in transaction mode (one DSN for everything, what
+// most users try first): refused at once, naming the option to pass.
+describe('a LISTEN connection through a transaction pooler', { skip: !BOUNCER_DSN && 'PG_ONCE_BOUNCER_DSN is not set' }, () => {
+  test('is refused with a ConfigurationError naming listenConnectionString', async () => {
+    const client = makeClient({ poolDsn: BOUNCER_DSN, listenDsn: BOUNCER_DSN });
+    const started = Date.now();
+    try {
+      await assert.rejects(client.ready(), (err) => err instanceof ConfigurationError && /listenConnectionString/.test(err.message));
+      assert.ok(Date.now() - started < 5000, 'not retried until connectTimeout');
+      await assert.rejects(client.getOrCompute(freshKey('pooler'), () => 1), ConfigurationError);
+    } finally {
+      await closeClient(client);
+    }
+  });
+
+  test('a direct LISTEN connection beside a transaction-pooled pool is accepted', async () => {
+    const client = makeClient({ poolDsn: BOUNCER_DSN, listenDsn: DSN });
+    try {
+      await client.ready();
+      assert.ok(client.ownerPid > 0);
+    } finally {
+      await closeClient(client);
+    }
+  });
+});
+
+// PG_ONCE_SESSION_BOUNCER_DSN: a PgBouncer in session mode, through which LISTEN works.
+describe('a LISTEN connection through a session pooler', { skip: !process.env.PG_ONCE_SESSION_BOUNCER_DSN && 'PG_ONCE_SESSION_BOUNCER_DSN is not set' }, () => {
+  test('is accepted (its notification probe arrives)', async () => {
+    const dsn = process.env.PG_ONCE_SESSION_BOUNCER_DSN;
+    const client = makeClient({ poolDsn: dsn, listenDsn: dsn });
+    try {
+      await client.ready();
+      assert.ok(client.ownerPid > 0);
+      assert.equal(await client.getOrCompute(freshKey('session'), () => 'ok'), 'ok');
+    } finally {
+      await closeClient(client);
+    }
+  });
+});
+
+// N4: a LISTEN connection whose network goes silent (no FIN, no RST) is noticed by the
+// check every 5 s, and replaced.
+describe('a LISTEN connection that goes silent', { skip: !DSN && 'PG_ONCE_DSN is not set' }, () => {
+  test('is noticed within two checks and replaced', { timeout: 30_000 }, async () => {
+    const target = new URL(DSN);
+    let silent = false;
+    const sockets = new Set();
+    const proxy = net.createServer((inbound) => {
+      const outbound = net.connect(Number(target.port || 5432), target.hostname);
+      for (const [from, to] of [[inbound, outbound], [outbound, inbound]]) {
+        from.on('data', (chunk) => { if (!silent) to.write(chunk); });
+        from.on('error', () => {});
+        from.on('close', () => to.destroy());
+        sockets.add(from);
+      }
+    });
+    await new Promise((resolve) => proxy.listen(0, '127.0.0.1', resolve));
+    const via = new URL(DSN);
+    via.host = `127.0.0.1:${proxy.address().port}`;
+    const errors = [];
+    const client = makeClient({ poolDsn: DSN, listenDsn: via.toString() }, { onError: (e) => errors.push(e) });
+    try {
+      await client.ready();
+      const before = client.ownerPid;
+      silent = true; // every byte dropped from now on, both ways
+      const started = Date.now();
+      while (!errors.some((e) => /LISTEN connection failed/.test(e.message)) && Date.now() - started < 12_000) await sleep(100);
+      assert.ok(Date.now() - started < 12_000, 'noticed within two 5 s checks');
+      silent = false;
+      for (const s of sockets) s.destroy(); // the old connection is gone for good
+      await client.ready();
+      assert.ok(client.ownerPid > 0 && client.ownerPid !== before, `${before} -> ${client.ownerPid}`);
+    } finally {
+      await closeClient(client);
+      for (const s of sockets) s.destroy();
+      proxy.close();
+    }
+  });
+});
