@@ -22,6 +22,8 @@ fn one<T: FromDatum + IntoDatum>(sql: &str) -> Option<T> {
     Spi::get_one::<T>(sql).unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
+/// A claim_key answer's outcome and token, for an answer that carries one (hit, claimed,
+/// failed): `wait` and `stale` answers never tell the owner's token (see `answer`).
 fn outcome_and_token(key: &str) -> (String, i64) {
     let (outcome, token) = Spi::get_two_with_args::<String, i64>(
         "SELECT outcome, token FROM once.claim_key($1)",
@@ -29,6 +31,16 @@ fn outcome_and_token(key: &str) -> (String, i64) {
     )
     .unwrap();
     (outcome.unwrap(), token.unwrap())
+}
+
+/// A claim_key answer's outcome and token, whatever it is.
+fn answer(key: &str) -> (String, Option<i64>) {
+    let (outcome, token) = Spi::get_two_with_args::<String, i64>(
+        "SELECT outcome, token FROM once.claim_key($1)",
+        &[key.into()],
+    )
+    .unwrap();
+    (outcome.unwrap(), token)
 }
 
 /// The SQLSTATE and message of the error `sql` raises, or None if it succeeds.

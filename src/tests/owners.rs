@@ -3,7 +3,7 @@
 
 #[pgrx::pg_schema]
 mod tests {
-    use crate::tests::{kill_owner, one, outcome_and_token, state_of};
+    use crate::tests::{answer, kill_owner, one, outcome_and_token, state_of};
     use pgrx::prelude::*;
 
     #[pg_test]
@@ -67,7 +67,7 @@ mod tests {
             Some(true)
         );
         kill_owner("k");
-        assert_eq!(outcome_and_token("k").0, "wait");
+        assert_eq!(answer("k").0, "wait");
         assert_eq!(
             one::<i64>("SELECT reclaimed FROM once.reap_stale()"),
             Some(0)

@@ -34,22 +34,18 @@ SELECT c.relkind, count(*) AS commented_columns
 SELECT name AS undescribed_setting FROM pg_settings
  WHERE name LIKE 'once.%' AND (short_desc IS NULL OR extra_desc IS NULL);
 
--- Every function is documented, SECURITY DEFINER (but the immutable digest, the triggers,
--- claim_next's per-row filter, which checks privileges itself, may_use_key, which
--- answers for the role calling it, next_token, which only the claiming statements call,
--- as the owner, once per claim, and library_version, which reads nothing), and runs its
--- SQL with search_path pinned: a C function pins it around each statement it runs
--- (storage/statements.rs) and must not pay for a SET clause on every call; any other
--- SECURITY DEFINER function pins it in its declaration.
+-- Every function is documented, and runs its SQL with the owner's rights and search_path
+-- pinned only where it should. A C function is never SECURITY DEFINER and has no SET
+-- clause: it judges its caller as the current user, and runs each statement as the
+-- extension's owner with the path pinned (storage/statements.rs), so that a cache hit pays
+-- for neither. Any other SECURITY DEFINER function pins the path in its declaration.
 SELECT p.oid::regprocedure AS undocumented FROM pg_proc p
  WHERE p.pronamespace IN ('once'::regnamespace, 'once_internal'::regnamespace)
    AND obj_description(p.oid, 'pg_proc') IS NULL;
-SELECT p.oid::regprocedure AS not_pinned FROM pg_proc p
+SELECT p.oid::regprocedure AS not_as_caller FROM pg_proc p
  WHERE p.pronamespace IN ('once'::regnamespace, 'once_internal'::regnamespace)
    AND CASE WHEN p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'c')
-            THEN (NOT p.prosecdef AND p.proname NOT IN ('notify_key_resolved', 'wake_queue',
-                      'namespaces_changed', 'row_taken', 'may_use_key', 'next_token',
-                      'library_version'))
+            THEN p.prosecdef
                  OR EXISTS (SELECT FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')
             ELSE p.prosecdef AND NOT 'search_path=pg_catalog, pg_temp' = ANY (p.proconfig)
        END;
