@@ -24,7 +24,7 @@
 
 use anyhow::Result;
 use pg_once_multi::roles::{app_role, connect_as, refusal};
-use pg_once_multi::{admin, fresh_key};
+use pg_once_multi::{admin, fresh_key, once};
 use std::fmt::Write as _;
 use std::time::Duration;
 use tokio_postgres::{Client, SimpleQueryMessage};
@@ -1335,5 +1335,123 @@ async fn drop_namespace_racing_a_claim_shares_nothing() -> Result<()> {
         let (outcome, result): (String, Option<String>) = (read.get(0), read.get(1));
         panic!("drop_namespace succeeded with a claim in flight; the attacker then got {outcome} {result:?}");
     }
+    Ok(())
+}
+
+/// Queue calls the sweep's generated arguments do not make: a new queue put into the
+/// victim's namespace, a shared key pushed into the victim's queue, and the attacker's
+/// own namespace queue fed the victim's key.
+#[tokio::test(flavor = "multi_thread")]
+async fn queue_calls_across_namespaces_are_refused() -> Result<()> {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let w = world("queues").await?;
+    let mine = format!("mine_{}", w.id);
+    w.attacker
+        .execute(
+            "SELECT once.create_queue($1, namespace => $2)",
+            &[&mine, &w.attacker_prefix],
+        )
+        .await?;
+    let before = w.state().await?;
+    let attempts: [(&str, Vec<String>); 4] = [
+        (
+            "SELECT once.create_queue($1, namespace => $2)::text",
+            vec![format!("new_{}", w.id), w.prefix.clone()],
+        ),
+        (
+            "SELECT once.enqueue_key($1, queue => $2)",
+            vec![format!("{}/shared/pushed", w.id), w.queue.clone()],
+        ),
+        (
+            "SELECT once.enqueue_key($1, queue => $2)",
+            vec![format!("{}pulled", w.prefix), mine.clone()],
+        ),
+        (
+            "SELECT count(*)::text FROM once.claim_next($1, n => $2::text::int)",
+            vec![w.queue.clone(), "100".into()],
+        ),
+    ];
+    for (sql, args) in attempts {
+        let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = args
+            .iter()
+            .map(|a| a as &(dyn tokio_postgres::types::ToSql + Sync))
+            .collect();
+        let (code, message) = refusal(w.attacker.query_one(sql, &params).await);
+        assert_eq!(code, "42501", "{sql} {args:?}: {message}");
+    }
+    assert_eq!(before, w.state().await?, "nothing changed");
+    Ok(())
+}
+
+/// A role with no grant at all LISTENs on channel once while the victim does everything
+/// a tenant does with its namespace's keys (complete, fail, release, invalidate, refresh,
+/// enqueue, claim_next, once.cached): no announcement names a key of the namespace.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_listener_without_rights_hears_no_namespace_key_from_any_call() -> Result<()> {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let w = world("listen").await?;
+    let nobody = format!("nobody_{}", w.id);
+    let dsn = format!("{} user={nobody}", once::dsn_from_env()?);
+    let (listener, mut heard) = once::connect_listening(&dsn).await?;
+    listener.batch_execute("LISTEN once").await?;
+    let p = &w.prefix;
+    let v = &w.victim;
+    for (i, end) in ["complete", "fail", "release"].iter().enumerate() {
+        let key = format!("{p}listened-{i}");
+        let token: i64 = v
+            .query_one("SELECT token FROM once.claim_key($1)", &[&key])
+            .await?
+            .get(0);
+        let sql = match *end {
+            "complete" => "SELECT once.complete_key($1, $2, '1')",
+            "fail" => "SELECT once.fail_key($1, $2, 'x')",
+            _ => "SELECT once.release_key($1, $2)",
+        };
+        v.execute(sql, &[&key, &token]).await?;
+    }
+    v.execute("SELECT once.refresh_key($1)", &[&format!("{p}listened-0")])
+        .await?;
+    v.execute(
+        "SELECT once.invalidate_key($1)",
+        &[&format!("{p}listened-0")],
+    )
+    .await?;
+    v.execute(
+        "SELECT once.enqueue_key($1, NULL, $2)",
+        &[&format!("{p}listened-job"), &w.queue],
+    )
+    .await?;
+    let taken = v
+        .query(
+            "SELECT key, token FROM once.claim_next($1, n => 10)",
+            &[&w.queue],
+        )
+        .await?;
+    for row in taken {
+        let (key, token): (String, i64) = (row.get(0), row.get(1));
+        v.execute("SELECT once.complete_key($1, $2, '2')", &[&key, &token])
+            .await?;
+    }
+    v.execute(
+        "SELECT once.cached($1, 'SELECT 1 AS one')",
+        &[&format!("{p}listened-cached")],
+    )
+    .await?;
+    v.execute("SELECT once.invalidate_keys(prefix => $1)", &[p])
+        .await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut payloads = Vec::new();
+    while let Ok(n) = heard.try_recv() {
+        payloads.push(n.payload().to_owned());
+    }
+    assert!(!payloads.is_empty(), "the listener heard the announcements");
+    let named: Vec<&String> = payloads
+        .iter()
+        .filter(|p| p.contains(w.prefix.as_str()))
+        .collect();
+    assert!(
+        named.is_empty(),
+        "keys of the namespace announced verbatim: {named:?}"
+    );
     Ok(())
 }
