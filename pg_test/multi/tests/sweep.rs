@@ -1312,11 +1312,14 @@ async fn drop_namespace_racing_a_claim_shares_nothing() -> Result<()> {
         .query_one("SELECT token FROM once.claim_key($1)", &[&key])
         .await?
         .get(0);
-    let dropped = w
-        .admin
-        .execute("SELECT once.drop_namespace($1)", &[&prefix])
-        .await;
+    // drop_namespace while the claim is in flight; the tenant commits meanwhile.
+    let admin = pg_once_multi::session().await?;
+    let p = prefix.clone();
+    let drop =
+        tokio::spawn(async move { admin.execute("SELECT once.drop_namespace($1)", &[&p]).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
     w.victim.batch_execute("COMMIT").await?;
+    let dropped = drop.await?;
     if dropped.is_ok() {
         // The tenant goes on as before; its key is now anyone's.
         w.victim
@@ -1335,6 +1338,8 @@ async fn drop_namespace_racing_a_claim_shares_nothing() -> Result<()> {
         let (outcome, result): (String, Option<String>) = (read.get(0), read.get(1));
         panic!("drop_namespace succeeded with a claim in flight; the attacker then got {outcome} {result:?}");
     }
+    let (code, message) = refusal(dropped);
+    assert_eq!(code, "55006", "{message}");
     Ok(())
 }
 
