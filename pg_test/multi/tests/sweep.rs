@@ -1460,3 +1460,49 @@ async fn a_listener_without_rights_hears_no_namespace_key_from_any_call() -> Res
     );
     Ok(())
 }
+
+/// drop_namespace against the tenant's create_queue in flight: the queue must not outlive
+/// the namespace, naming a namespace that no longer exists (then anyone's).
+#[tokio::test(flavor = "multi_thread")]
+async fn drop_namespace_racing_a_new_queue_leaves_no_orphan() -> Result<()> {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let w = world("queuerace").await?;
+    let prefix = format!("{}/short/", w.id);
+    w.admin
+        .execute(
+            "SELECT once.create_namespace($1, $2::text::regrole)",
+            &[&prefix, &w.victim_role],
+        )
+        .await?;
+    let queue = format!("late_{}", w.id);
+    w.victim.batch_execute("BEGIN").await?;
+    w.victim
+        .execute(
+            "SELECT once.create_queue($1, namespace => $2)",
+            &[&queue, &prefix],
+        )
+        .await?;
+    let admin = pg_once_multi::session().await?;
+    let p = prefix.clone();
+    let drop =
+        tokio::spawn(async move { admin.execute("SELECT once.drop_namespace($1)", &[&p]).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    w.victim.batch_execute("COMMIT").await?;
+    let dropped = drop.await?;
+    let orphans: i64 = w
+        .admin
+        .query_one(
+            "SELECT count(*) FROM once.queues q WHERE namespace IS NOT NULL
+                AND NOT EXISTS (SELECT FROM once_internal.namespace_owners n WHERE n.prefix = q.namespace)",
+            &[],
+        )
+        .await?
+        .get(0);
+    assert_eq!(
+        orphans,
+        0,
+        "drop_namespace answered {:?}; queue {queue} names a namespace that is gone",
+        dropped.map_err(|e| e.to_string())
+    );
+    Ok(())
+}
