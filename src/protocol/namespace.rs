@@ -418,6 +418,8 @@ pub fn recheck_key(key: &str, what: &str) {
 /// (they would silently become shared by every role).
 pub fn remove(prefix: &str) -> bool {
     require_administrator("once.drop_namespace", NAMESPACES_HINT);
+    // As in `create`: a key a transaction in flight writes under the prefix is counted.
+    lock_against_writes();
     let keys: i64 = statements::run(&KEYS_IN, params![prefix = prefix], |table| {
         Ok(table.first().get(1)?.unwrap_or(0))
     });
