@@ -5,7 +5,7 @@
 //! with another query text or another search_path (which decides what its names mean),
 //! must never be handed it. So once.cached keeps it under
 //! `KEY#cached:ROLE:DIGEST`: the caller's key, then the OID of the role that ran the
-//! query, then the SHA-256 of the search_path and the query text. Two different
+//! query, then the SHA-256 of the schemas its search_path resolves to and the query text. Two different
 //! (role, search_path, query) never share an entry, and the entry's key says whose it is:
 //! such a key is usable only by that role (and administrators), through once.cached or
 //! any other function (protocol::namespace::require_key), so a role that guesses the
@@ -18,30 +18,34 @@
 
 use crate::errors;
 use crate::key;
+use crate::protocol::namespace;
 use pgrx::pg_sys;
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 
 /// What separates a once.cached key from the caller's key in it.
 pub const MARK: &str = "#cached:";
 
-/// The key once.cached keeps `query`'s rows under, for the current role and search_path.
+/// The key once.cached keeps `query`'s rows under, for the calling role and the schemas
+/// its search_path resolves to.
 pub fn key_for(key: &str, query: &str) -> String {
     require_one_select(query);
     let query = query.trim();
-    // SAFETY: reads a backend global and a setting's current value.
-    let (role, search_path) = unsafe {
-        let path = pg_sys::GetConfigOption(c"search_path".as_ptr(), false, false);
-        let path = if path.is_null() {
-            String::new()
-        } else {
-            CStr::from_ptr(path).to_string_lossy().into_owned()
-        };
-        (pg_sys::GetUserId(), path)
+    // The schemas the names resolve in, by OID, pg_temp and pg_catalog included where
+    // they apply (current_schemas(true)): the path's text would let a session's own
+    // temporary table, found first, poison the rows every other session is served.
+    // SAFETY: fetch_search_path returns a fresh List of OIDs in the current context.
+    let schemas: Vec<String> = unsafe {
+        let list = pg_sys::fetch_search_path(true);
+        pgrx::PgList::<std::ffi::c_void>::from_pg(list)
+            .iter_oid()
+            .map(|oid| oid.to_u32().to_string())
+            .collect()
     };
-    // The path's length first, so that no path and query can read as another pair.
-    let bound = format!("{}:{search_path}\n{query}", search_path.len());
+    // The schema list first, on a line of its own (digits and commas only), so that no
+    // list and query can read as another pair.
+    let bound = format!("{}\n{query}", schemas.join(","));
     let digest: String = key::sha256_hex(bound.as_bytes());
-    format!("{key}{MARK}{}:{digest}", role.to_u32())
+    format!("{key}{MARK}{}:{digest}", namespace::caller().to_u32())
 }
 
 /// The role whose once.cached key `key` is, if it is one (see the module comment).

@@ -78,8 +78,7 @@ impl Namespace {
 
 /// The role pg_once is being called by (see the module comment).
 pub fn caller() -> pg_sys::Oid {
-    // SAFETY: reads a backend global.
-    unsafe { pg_sys::GetUserId() }
+    statements::calling_user().0
 }
 
 thread_local! {
@@ -267,12 +266,15 @@ fn namespace_owners() -> pg_sys::Oid {
 /// function or any other local change of user: code written by one role must not act with
 /// the rights of the administrator whose session happens to run it.
 pub fn caller_administers() -> bool {
-    let caller = caller();
-    // SAFETY: reads backend globals, and role lookups in the (cached) catalogs.
+    let (caller, context) = statements::calling_user();
+    // What InSecurityRestrictedOperation() and InLocalUserIdChange() say, of the call.
+    let borrowed =
+        (pg_sys::SECURITY_RESTRICTED_OPERATION | pg_sys::SECURITY_LOCAL_USERID_CHANGE) as i32;
+    if context & borrowed != 0 {
+        return false;
+    }
+    // SAFETY: role lookups in the (cached) catalogs.
     unsafe {
-        if pg_sys::InSecurityRestrictedOperation() || pg_sys::InLocalUserIdChange() {
-            return false;
-        }
         let owner = crate::storage::entry::extension_owner().unwrap_or(pg_sys::InvalidOid);
         pg_sys::superuser_arg(caller) || pg_sys::has_privs_of_role(caller, owner)
     }
@@ -418,8 +420,11 @@ pub fn recheck_key(key: &str, what: &str) {
 /// (they would silently become shared by every role).
 pub fn remove(prefix: &str) -> bool {
     require_administrator("once.drop_namespace", NAMESPACES_HINT);
-    // As in `create`: a key a transaction in flight writes under the prefix is counted.
+    // As in `create`: a key a transaction in flight writes under the prefix is counted,
+    // and so is a queue being created in the namespace (create_queue checks the namespace
+    // again after its write, which waits for this lock).
     lock_against_writes();
+    crate::protocol::queue::lock_against_new_queues();
     let keys: i64 = statements::run(&KEYS_IN, params![prefix = prefix], |table| {
         Ok(table.first().get(1)?.unwrap_or(0))
     });

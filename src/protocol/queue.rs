@@ -45,6 +45,7 @@ use crate::storage::statements::{self, params, Statement};
 use crate::storage::subxact::{self, Blocked, LockBudget};
 use crate::storage::watched::Watched;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
+use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -327,6 +328,27 @@ pub fn upsert_queue(
     }
     standby::refuse_writes("create_queue");
     statements::run(&UPSERT_QUEUE, args(), |_| Ok(()));
+    if let Some(prefix) = namespace {
+        // A drop_namespace that committed meanwhile (its lock made this write wait) must
+        // not leave a queue naming a namespace that is gone, which every role could use.
+        namespace::require_named(prefix, "create_queue");
+    }
+}
+
+/// Lock once.queues against writes until this transaction ends (SHARE ROW EXCLUSIVE):
+/// drop_namespace's, so that no queue is created in the namespace between its count of
+/// the namespace's queues and its commit. Only create_queue and drop_queue write the
+/// table, briefly, so waiting for them holds up nothing else.
+pub fn lock_against_new_queues() {
+    // SAFETY: catalog lookups by name, then a lock released by the transaction's end.
+    unsafe {
+        let schema = pg_sys::get_namespace_oid(crate::schema::API.as_ptr(), false);
+        let queues = pg_sys::get_relname_relid(c"queues".as_ptr(), schema);
+        if queues == pg_sys::InvalidOid {
+            error!("pg_once: relation once.queues is missing; reinstall the extension");
+        }
+        pg_sys::LockRelationOid(queues, pg_sys::ShareRowExclusiveLock as pg_sys::LOCKMODE);
+    }
 }
 
 /// Drop the queue `name`, which exists. Refused (55006) for the default queue, which every

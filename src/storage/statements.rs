@@ -27,7 +27,7 @@ use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::{self, PgOid};
 use pgrx::prelude::*;
 use pgrx::spi::{OwnedPreparedStatement, SpiTupleTable};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
 /// SQL text whose parameters are named `$name` (lower-case letters, digits, `_`).
@@ -121,13 +121,17 @@ pub fn run<'a, R>(
 /// restores both the user and the path, as it does for such a function.
 pub fn as_extension_owner<R>(f: impl FnOnce() -> R) -> R {
     let owner = crate::storage::entry::extension_owner();
-    // SAFETY: saves the current user and security context, switches to the owner, opens
-    // a GUC nesting level and sets search_path at it with GUC_ACTION_SAVE; once `f` has
-    // returned, closes the level (restoring the caller's path) and restores the user.
+    let (user, context) = current_user();
+    // The call's user, for what the statement asks about its caller (calling_user).
+    let outermost = CALLER.get().is_none();
+    if outermost {
+        CALLER.set(Some((user, context)));
+    }
+    let _forget = ForgetCaller(outermost);
+    // SAFETY: switches to the owner, opens a GUC nesting level and sets search_path at it
+    // with GUC_ACTION_SAVE; once `f` has returned, closes the level (restoring the caller's
+    // path) and restores the user.
     unsafe {
-        let mut user = pg_sys::InvalidOid;
-        let mut context = 0;
-        pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
         pg_sys::SetUserIdAndSecContext(
             owner.unwrap_or(user),
             context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32,
@@ -148,6 +152,40 @@ pub fn as_extension_owner<R>(f: impl FnOnce() -> R) -> R {
         pg_sys::SetUserIdAndSecContext(user, context);
         result
     }
+}
+
+thread_local! {
+    /// While pg_once's statements run with the owner's rights: the user and security
+    /// context of the call they run for (the outermost one, when statements nest).
+    static CALLER: Cell<Option<(pg_sys::Oid, i32)>> = const { Cell::new(None) };
+}
+
+/// Forgets CALLER when the outermost statement ends, by returning or by an error
+/// unwinding through it.
+struct ForgetCaller(bool);
+
+impl Drop for ForgetCaller {
+    fn drop(&mut self) {
+        if self.0 {
+            CALLER.set(None);
+        }
+    }
+}
+
+fn current_user() -> (pg_sys::Oid, i32) {
+    let mut user = pg_sys::InvalidOid;
+    let mut context = 0;
+    // SAFETY: reads two backend globals.
+    unsafe { pg_sys::GetUserIdAndSecContext(&mut user, &mut context) };
+    (user, context)
+}
+
+/// The user a pg_once call is made by, and its security context (`SECURITY_*` bits): the
+/// current ones, or, while a statement runs with the owner's rights, those of the call
+/// that runs it. A filter evaluated inside such a statement (may_use_key in
+/// invalidate_keys' statement) must judge the caller, not the owner it runs as.
+pub fn calling_user() -> (pg_sys::Oid, i32) {
+    CALLER.get().unwrap_or_else(current_user)
 }
 
 /// `params` in the order of the plan's `$1`, `$2`, ..., each checked against the type the
