@@ -141,8 +141,9 @@ async fn an_uncommitted_claim_holds_other_callers_no_longer_than_their_wait() ->
             "{name}: wait => 0 took {} ms",
             ms(now.took)
         );
-        // What the uncommitted claim says is reported: its token and owner.
-        assert_eq!(now.token, mine.token, "{name}");
+        // What the uncommitted claim says is reported: its owner, never its token
+        // (docs/security.md, "Tokens").
+        assert_eq!((now.token, &now.owner), (None, &mine.owner), "{name}");
         let later = claim(&other, &key, 1500, None).await?;
         assert_eq!(later.outcome, "wait", "{name}");
         assert_answered_at_deadline(&later, 1500, name);
@@ -151,7 +152,7 @@ async fn an_uncommitted_claim_holds_other_callers_no_longer_than_their_wait() ->
     holder.batch_execute("COMMIT").await?;
     let other = session().await?;
     let after = claim(&other, &key, 0, None).await?;
-    assert_eq!((after.outcome.as_str(), after.token), ("wait", mine.token));
+    assert_eq!((after.outcome.as_str(), &after.owner), ("wait", &mine.owner));
     assert!(complete(&holder, &key, mine.token.unwrap()).await?);
     Ok(())
 }
@@ -407,7 +408,7 @@ async fn an_owner_session_keeps_a_pooled_claim_until_its_process_goes() -> Resul
 
     // The claim named the process's connection: still owned, and its completion lands.
     let now = claim(&other, &key, 0, None).await?;
-    assert_eq!((now.outcome.as_str(), now.token), ("wait", mine.token));
+    assert_eq!((now.outcome.as_str(), &now.owner), ("wait", &mine.owner));
     // The default (this server connection) is why owner_pid exists: that claim is gone
     // with the connection that happened to make it, and is taken over.
     assert_eq!(claim(&other, &unnamed, 0, None).await?.outcome, "claimed");
@@ -462,7 +463,7 @@ async fn owner_pid_names_a_running_owner_session_or_nothing() -> Result<()> {
     assert_eq!(lease_only.as_deref(), Some("t"));
     once::terminate_backend(&admin, once::backend_pid(&claimer).await?).await?;
     let after = claim(&client, &key, 0, None).await?;
-    assert_eq!((after.outcome.as_str(), after.token), ("wait", mine.token));
+    assert_eq!((after.outcome.as_str(), &after.owner), ("wait", &mine.owner));
     assert!(after.owner.is_some());
     Ok(())
 }
