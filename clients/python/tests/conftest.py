@@ -1,6 +1,9 @@
 """Fixtures: every test that can runs twice, against PG_ONCE_DSN (direct connections) and
 PG_ONCE_BOUNCER_DSN (the same server through PgBouncer in transaction mode, with the
-LISTEN connection direct). Tests skip when the variable of their setup is not set."""
+LISTEN connection direct), and a third time against PG_ONCE_TLS_DSN (a server that takes
+TCP only over TLS) when that is set. Tests that need a server skip, with a message, when
+the variable of their setup is not set; tests that need none (the offline vectors) always
+run."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from pg_once import AsyncClient, Client
 
 DIRECT = os.environ.get("PG_ONCE_DSN")
 BOUNCER = os.environ.get("PG_ONCE_BOUNCER_DSN")
+TLS = os.environ.get("PG_ONCE_TLS_DSN")
 CHILD = str(Path(__file__).with_name("child.py"))
 
 
@@ -28,6 +32,7 @@ class Setup:
     name: str
     dsn: str          # what the pool connects to
     listen_dsn: str   # the LISTEN connection: always direct
+    admin_dsn: str    # the server itself, for looking at and poking it
 
     def client(self, **kw) -> Client:
         if "pool" in kw:
@@ -40,21 +45,37 @@ class Setup:
         return AsyncClient(self.dsn, listen_conninfo=self.listen_dsn, **kw)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def extension():
+def need_server() -> None:
     if not DIRECT:
-        pytest.skip("set PG_ONCE_DSN (and PG_ONCE_BOUNCER_DSN) to run the client tests")
+        pytest.skip("set PG_ONCE_DSN (and PG_ONCE_BOUNCER_DSN) to run the tests against a server")
+
+
+@pytest.fixture(scope="session")
+def extension():
+    need_server()
     with psycopg.connect(DIRECT, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_once")
+    if TLS:
+        with psycopg.connect(TLS, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_once")
+
+
+def make_setup(name: str) -> Setup:
+    need_server()
+    if name == "direct":
+        return Setup("direct", DIRECT, DIRECT, DIRECT)
+    if name == "bouncer":
+        if not BOUNCER:
+            pytest.skip("PG_ONCE_BOUNCER_DSN is not set")
+        return Setup("bouncer", BOUNCER, DIRECT, DIRECT)
+    if not TLS:
+        pytest.skip("PG_ONCE_TLS_DSN is not set")
+    return Setup("tls", TLS, TLS, TLS)
 
 
 @pytest.fixture(params=["direct", "bouncer"])
-def setup(request) -> Setup:
-    if request.param == "direct":
-        return Setup("direct", DIRECT, DIRECT)
-    if not BOUNCER:
-        pytest.skip("PG_ONCE_BOUNCER_DSN is not set")
-    return Setup("bouncer", BOUNCER, DIRECT)
+def setup(request, extension) -> Setup:
+    return make_setup(request.param)
 
 
 @pytest.fixture
@@ -78,7 +99,7 @@ def key(request) -> str:
 
 
 @pytest.fixture
-def admin():
+def admin(extension):
     """A direct autocommit connection for looking at and poking the server."""
     with psycopg.connect(DIRECT, autocommit=True) as conn:
         yield conn

@@ -21,7 +21,7 @@ from typing import Dict, Optional, Set
 
 import psycopg
 
-from ._common import CHANNEL, LISTEN, OWNER_SESSION, notified_names
+from ._common import CHANNEL, LISTEN, OWNER_SESSION, WAKE_EVERYONE, notified_names
 
 log = logging.getLogger("pg_once")
 
@@ -92,9 +92,12 @@ class Listener:
                     if not events:
                         del self._interest[name]
 
-    def _wake(self, key: str) -> None:
+    def _wake(self, payload: str) -> None:
+        if payload == WAKE_EVERYONE:
+            self._wake_all()
+            return
         with self._cond:
-            events = list(self._interest.get(key, ()))
+            events = list(self._interest.get(payload, ()))
         for event in events:
             event.set()
 

@@ -17,8 +17,12 @@ from typing import Any, Awaitable, Callable, Dict, Optional, Set
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from datetime import datetime
+
 from . import _common as C
-from ._common import Duration, Job, seconds
+from ._common import Duration, Job, Outcome, Serializer, seconds
+from ._keys import CacheKeys
+from ._typing import CachedFunction, P, T
 from .errors import ClaimLost, ConfigurationError, NotSerializable, OnceFailed, OnceTimeout
 from ._listener import HEALTH_CHECK_SECONDS, RECONNECT_MAX_SECONDS
 from .client import check_connection
@@ -87,6 +91,13 @@ class AsyncListener:
                 if not events:
                     del self._interest[name]
 
+    def _wake(self, payload: str) -> None:
+        if payload == C.WAKE_EVERYONE:
+            self._wake_all()
+            return
+        for event in self._interest.get(payload, ()):
+            event.set()
+
     def _wake_all(self) -> None:
         for events in self._interest.values():
             for event in events:
@@ -117,8 +128,7 @@ class AsyncListener:
             try:
                 async for note in self._conn.notifies(timeout=0.5):
                     if note.channel == C.CHANNEL:
-                        for event in self._interest.get(note.payload, ()):
-                            event.set()
+                        self._wake(note.payload)
                 if time.monotonic() - last_check > HEALTH_CHECK_SECONDS:
                     await self._conn.execute("SELECT 1")
                     last_check = time.monotonic()
@@ -152,23 +162,39 @@ class AsyncListener:
                 delay = min(RECONNECT_MAX_SECONDS, delay * 2)
 
 
+class _AsyncFlight:
+    """One in-process computation of a key and how many callers still wait for it."""
+
+    __slots__ = ("task", "callers")
+
+    def __init__(self, task: asyncio.Task) -> None:
+        self.task, self.callers = task, 0
+
+
 class AsyncClient:
     """A pg_once client for asyncio. Arguments as for Client; `pool` is a
     psycopg_pool.AsyncConnectionPool (opened by you)."""
 
     def __init__(self, conninfo: Optional[str] = None, *, pool: Optional[AsyncConnectionPool] = None,
                  listen_conninfo: Optional[str] = None, listen: bool = True,
-                 pool_size: int = 10, connect_timeout: float = 10.0):
-        if (conninfo is None) == (pool is None):
+                 pool_size: int = 10, connect_timeout: float = 10.0,
+                 serializer: Optional[Serializer] = None,
+                 on_outcome: Optional[Callable[[Outcome], None]] = None):
+        if conninfo is not None and pool is not None:
             raise ConfigurationError("pass either a conninfo string or pool=, not both")
+        if pool is None and conninfo is None:
+            conninfo = ""   # libpq's PG* environment variables (rule N1)
+        self.serializer = C.check_serializer(serializer or C.JSON)
+        self.on_outcome = on_outcome
         self._conninfo, self.pool = conninfo, pool
         self._own_pool = pool is None
         self._pool_size, self._connect_timeout = pool_size, connect_timeout
-        self._listen_conninfo = listen_conninfo or conninfo or pool.conninfo
+        self._listen_conninfo = (listen_conninfo if listen_conninfo is not None else
+                                 conninfo if conninfo is not None else pool.conninfo)
         self._listener: Optional[AsyncListener] = AsyncListener(
             self._listen_conninfo, connect_timeout) if listen else None
         self.calls = C.Calls()
-        self._flights: Dict[str, asyncio.Task] = {}
+        self._flights: Dict[str, _AsyncFlight] = {}
         # Background refreshes (outcome 'refresh'), at most one per key: key -> (task, token).
         self._refreshes: Dict[str, asyncio.Task] = {}
         self._closing = False
@@ -207,8 +233,8 @@ class AsyncClient:
                 task.cancel()
             if running:
                 await asyncio.gather(*running, return_exceptions=True)
-        for task in list(self._flights.values()):
-            task.cancel()
+        for flight in list(self._flights.values()):
+            flight.task.cancel()
         if self._listener is not None:
             await self._listener.close()
         if self._own_pool and self.pool is not None:
@@ -228,55 +254,101 @@ class AsyncClient:
 
     # -- the public calls ---------------------------------------------------------------
 
-    async def get_or_compute(self, key: str, compute: Callable[[], Awaitable[Any]], *,
+    async def get_or_compute(self, key: str, compute: Callable[[], Awaitable[T]], *,
                              ttl: Optional[Duration] = None, lease: Duration = 30,
                              wait: Duration = 30, retry_after: Duration = 5,
                              stale: Optional[Duration] = None, beta: Optional[float] = None,
-                             jitter: Optional[float] = None) -> Any:
+                             jitter: Optional[float] = None,
+                             serializer: Optional[Serializer] = None) -> T:
         """See Client.get_or_compute; `compute` is a coroutine function, and a background
-        refresh is a task of this event loop."""
-        if not isinstance(key, str):
-            raise TypeError(f"key must be a str, got {type(key).__name__}")
-        opts = (seconds(ttl, "ttl"), seconds(lease, "lease"), seconds(wait, "wait"),
-                seconds(retry_after, "retry_after"))
-        opts += (C.freshness(opts[0], stale, beta, jitter),)
+        refresh is a task of this event loop. Cancelling the call (or asyncio.timeout)
+        stops its wait; when every caller of a computation has left, the computation is
+        cancelled and its claim given back (rule X2)."""
+        opts = C.call_options(key, ttl=ttl, lease=lease, wait=wait, retry_after=retry_after,
+                              stale=stale, beta=beta, jitter=jitter,
+                              serializer=serializer or self.serializer)
+        started = time.monotonic()
         if not self._opened:
             await self.open()
         flight = self._flights.get(key)
-        if flight is None:
+        leader = flight is None
+        if leader:
             # The flight runs as its own task, so that a caller that is cancelled does not
             # cancel the computation the other callers of this key are waiting for.
-            flight = asyncio.create_task(self._resolve(key, compute, *opts))
-            self._flights[key] = flight
-            flight.add_done_callback(functools.partial(self._landed, key))
-            return await asyncio.shield(flight)
+            flight = self._flights[key] = _AsyncFlight(
+                asyncio.create_task(self._resolve(compute, opts)))
+            flight.task.add_done_callback(functools.partial(self._landed, key, flight))
+        flight.callers += 1
         try:
-            return await asyncio.wait_for(asyncio.shield(flight), opts[2])
-        except asyncio.TimeoutError:
-            raise OnceTimeout(key, opts[2]) from None
+            if leader:
+                value, kind = await asyncio.shield(flight.task)
+            else:
+                kind = "coalesced"
+                try:
+                    value, _ = await asyncio.wait_for(asyncio.shield(flight.task), opts.wait)
+                except asyncio.TimeoutError:
+                    raise OnceTimeout(key, opts.wait) from None
+        except BaseException as exc:
+            C.report(self.on_outcome, "failed", key, started, exc)
+            raise
+        finally:
+            flight.callers -= 1
+            if flight.callers == 0 and not flight.task.done():
+                flight.task.cancel()   # nobody waits for it any more: give the claim back
+        C.report(self.on_outcome, kind, key, started)
+        return value
 
-    def _landed(self, key: str, task: asyncio.Task) -> None:
-        if self._flights.get(key) is task:
+    def _landed(self, key: str, flight: "_AsyncFlight", task: asyncio.Task) -> None:
+        if self._flights.get(key) is flight:
             del self._flights[key]
         if not task.cancelled():
             task.exception()   # retrieved: no "never retrieved" warning if every caller left
 
-    def cached(self, key: Optional[Callable[..., str]] = None, *, ttl: Optional[Duration] = None,
-               lease: Duration = 30, wait: Duration = 30, retry_after: Duration = 5,
-               stale: Optional[Duration] = None, beta: Optional[float] = None,
-               jitter: Optional[float] = None):
-        """Decorator for coroutine functions; see Client.cached."""
-        C.freshness(seconds(ttl, "ttl"), stale, beta, jitter)   # refuse bad options now
+    def cached(self, fn: Optional[Callable[P, Awaitable[T]]] = None, *,
+               key: Optional[Callable[..., str]] = None, name: Optional[str] = None,
+               ttl: Optional[Duration] = None, lease: Duration = 30, wait: Duration = 30,
+               retry_after: Duration = 5, stale: Optional[Duration] = None,
+               beta: Optional[float] = None, jitter: Optional[float] = None,
+               serializer: Optional[Serializer] = None):
+        """Decorator for coroutine functions, with or without parentheses; see Client.cached."""
+        options = dict(ttl=ttl, lease=lease, wait=wait, retry_after=retry_after, stale=stale,
+                       beta=beta, jitter=jitter, serializer=serializer)
+        C.call_options("k", **options)   # refuse bad options at decoration time
 
-        def decorate(fn):
-            @functools.wraps(fn)
-            async def wrapper(*args, **kwargs):
-                k = key(*args, **kwargs) if key else f"{fn.__module__}.{fn.__qualname__}:{args!r}:{kwargs!r}"
-                return await self.get_or_compute(k, lambda: fn(*args, **kwargs), ttl=ttl,
-                                                 lease=lease, wait=wait, retry_after=retry_after,
-                                                 stale=stale, beta=beta, jitter=jitter)
+        def decorate(func: Callable[P, Awaitable[T]]) -> "CachedFunction[P, Awaitable[T]]":
+            keys = CacheKeys(func, key, name)
+
+            @functools.wraps(func)
+            async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+                return await self.get_or_compute(keys(args, kwargs),
+                                                 lambda: func(*args, **kwargs), **options)
+            wrapper.invalidate = lambda *a, **kw: self.invalidate(keys(a, kw))
+            wrapper.refresh = lambda *a, **kw: self.refresh(keys(a, kw))
+            wrapper.cache_key = lambda *a, **kw: keys(a, kw)
             return wrapper
-        return decorate
+        return decorate if fn is None else decorate(fn)
+
+    async def invalidate(self, key: str) -> bool:
+        """See Client.invalidate."""
+        return (await self._execute("invalidate_key", C.INVALIDATE_KEY, (C.check_key(key),)))[0]
+
+    async def refresh(self, key: str, stale: Optional[Duration] = None) -> str:
+        """See Client.refresh."""
+        return (await self._execute("refresh_key", C.REFRESH_KEY,
+                                    (C.check_key(key), seconds(stale, "stale"))))[0]
+
+    async def enqueue(self, key: str, payload: Any = None, *, queue: str = "default",
+                      priority: int = 0, run_at: Optional[datetime] = None,
+                      refresh: bool = False, max_attempts: Optional[int] = None) -> str:
+        """See Client.enqueue."""
+        text = None if payload is None else C.dump_value(key, self.serializer, payload)
+        return (await self._execute("enqueue_key", C.ENQUEUE_KEY,
+                                    (C.check_key(key), text, queue, priority, run_at, refresh,
+                                     max_attempts)))[0]
+
+    def load_payload(self, text: Optional[str]) -> Any:
+        """A queued key's payload, read back through the client's serializer."""
+        return None if text is None else self.serializer.loads(text)
 
     def worker(self, queue: str, handler: Callable, **options) -> "AsyncWorker":
         return AsyncWorker(self, queue, handler, **options)
@@ -287,36 +359,39 @@ class AsyncClient:
 
     # -- the protocol ---------------------------------------------------------------------
 
-    async def _resolve(self, key, compute, ttl, lease, wait, retry_after, fresh):
-        deadline = time.monotonic() + wait
+    async def _resolve(self, compute, opts: C.CallOptions):
+        """See Client._resolve."""
+        key = opts.key
+        deadline = time.monotonic() + opts.wait
         delays = C.poll_delays()
         listener = self._listener
+        waited = False
         while True:
             event = listener.watch(key) if listener is not None else None   # before asking
             try:
                 owner = await self.owner_pid()
                 try:
-                    row = await self._claim(key, lease, owner, fresh.serve_stale)
+                    row = await self._claim(key, opts.lease, owner, opts.fresh.serve_stale)
                 except psycopg.errors.InvalidParameterValue:
                     if listener is None or await listener.owner_pid() == owner:
                         raise
                     continue
                 outcome, token, result, error, lease_expires_at, retry_at = row
                 if outcome == "hit":
-                    return result
+                    return opts.serializer.loads(result), "waited" if waited else "hit"
                 if outcome == "failed":
                     raise OnceFailed(key, error, retry_at)
                 if outcome == "claimed":
                     break
                 if outcome == "stale":   # see Client._resolve
-                    return result
+                    return opts.serializer.loads(result), "stale"
                 if outcome == "refresh":
-                    await self._refresh_in_background(key, token, compute, ttl, lease,
-                                                      retry_after, fresh)
-                    return result
+                    await self._refresh_in_background(key, token, compute, opts)
+                    return opts.serializer.loads(result), "refresh"
+                waited = True
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise OnceTimeout(key, wait)
+                    raise OnceTimeout(key, opts.wait)
                 pause = C.jittered(C.RECHECK_SECONDS) if event is not None else next(delays)
                 pause = min(pause, remaining, max(0.02, C.until(lease_expires_at)))
                 if event is not None:
@@ -329,16 +404,15 @@ class AsyncClient:
             finally:
                 if event is not None:
                     listener.unwatch(key, event)
-        return await self._compute(key, token, compute, ttl, lease, retry_after, fresh)
+        return await self._compute(key, token, compute, opts), "claimed"
 
-    async def _refresh_in_background(self, key, token, compute, ttl, lease, retry_after, fresh):
+    async def _refresh_in_background(self, key, token, compute, opts):
         running = self._refreshes.get(key)
         if self._closing or (running is not None and not running.done()):
             # See Client._refresh_in_background.
             await self._quietly(self._release, key, token)
             return
-        task = asyncio.create_task(self._run_refresh(key, token, compute, ttl, lease,
-                                                     retry_after, fresh),
+        task = asyncio.create_task(self._run_refresh(key, token, compute, opts),
                                    name=f"pg_once-refresh {key}")
         self._refreshes[key] = task
         task.add_done_callback(functools.partial(self._refreshed, key))
@@ -347,49 +421,53 @@ class AsyncClient:
         if self._refreshes.get(key) is task:
             del self._refreshes[key]
 
-    async def _run_refresh(self, key, token, compute, ttl, lease, retry_after, fresh) -> None:
+    async def _run_refresh(self, key, token, compute, opts) -> None:
         try:
-            await self._compute(key, token, compute, ttl, lease, retry_after, fresh)
+            await self._compute(key, token, compute, opts)
         except ClaimLost:
             log.warning("pg_once: the refresh of %r lost its claim; its result was not stored", key)
         except Exception as exc:
             log.warning("pg_once: refreshing %r failed (%s); the previous result is still "
                         "served until its stale window ends", key, C.error_text(exc))
 
-    async def _compute(self, key, token, compute, ttl, lease, retry_after, fresh):
+    async def _compute(self, key, token, compute, opts):
+        """See Client._compute; a heartbeat that finds the claim lost cancels compute()."""
+        retry_after = opts.retry_after
         work = asyncio.ensure_future(_call(compute))
         lost = []
-        beat = asyncio.create_task(self._beat(key, token, lease, lambda: (lost.append(1), work.cancel())))
+        beat = asyncio.create_task(self._beat(key, token, opts.lease,
+                                              lambda: (lost.append(1), work.cancel())))
         try:
             try:
                 value = await work
             except asyncio.CancelledError:
                 if lost:   # a heartbeat said the claim is gone: stop computing, store nothing
                     raise ClaimLost(key) from None
+                work.cancel()
                 await self._quietly(self._release, key, token)
                 raise
             except Exception as exc:
                 await self._quietly(self._fail, key, token, C.error_text(exc), retry_after)
                 raise
             try:
-                text = C.encode(key, value)
+                text = C.dump_value(key, opts.serializer, value)
             except NotSerializable as exc:
-                await self._quietly(self._fail, key, token, str(exc), retry_after)
+                await self._quietly(self._fail, key, token, str(exc), retry_after)   # V4
                 raise
             beat.cancel()
             if lost:
                 raise ClaimLost(key, value)
             try:
-                stored = await self._complete(key, token, text, ttl, fresh)
+                stored, text = await self._complete(key, token, text, opts.ttl, opts.fresh)
             except psycopg.Error as exc:
-                if isinstance(exc, psycopg.OperationalError):
+                if C.retryable(exc.sqlstate, True):
                     raise
-                # See Client._compute.
-                await self._quietly(self._fail, key, token, C.error_text(exc), retry_after)
+                # See Client._compute (F3).
+                await self._quietly(self._fail, key, token, C.refusal_text(exc), retry_after)
                 raise
             if not stored:
                 raise ClaimLost(key, value)
-            return value
+            return opts.serializer.loads(text)
         finally:
             beat.cancel()
 
@@ -423,15 +501,17 @@ class AsyncClient:
         if not self._opened:
             await self.open()
         self.calls.add(name)
-        for attempt in range(4):
+        pauses = C.retry_pauses()
+        for attempt in range(1, C.RETRY_ATTEMPTS + 1):
+            await asyncio.sleep(next(pauses))
             async with self.pool.connection() as conn:
                 check_connection(conn)
                 try:
                     cur = await conn.execute(sql, params, prepare=False)
                     return await (cur.fetchall() if many else cur.fetchone())
-                except psycopg.OperationalError as exc:
-                    # See Client._execute.
-                    if not C.connection_lost(conn, exc) or attempt == 3:
+                except psycopg.Error as exc:
+                    # See Client._execute (rule R1).
+                    if attempt == C.RETRY_ATTEMPTS or not C.retryable(exc.sqlstate, conn.broken):
                         raise
                     await conn.close()
             log.info("pg_once: %s retried on a fresh connection", name)
@@ -448,12 +528,12 @@ class AsyncClient:
             return await self._execute("claim_key", C.CLAIM_KEY_LEGACY, (key, lease))
         return await self._execute("claim_key", C.CLAIM_KEY, (key, lease, owner))
 
-    async def _complete(self, key, token, text, ttl, fresh=C.NO_FRESHNESS) -> bool:
+    async def _complete(self, key, token, text, ttl, fresh=C.NO_FRESHNESS):
+        """(stored, the result's text as the server keeps it)."""
         if not fresh.given:
-            return (await self._execute("complete_key", C.COMPLETE_KEY, (key, token, text, ttl)))[0]
-        return (await self._execute("complete_key", C.COMPLETE_KEY_FRESHNESS,
-                                    (key, token, text, ttl, fresh.stale, fresh.beta,
-                                     fresh.jitter)))[0]
+            return await self._execute("complete_key", C.COMPLETE_KEY, (key, token, ttl, text))
+        return await self._execute("complete_key", C.COMPLETE_KEY_FRESHNESS,
+                                   (key, token, ttl, fresh.stale, fresh.beta, fresh.jitter, text))
 
     async def _fail(self, key, token, error, retry_after) -> bool:
         return (await self._execute("fail_key", C.FAIL_KEY, (key, token, error, retry_after)))[0]
@@ -549,7 +629,8 @@ class AsyncWorker:
             rows = await client._execute(
                 "claim_next", C.CLAIM_NEXT,
                 (self.queue, self.lease, self.name, n, self.idle_wait, owner), many=True)
-        return [Job(key, token, payload, attempt, self.queue) for key, token, payload, attempt in rows]
+        return [Job(key, token, client.load_payload(payload), attempt, self.queue)
+                for key, token, payload, attempt in rows]
 
     async def _process(self, job: Job) -> None:
         client = self.client
@@ -563,7 +644,7 @@ class AsyncWorker:
         try:
             try:
                 value = await _call(self.handler, job)
-                text = C.encode(job.key, value)
+                text = C.dump_value(job.key, client.serializer, value)
             except asyncio.CancelledError:
                 if not job.lost and job.token in self._held:
                     await client._quietly(client._release, job.key, job.token)
@@ -580,7 +661,7 @@ class AsyncWorker:
             beat.cancel()
             if job.lost:
                 return
-            if await client._complete(job.key, job.token, text, self.ttl):
+            if (await client._complete(job.key, job.token, text, self.ttl))[0]:
                 self.completed += 1
             else:
                 log.warning("pg_once: job %r lost its claim; its result was not stored", job.key)

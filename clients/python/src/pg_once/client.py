@@ -6,13 +6,16 @@ import functools
 import logging
 import threading
 import time
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
 import psycopg
 from psycopg_pool import ConnectionPool
 
 from . import _common as C
-from ._common import Duration, seconds
+from ._common import Duration, Outcome, Serializer, seconds
+from ._keys import CacheKeys
+from ._typing import CachedFunction, P, T
 from ._heartbeat import Heartbeats
 from ._listener import Listener
 from .errors import ClaimLost, ConfigurationError, NotSerializable, OnceFailed, OnceTimeout
@@ -73,9 +76,15 @@ class Client:
 
     def __init__(self, conninfo: Optional[str] = None, *, pool: Optional[ConnectionPool] = None,
                  listen_conninfo: Optional[str] = None, listen: bool = True,
-                 pool_size: int = 10, connect_timeout: float = 10.0):
-        if (conninfo is None) == (pool is None):
+                 pool_size: int = 10, connect_timeout: float = 10.0,
+                 serializer: Optional[Serializer] = None,
+                 on_outcome: Optional[Callable[[Outcome], None]] = None):
+        if conninfo is not None and pool is not None:
             raise ConfigurationError("pass either a conninfo string or pool=, not both")
+        if pool is None and conninfo is None:
+            conninfo = ""   # libpq's PG* environment variables (rule N1)
+        self.serializer = C.check_serializer(serializer or C.JSON)
+        self.on_outcome = on_outcome
         self._own_pool = pool is None
         if pool is None:
             # Waiters hold no connection, so a small pool serves many callers.
@@ -92,7 +101,9 @@ class Client:
         self._heartbeats = Heartbeats(self._heartbeat)
         self._listener: Optional[Listener] = None
         if listen:
-            self._listener = Listener(listen_conninfo or conninfo or pool.conninfo, connect_timeout)
+            self._listener = Listener(
+                listen_conninfo if listen_conninfo is not None else
+                conninfo if conninfo is not None else pool.conninfo, connect_timeout)
             try:
                 self._listener.start()
             except BaseException:
@@ -141,16 +152,19 @@ class Client:
 
     # -- the public calls ---------------------------------------------------------------
 
-    def get_or_compute(self, key: str, compute: Callable[[], Any], *, ttl: Optional[Duration] = None,
+    def get_or_compute(self, key: str, compute: Callable[[], T], *, ttl: Optional[Duration] = None,
                        lease: Duration = 30, wait: Duration = 30,
                        retry_after: Duration = 5, stale: Optional[Duration] = None,
-                       beta: Optional[float] = None, jitter: Optional[float] = None) -> Any:
+                       beta: Optional[float] = None, jitter: Optional[float] = None,
+                       serializer: Optional[Serializer] = None) -> T:
         """The cached result of `key`; computes it with `compute()` if no one has, once
         across every process. `ttl`: how long the result is served (None: until
         invalidated). `lease`: how long a claim lives without a heartbeat (heartbeats come
         every lease/3). `wait`: how long to wait for someone else's computation before
         OnceTimeout. `retry_after`: how long a failure is shared before the key is computed
-        again. Raises OnceFailed for a shared failure, ClaimLost, NotSerializable, or
+        again. `serializer`: how the result is stored (the client's, JSON by default).
+        Every caller, this one included, returns what the serializer reads back from the
+        server. Raises OnceFailed for a shared failure, ClaimLost, NotSerializable, or
         whatever compute() raised (after recording it with fail_key).
 
         Freshness (pg_once 0.2.0; each needs a ttl): `stale`: for this long after ttl the
@@ -158,47 +172,88 @@ class Client:
         background thread; `beta`: XFetch early refresh (1.0 is the usual value): a hit
         may draw a background refresh before expiry; `jitter`: the ttl actually used is
         ttl * (1 - jitter * random()), so that keys filled together expire apart."""
-        if not isinstance(key, str):
-            raise TypeError(f"key must be a str, got {type(key).__name__}")
-        opts = (seconds(ttl, "ttl"), seconds(lease, "lease"), seconds(wait, "wait"),
-                seconds(retry_after, "retry_after"))
-        opts += (C.freshness(opts[0], stale, beta, jitter),)
+        opts = C.call_options(key, ttl=ttl, lease=lease, wait=wait, retry_after=retry_after,
+                              stale=stale, beta=beta, jitter=jitter,
+                              serializer=serializer or self.serializer)
+        started = time.monotonic()
         with self._flights_lock:
             flight = self._flights.get(key)
             leader = flight is None
             if leader:
                 flight = self._flights[key] = _Flight()
         if not leader:
-            return flight.result(key, opts[2])
+            try:
+                value = flight.result(key, opts.wait)
+            except BaseException as exc:
+                C.report(self.on_outcome, "coalesced", key, started, exc)
+                raise
+            C.report(self.on_outcome, "coalesced", key, started)
+            return value
         try:
-            flight.value = self._resolve(key, compute, *opts)
+            flight.value, kind = self._resolve(compute, opts)
+            C.report(self.on_outcome, kind, key, started)
             return flight.value
         except BaseException as exc:
             flight.error = exc
+            C.report(self.on_outcome, "failed", key, started, exc)
             raise
         finally:
             with self._flights_lock:
                 del self._flights[key]
             flight.done.set()
 
-    def cached(self, key: Optional[Callable[..., str]] = None, *, ttl: Optional[Duration] = None,
+    def cached(self, fn: Optional[Callable[P, T]] = None, *, key: Optional[Callable[..., str]] = None,
+               name: Optional[str] = None, ttl: Optional[Duration] = None,
                lease: Duration = 30, wait: Duration = 30, retry_after: Duration = 5,
                stale: Optional[Duration] = None, beta: Optional[float] = None,
-               jitter: Optional[float] = None):
-        """Decorator: cache a function's result under key(*args, **kwargs) (default: the
-        function's qualified name and the repr of its arguments). Options as for
-        get_or_compute."""
-        C.freshness(seconds(ttl, "ttl"), stale, beta, jitter)   # refuse bad options now
+               jitter: Optional[float] = None, serializer: Optional[Serializer] = None):
+        """Decorator, with or without parentheses: cache a function's result, one entry per
+        distinct arguments. The key is key(*args, **kwargs) if given, else the default
+        key of docs/clients.md rule K: `name` (default `module.qualname`) and a canonical
+        encoding of the arguments, the same in every process and in the Node and Rust
+        clients. The wrapper has .invalidate(*args, **kwargs) and .refresh(*args, **kwargs)
+        for the entry of those arguments. Options as for get_or_compute."""
+        options = dict(ttl=ttl, lease=lease, wait=wait, retry_after=retry_after, stale=stale,
+                       beta=beta, jitter=jitter, serializer=serializer)
+        C.call_options("k", **options)   # refuse bad options at decoration time
 
-        def decorate(fn):
-            @functools.wraps(fn)
-            def wrapper(*args, **kwargs):
-                k = key(*args, **kwargs) if key else f"{fn.__module__}.{fn.__qualname__}:{args!r}:{kwargs!r}"
-                return self.get_or_compute(k, lambda: fn(*args, **kwargs), ttl=ttl, lease=lease,
-                                           wait=wait, retry_after=retry_after, stale=stale,
-                                           beta=beta, jitter=jitter)
+        def decorate(func: Callable[P, T]) -> "CachedFunction[P, T]":
+            keys = CacheKeys(func, key, name)
+
+            @functools.wraps(func)
+            def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+                return self.get_or_compute(keys(args, kwargs), lambda: func(*args, **kwargs),
+                                           **options)
+            wrapper.invalidate = lambda *a, **kw: self.invalidate(keys(a, kw))
+            wrapper.refresh = lambda *a, **kw: self.refresh(keys(a, kw))
+            wrapper.cache_key = lambda *a, **kw: keys(a, kw)
             return wrapper
-        return decorate
+        return decorate if fn is None else decorate(fn)
+
+    def invalidate(self, key: str) -> bool:
+        """Forget `key`'s result (once.invalidate_key); a running key is computed once more
+        when its run ends. False if there was nothing to forget."""
+        return self._execute("invalidate_key", C.INVALIDATE_KEY, (C.check_key(key),))[0]
+
+    def refresh(self, key: str, stale: Optional[Duration] = None) -> str:
+        """Have `key` computed again (once.refresh_key), its current result served as stale
+        for `stale` meanwhile; returns the server's answer (expired, rerun, ...)."""
+        return self._execute("refresh_key", C.REFRESH_KEY,
+                             (C.check_key(key), seconds(stale, "stale")))[0]
+
+    def enqueue(self, key: str, payload: Any = None, *, queue: str = "default",
+                priority: int = 0, run_at: Optional[datetime] = None, refresh: bool = False,
+                max_attempts: Optional[int] = None) -> str:
+        """Ask for `key` to be computed by `queue`'s workers (once.enqueue_key); returns the
+        server's answer. The payload is stored as JSON (the default serializer's rules)."""
+        text = None if payload is None else C.dump_value(key, self.serializer, payload)
+        return self._execute("enqueue_key", C.ENQUEUE_KEY,
+                             (C.check_key(key), text, queue, priority, run_at, refresh,
+                              max_attempts))[0]
+
+    def load_payload(self, text: Optional[str]) -> Any:
+        """A queued key's payload, read back through the client's serializer."""
+        return None if text is None else self.serializer.loads(text)
 
     def worker(self, queue: str, handler: Callable, **options) -> "Worker":
         """A queue worker loop (not started): .run() it, .stop() it. See Worker."""
@@ -212,43 +267,47 @@ class Client:
 
     # -- the protocol ---------------------------------------------------------------------
 
-    def _resolve(self, key, compute, ttl, lease, wait, retry_after, fresh):
-        deadline = time.monotonic() + wait
+    def _resolve(self, compute, opts: C.CallOptions):
+        """(value, outcome kind) of one call, asking the server until it answers."""
+        key = opts.key
+        deadline = time.monotonic() + opts.wait
         delays = C.poll_delays()
         listener = self._listener
+        waited = False
         while True:
             # Interest first, then the question: a completion in between still wakes us.
             event = listener.watch(key) if listener is not None else None
             try:
                 owner = self.owner_pid
                 try:
-                    row = self._claim(key, lease, owner, fresh.serve_stale)
+                    row = self._claim(key, opts.lease, owner, opts.fresh.serve_stale)
                 except psycopg.errors.InvalidParameterValue:
                     # owner_pid refused (22023): our LISTEN backend went away between reading
-                    # P and the claim. Ask again with the new P once the listener is back.
+                    # P and the claim. Ask again with the new P once the listener is back (R3).
                     if listener is None or listener.owner_pid() == owner:
                         raise
                     continue
                 outcome, token, result, error, lease_expires_at, retry_at = row
                 if outcome == "hit":
-                    return result
+                    return opts.serializer.loads(result), "waited" if waited else "hit"
                 if outcome == "failed":
                     raise OnceFailed(key, error, retry_at)
                 if outcome == "claimed":
                     break
                 if outcome == "stale":
                     # Someone refreshes it (or its last refresh failed): the previous result,
-                    # never a wait.
-                    return result
+                    # never a wait. Its token is not ours (rule C5).
+                    return opts.serializer.loads(result), "stale"
                 if outcome == "refresh":
                     # Ours to recompute; the previous result is the answer meanwhile.
-                    self._refresh_in_background(key, token, compute, ttl, lease, retry_after, fresh)
-                    return result
+                    self._refresh_in_background(key, token, compute, opts)
+                    return opts.serializer.loads(result), "refresh"
                 # "wait": someone else computes it. Sleep holding no connection until the
                 # key's notification, the owner's lease expiry, or a jittered recheck.
+                waited = True
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise OnceTimeout(key, wait)
+                    raise OnceTimeout(key, opts.wait)
                 pause = C.jittered(C.RECHECK_SECONDS) if event is not None else next(delays)
                 pause = min(pause, remaining, max(0.02, C.until(lease_expires_at)))
                 if event is not None:
@@ -258,9 +317,9 @@ class Client:
             finally:
                 if event is not None:
                     listener.unwatch(key, event)
-        return self._compute(key, token, compute, ttl, lease, retry_after, fresh)
+        return self._compute(key, token, compute, opts), "claimed"
 
-    def _refresh_in_background(self, key, token, compute, ttl, lease, retry_after, fresh) -> None:
+    def _refresh_in_background(self, key, token, compute, opts) -> None:
         with self._flights_lock:
             # A refresh of this key still running here means the server no longer counts
             # its claim (it would have answered 'stale' otherwise): its result will be
@@ -273,12 +332,12 @@ class Client:
             self._quietly(self._release, key, token)
             return
         threading.Thread(target=self._run_refresh, name=f"pg_once-refresh {key}", daemon=True,
-                         args=(refresh, compute, ttl, lease, retry_after, fresh)).start()
+                         args=(refresh, compute, opts)).start()
 
-    def _run_refresh(self, refresh, compute, ttl, lease, retry_after, fresh) -> None:
+    def _run_refresh(self, refresh, compute, opts) -> None:
         key = refresh.key
         try:
-            self._compute(key, refresh.token, compute, ttl, lease, retry_after, fresh, refresh)
+            self._compute(key, refresh.token, compute, opts, refresh)
         except ClaimLost:
             if not refresh.abandoned:
                 log.warning("pg_once: the refresh of %r lost its claim; its result was not stored", key)
@@ -292,8 +351,11 @@ class Client:
                     del self._refreshes[key]
             refresh.done.set()
 
-    def _compute(self, key, token, compute, ttl, lease, retry_after, fresh, refresh=None):
-        beat = self._heartbeats.add(key, token, lease)
+    def _compute(self, key, token, compute, opts, refresh=None):
+        """Run compute() under our claim and store its result; what the server stored, read
+        back through the serializer, is the answer (V1)."""
+        retry_after = opts.retry_after
+        beat = self._heartbeats.add(key, token, opts.lease)
         try:
             try:
                 value = compute()
@@ -307,25 +369,26 @@ class Client:
                 self._quietly(self._release, key, token)
                 raise
             try:
-                text = C.encode(key, value)
+                text = C.dump_value(key, opts.serializer, value)
             except NotSerializable as exc:
-                self._quietly(self._fail, key, token, str(exc), retry_after)
+                self._quietly(self._fail, key, token, str(exc), retry_after)   # V4
                 raise
             self._heartbeats.remove(beat)
             if beat.lost or (refresh is not None and refresh.abandoned):
                 raise ClaimLost(key, value)
             try:
-                stored = self._complete(key, token, text, ttl, fresh)
+                stored, text = self._complete(key, token, text, opts.ttl, opts.fresh)
             except psycopg.Error as exc:
-                if isinstance(exc, psycopg.OperationalError):
+                if C.retryable(exc.sqlstate, True):
                     raise   # nothing can be written: the claim ends with its owner or lease
                 # The server refused the result (54000: over once.max_result_size): fail
-                # the key with the reason, rather than leave it claimed until the lease ends.
-                self._quietly(self._fail, key, token, C.error_text(exc), retry_after)
+                # the key with the reason, so that its waiters share the refusal rather
+                # than compute a result that would be refused again (F3).
+                self._quietly(self._fail, key, token, C.refusal_text(exc), retry_after)
                 raise
             if not stored:
                 raise ClaimLost(key, value)
-            return value
+            return opts.serializer.loads(text)
         finally:
             self._heartbeats.remove(beat)
 
@@ -341,20 +404,21 @@ class Client:
 
     def _execute(self, name: str, sql: str, params: tuple, many: bool = False):
         self.calls.add(name)
-        for attempt in range(4):
+        pauses = C.retry_pauses()
+        for attempt in range(1, C.RETRY_ATTEMPTS + 1):
+            time.sleep(next(pauses))
             with self.pool.connection() as conn:
                 check_connection(conn)
                 try:
                     cur = conn.execute(sql, params, prepare=False)
                     return cur.fetchall() if many else cur.fetchone()
-                except psycopg.OperationalError as exc:
-                    # A pooled server connection closed under us (recycled, terminated):
-                    # the pool drops it when it comes back; try on another one. Every call
-                    # is safe to repeat: if the first one did commit, a repeated
+                except psycopg.Error as exc:
+                    # Only a lost connection is tried again, on another one (rule R1). Every
+                    # call is safe to repeat: if the first one did commit, a repeated
                     # complete_key/fail_key returns false and heartbeat_key NULL (reported
                     # as a lost claim), and a repeated claim_key finds our own claim and
                     # waits for its lease: rare, slower, never wrong.
-                    if not C.connection_lost(conn, exc) or attempt == 3:
+                    if attempt == C.RETRY_ATTEMPTS or not C.retryable(exc.sqlstate, conn.broken):
                         raise
                     conn.close()   # so that the pool drops it rather than lend it again
             log.info("pg_once: %s retried on a fresh connection", name)
@@ -371,11 +435,12 @@ class Client:
             return self._execute("claim_key", C.CLAIM_KEY_LEGACY, (key, lease))
         return self._execute("claim_key", C.CLAIM_KEY, (key, lease, owner))
 
-    def _complete(self, key, token, text, ttl, fresh=C.NO_FRESHNESS) -> bool:
+    def _complete(self, key, token, text, ttl, fresh=C.NO_FRESHNESS):
+        """(stored, the result's text as the server keeps it)."""
         if not fresh.given:
-            return self._execute("complete_key", C.COMPLETE_KEY, (key, token, text, ttl))[0]
+            return self._execute("complete_key", C.COMPLETE_KEY, (key, token, ttl, text))
         return self._execute("complete_key", C.COMPLETE_KEY_FRESHNESS,
-                             (key, token, text, ttl, fresh.stale, fresh.beta, fresh.jitter))[0]
+                             (key, token, ttl, fresh.stale, fresh.beta, fresh.jitter, text))
 
     def _fail(self, key, token, error, retry_after) -> bool:
         return self._execute("fail_key", C.FAIL_KEY, (key, token, error, retry_after))[0]

@@ -120,7 +120,8 @@ class Worker:
             rows = client._execute("claim_next", C.CLAIM_NEXT,
                                    (self.queue, self.lease, self.name, n, self.idle_wait, owner),
                                    many=True)
-        return [Job(key, token, payload, attempt, self.queue) for key, token, payload, attempt in rows]
+        return [Job(key, token, client.load_payload(payload), attempt, self.queue)
+                for key, token, payload, attempt in rows]
 
     # -- handling one job -------------------------------------------------------------------
 
@@ -131,7 +132,7 @@ class Worker:
         try:
             try:
                 value = self.handler(job)
-                text = C.encode(job.key, value)
+                text = C.dump_value(job.key, client.serializer, value)
             except Exception as exc:
                 if self._finished(job):
                     return
@@ -144,7 +145,7 @@ class Worker:
             if self._finished(job):
                 return
             client._heartbeats.remove(beat)
-            if client._complete(job.key, job.token, text, self.ttl):
+            if client._complete(job.key, job.token, text, self.ttl)[0]:
                 with self._cond:
                     self.completed += 1
             else:
