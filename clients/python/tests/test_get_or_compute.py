@@ -127,7 +127,8 @@ def test_non_serialisable_result_is_a_clear_error_and_the_key_is_not_stuck(clien
     with pytest.raises(NotSerializable) as err:
         client.get_or_compute(key, lambda: {"when": object()}, retry_after=0)
     assert isinstance(err.value, TypeError)
-    assert "not JSON-serialisable" in str(err.value) and key in str(err.value)
+    assert "object has no JSON form" in str(err.value) and key in str(err.value)
+    assert "serializer=" in str(err.value)
     assert state(admin, key) != "running"
     # NaN is not JSON either.
     with pytest.raises(NotSerializable):

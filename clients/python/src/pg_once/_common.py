@@ -84,6 +84,17 @@ def notified_names(key: str) -> tuple:
 
 
 CHANNEL = "once"
+# Rule N5: a LISTEN connection behind a proxy is tested with a notification sent through
+# the pool; a transaction pooler never delivers it (the LISTEN went to a server connection
+# that is no longer this client's), a session pooler does at once.
+PROBE_PAYLOAD = "pg_once-probe:"
+PROBE_SECONDS = 2.0
+NOTIFY = "SELECT pg_notify('once', %s)"
+TRANSACTION_POOLER = (
+    "the LISTEN connection goes through a transaction pooler (its server connection "
+    "changes between transactions), so notifications would never reach it and every "
+    "waiter would fall back to its 1 s recheck: pass listen_conninfo= a direct or "
+    "session-pooled connection string (docs/clients.md, rule N5)")
 # A transaction that resolves very many keys announces them all as one notification with
 # an empty payload (keys are never empty): every waiter of the process asks again (C3).
 WAKE_EVERYONE = ""
@@ -261,7 +272,7 @@ def _json_problem(value: Any) -> Optional[str]:
             continue
         if kind is float:
             if not math.isfinite(item):
-                return f"{item!r} has no JSON form"
+                return f"float {item!r} has no JSON form"
         elif kind is list:
             stack.extend(item)
         elif kind is dict:
@@ -272,7 +283,8 @@ def _json_problem(value: Any) -> Optional[str]:
         elif kind is tuple:
             return "a tuple would read back as a list"
         else:
-            return f"a {kind.__module__}.{kind.__qualname__} has no JSON form".replace("builtins.", "")
+            name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+            return f"{name} has no JSON form"
     return None
 
 

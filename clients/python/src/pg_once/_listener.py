@@ -21,7 +21,9 @@ from typing import Dict, Optional, Set
 
 import psycopg
 
-from ._common import CHANNEL, LISTEN, OWNER_SESSION, WAKE_EVERYONE, notified_names
+from ._common import (CHANNEL, LISTEN, OWNER_SESSION, TRANSACTION_POOLER, WAKE_EVERYONE,
+                      notified_names)
+from .errors import ConfigurationError
 
 log = logging.getLogger("pg_once")
 
@@ -38,6 +40,7 @@ class Listener:
         self._pid: Optional[int] = None      # P while connected
         self._connected = False
         self.legacy = False                  # the server has no once.owner_session()
+        self.behind_proxy = False            # a proxy sits between (rule N5): probe it
         self.reconnects = 0
         self._closed = False
         self._conn: Optional[psycopg.Connection] = None
@@ -118,12 +121,19 @@ class Listener:
                 pid = conn.execute(OWNER_SESSION).fetchone()[0]
                 legacy = False
             except psycopg.errors.UndefinedFunction:
-                pid, legacy = None, True
+                pid, legacy = conn.execute("SELECT pg_backend_pid()").fetchone()[0], True
                 log.warning("pg_once: the server has no once.owner_session(); claims belong "
                             "to the pooled connection that made them (upgrade the extension)")
+            # Rule N5: the pid the protocol reported is a proxy's own when one sits between.
+            behind_proxy = conn.info.backend_pid != pid
+            if behind_proxy and conn.execute("SELECT pg_backend_pid()").fetchone()[0] != pid:
+                raise ConfigurationError(TRANSACTION_POOLER)
         except BaseException:
             conn.close()
             raise
+        self.behind_proxy = behind_proxy
+        if legacy:
+            pid = None
         with self._cond:
             self._conn, self._pid, self.legacy, self._connected = conn, pid, legacy, True
             self._cond.notify_all()

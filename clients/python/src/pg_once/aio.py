@@ -12,6 +12,7 @@ import inspect
 import logging
 import signal
 import time
+import uuid
 from typing import Any, Awaitable, Callable, Dict, Optional, Set
 
 import psycopg
@@ -47,6 +48,7 @@ class AsyncListener:
         self._connected = asyncio.Event()
         self._pid: Optional[int] = None
         self.legacy = False
+        self.behind_proxy = False   # see Listener
         self.reconnects = 0
         self._conn: Optional[psycopg.AsyncConnection] = None
         self._task: Optional[asyncio.Task] = None
@@ -113,14 +115,24 @@ class AsyncListener:
                 pid = (await (await conn.execute(C.OWNER_SESSION)).fetchone())[0]
                 legacy = False
             except psycopg.errors.UndefinedFunction:
-                pid, legacy = None, True
+                pid, legacy = await self._backend_pid(conn), True
                 log.warning("pg_once: the server has no once.owner_session(); claims belong "
                             "to the pooled connection that made them (upgrade the extension)")
+            behind_proxy = conn.info.backend_pid != pid   # see Listener._connect (N5)
+            if behind_proxy and await self._backend_pid(conn) != pid:
+                raise ConfigurationError(C.TRANSACTION_POOLER)
         except BaseException:
             await conn.close()
             raise
+        self.behind_proxy = behind_proxy
+        if legacy:
+            pid = None
         self._conn, self._pid, self.legacy = conn, pid, legacy
         self._connected.set()
+
+    @staticmethod
+    async def _backend_pid(conn) -> int:
+        return (await (await conn.execute("SELECT pg_backend_pid()")).fetchone())[0]
 
     async def _run(self) -> None:
         last_check = time.monotonic()
@@ -215,8 +227,28 @@ class AsyncClient:
                 await self.pool.open()
             if self._listener is not None:
                 await self._listener.start()
+                if self._listener.behind_proxy:
+                    await self._probe_listener()
             self._opened = True
         return self
+
+    async def _probe_listener(self) -> None:
+        """See Client._probe_listener (rule N5)."""
+        payload = C.PROBE_PAYLOAD + uuid.uuid4().hex
+        event = self._listener.watch(payload)
+        try:
+            self._opened = True   # _execute may run now
+            await self._execute("notify", C.NOTIFY, (payload,))
+            try:
+                await asyncio.wait_for(event.wait(), C.PROBE_SECONDS)
+            except asyncio.TimeoutError:
+                self._opened = False
+                await self._listener.close()
+                if self._own_pool:
+                    await self.pool.close()
+                raise ConfigurationError(C.TRANSACTION_POOLER) from None
+        finally:
+            self._listener.unwatch(payload, event)
 
     async def close(self, refresh_timeout: Duration = 10) -> None:
         """Wait up to `refresh_timeout` seconds for background refreshes to store their

@@ -6,6 +6,7 @@ import functools
 import logging
 import threading
 import time
+import uuid
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
@@ -106,10 +107,25 @@ class Client:
                 conninfo if conninfo is not None else pool.conninfo, connect_timeout)
             try:
                 self._listener.start()
+                if self._listener.behind_proxy:
+                    self._probe_listener()
             except BaseException:
+                self._listener.close()
                 if self._own_pool:
                     pool.close()
                 raise
+
+    def _probe_listener(self) -> None:
+        """The LISTEN connection goes through a proxy: send a notification through the pool
+        and refuse, naming listen_conninfo, if it does not arrive (rule N5)."""
+        payload = C.PROBE_PAYLOAD + uuid.uuid4().hex
+        event = self._listener.watch(payload)
+        try:
+            self._execute("notify", C.NOTIFY, (payload,))
+            if not event.wait(C.PROBE_SECONDS):
+                raise ConfigurationError(C.TRANSACTION_POOLER)
+        finally:
+            self._listener.unwatch(payload, event)
 
     # -- lifecycle --------------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ class NotSerializable(OnceError, TypeError):
         hint = ("pass serializer= (an object with dumps(value) -> str and loads(str) -> value) "
                 "to store it, or return dicts, lists, str, int, float, bool or None"
                 if default else "the serializer= given refused it")
-        super().__init__(f"the result of computing {key!r}, a {type(value).__name__}, cannot "
+        super().__init__(f"the result of computing {key!r} (a {type(value).__name__}) cannot "
                          f"be stored: {cause}; {hint}")
         self.key, self.value = key, value
 
