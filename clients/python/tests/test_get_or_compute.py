@@ -247,12 +247,12 @@ def test_waiters_survive_the_listen_connection_dropping(clients, key, admin):
     t = threading.Thread(target=lambda: owner.get_or_compute(key, slow))
     t.start()
     started.wait(5)
-    old = waiter.owner_pid
+    old = waiter.owner_pid()
     threading.Timer(0.3, lambda: admin.execute("SELECT pg_terminate_backend(%s)", (old,))).start()
     t0 = time.monotonic()
     assert waiter.get_or_compute(key, lambda: "computed twice") == "v"
     assert time.monotonic() - t0 < 2.5
-    assert waiter._listener.reconnects == 1 and waiter.owner_pid != old
+    assert waiter._listener.reconnects == 1 and waiter.owner_pid() != old
     t.join()
 
 
@@ -260,7 +260,7 @@ def test_a_waiter_for_a_namespace_key_is_woken_by_its_digest(admin, key):
     # A namespace that announces digests (the default) sends encode(once.key_hash(key),
     # 'hex') instead of the key: the listener must wake the key's waiters on it.
     from pg_once._common import notified_names
-    from pg_once._listener import Listener
+    from pg_once._sync.listener import Listener
 
     prefix = key + "/ns/"
     admin.execute("SELECT once.create_namespace(%s, current_user::regrole)", (prefix,))

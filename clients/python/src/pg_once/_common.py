@@ -74,6 +74,7 @@ ENQUEUE_KEY = ("SELECT once.enqueue_key(%s, payload => %s::jsonb, queue => %s, p
                " run_at => %s, refresh => %s, max_attempts => %s)")
 LISTEN = "LISTEN once"
 OWNER_SESSION = "SELECT once.owner_session()"
+BACKEND_PID = "SELECT pg_backend_pid()"
 
 
 def notified_names(key: str) -> tuple:

@@ -1,4 +1,10 @@
-"""The sync client: Client(conninfo) or Client(pool=...), for threads."""
+# Generated from pg_once/_async/client.py by tools/generate_sync.py: edit that file,
+# not this one, then run the tool again.
+"""The pg_once client, by the rules of docs/clients.md. Written once, for asyncio, in
+pg_once/_async/client.py; pg_once/_sync/client.py, for threads, is generated from it by
+tools/generate_sync.py, and each flavour's `_compat.py` holds what differs. The asyncio
+client opens on `await open()`, `async with`, or its first call; the threads one in its
+constructor, so that a wrong conninfo fails there."""
 
 from __future__ import annotations
 
@@ -13,13 +19,13 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from . import _common as C
-from ._common import Duration, Outcome, Serializer, seconds
-from ._keys import CacheKeys
-from ._typing import CachedFunction, P, T
-from ._heartbeat import Heartbeats
-from ._listener import Listener
-from .errors import ClaimLost, ConfigurationError, NotSerializable, OnceFailed, OnceTimeout
+from .. import _common as C
+from .._common import Duration, Outcome, Serializer, seconds
+from .._keys import CacheKeys
+from .._typing import CachedFunction, P, T
+from ..errors import ClaimLost, ConfigurationError, NotSerializable, OnceFailed, OnceTimeout
+from . import _compat as A
+from .listener import Listener
 
 if TYPE_CHECKING:
     from .worker import Worker
@@ -27,37 +33,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("pg_once")
 
 
-class _Flight:
-    """One in-process computation of a key that concurrent callers share: the first caller
-    (the leader) talks to the server; the others wait here for its result or exception."""
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.value: Any = None
-        self.error: Optional[BaseException] = None
-
-    def result(self, key: str, wait: float) -> Any:
-        if not self.done.wait(wait):
-            raise OnceTimeout(key, wait)
-        if self.error is not None:
-            raise self.error
-        return self.value
-
-
-class _Refresh:
-    """A refresh this process runs in the background (outcome 'refresh'): a thread
-    computing under `token` while callers are served the previous result."""
-
-    def __init__(self, key: str, token: int) -> None:
-        self.key, self.token = key, token
-        self.done = threading.Event()
-        # Set by close() when it gave the claim back: the thread then stores nothing.
-        self.abandoned = False
-
-
 def check_connection(conn: psycopg.Connection) -> None:
-    """pg_once calls must commit on their own: a claim is only visible to other callers
-    once committed, and a transaction block would hold it back and keep its row locked."""
+    """pg_once calls must commit on their own (rule N2): a claim is only visible to other
+    callers once committed, and a transaction block would hold it back and keep its row
+    locked."""
     if not conn.autocommit:
         raise ConfigurationError(
             "pg_once needs connections in autocommit: create the pool with "
@@ -66,13 +45,24 @@ def check_connection(conn: psycopg.Connection) -> None:
         raise ConfigurationError("pg_once was handed a connection inside a transaction block")
 
 
-class Client:
-    """A pg_once client for threads.
+class _Refresh:
+    """A refresh this process runs in the background (outcome 'refresh'): computing under
+    `token` while callers are served the previous result."""
 
-    Client("host=db dbname=app")                          # its own pool and LISTEN connection
+    __slots__ = ("key", "token", "task")
+
+    def __init__(self, key: str, token: int) -> None:
+        self.key, self.token, self.task = key, token, None
+
+
+class Client:
+    """A pg_once client.
+
+    Client("host=db dbname=app")                     # its own pool and LISTEN connection
     Client("host=pgbouncer ...", listen_conninfo="host=db ...")   # PgBouncer transaction mode
-    Client(pool=my_pool)                                  # an existing psycopg_pool pool
-    Client(..., listen=False)                             # no LISTEN: poll, lease-only claims
+    Client(pool=my_pool)                             # an existing psycopg_pool pool
+    Client(..., listen=False)                        # no LISTEN: poll, lease-only claims
+    Client()                                         # libpq's PG* environment variables
     """
 
     def __init__(self, conninfo: Optional[str] = None, *, pool: Optional[ConnectionPool] = None,
@@ -86,34 +76,57 @@ class Client:
             conninfo = ""   # libpq's PG* environment variables (rule N1)
         self.serializer = C.check_serializer(serializer or C.JSON)
         self.on_outcome = on_outcome
+        self._conninfo, self.pool = conninfo, pool
         self._own_pool = pool is None
-        if pool is None:
-            # Waiters hold no connection, so a small pool serves many callers.
-            pool = ConnectionPool(
-                conninfo, min_size=1, max_size=pool_size, open=True, name="pg_once",
-                kwargs={"autocommit": True, "prepare_threshold": None},
-                timeout=connect_timeout)
-        self.pool = pool
-        self.calls = C.Calls()   # database calls through the pool, by function
-        self._flights: Dict[str, _Flight] = {}
-        self._flights_lock = threading.Lock()
-        self._refreshes: Dict[str, _Refresh] = {}   # at most one per key; under _flights_lock
-        self._closing = False
-        self._heartbeats = Heartbeats(self._heartbeat)
+        self._pool_size, self._connect_timeout = pool_size, connect_timeout
         self._listener: Optional[Listener] = None
         if listen:
             self._listener = Listener(
                 listen_conninfo if listen_conninfo is not None else
                 conninfo if conninfo is not None else pool.conninfo, connect_timeout)
-            try:
+        self.calls = C.Calls()   # database calls through the pool, by function
+        # A plain lock, held only between awaits: the sync flavour's callers are threads.
+        self._flights_lock = threading.Lock()
+        self._flights: Dict[str, A.Flight] = {}
+        # Background refreshes (outcome 'refresh'), at most one per key; under _flights_lock.
+        self._refreshes: Dict[str, _Refresh] = {}
+        self._closing = False
+        self._opened = False
+        self._opening = A.Event()
+        A.open_at_once(self)
+
+    def open(self) -> "Client":
+        """Open the pool (if the client made it) and the LISTEN connection."""
+        if self._opened:
+            return self
+        if self._opening.is_set():   # another caller is opening it: wait for it
+            while not self._opened:
+                A.sleep(0.01)
+            return self
+        self._opening.set()
+        try:
+            if self.pool is None:
+                # Waiters hold no connection, so a small pool serves many callers.
+                self.pool = ConnectionPool(
+                    self._conninfo, min_size=1, max_size=self._pool_size, open=False,
+                    name="pg_once", timeout=self._connect_timeout,
+                    kwargs={"autocommit": True, "prepare_threshold": None})
+                self.pool.open()
+            self._opened = True   # from here on, _execute may run
+            if self._listener is not None:
                 self._listener.start()
                 if self._listener.behind_proxy:
                     self._probe_listener()
-            except BaseException:
+        except BaseException:
+            self._opened = False
+            self._opening.clear()
+            if self._listener is not None:
                 self._listener.close()
-                if self._own_pool:
-                    pool.close()
-                raise
+            if self._own_pool and self.pool is not None:
+                self.pool.close()
+                self.pool = None
+            raise
+        return self
 
     def _probe_listener(self) -> None:
         """The LISTEN connection goes through a proxy: send a notification through the pool
@@ -122,57 +135,55 @@ class Client:
         event = self._listener.watch(payload)
         try:
             self._execute("notify", C.NOTIFY, (payload,))
-            if not event.wait(C.PROBE_SECONDS):
+            if not A.wait_event(event, C.PROBE_SECONDS):
                 raise ConfigurationError(C.TRANSACTION_POOLER)
         finally:
             self._listener.unwatch(payload, event)
 
-    # -- lifecycle --------------------------------------------------------------------------
-
     def close(self, refresh_timeout: Duration = 10) -> None:
         """Wait up to `refresh_timeout` seconds for background refreshes to store their
-        results, give back the claims of those still running (another caller refreshes
-        at once), then close the LISTEN connection and the pool if it is the client's."""
+        results, give back the claims of those still running (another caller refreshes at
+        once), then close the LISTEN connection and the pool if it is the client's."""
         timeout = seconds(refresh_timeout, "refresh_timeout")
         with self._flights_lock:
             self._closing = True
             refreshes = list(self._refreshes.values())
-        deadline = time.monotonic() + timeout
+        running = A.join([r.task for r in refreshes if r.task is not None], timeout)
         for refresh in refreshes:
-            refresh.done.wait(max(0.0, deadline - time.monotonic()))
-        for refresh in refreshes:
-            with self._flights_lock:
-                if refresh.done.is_set():
-                    continue
-                refresh.abandoned = True
-            log.warning("pg_once: closing: the refresh of %r is still running after %g s; "
-                        "its claim is given back", refresh.key, timeout)
-            self._quietly(self._release, refresh.key, refresh.token)
-        self._heartbeats.close()
+            if refresh.task in running:
+                log.warning("pg_once: closing: the refresh of %r is still running after %g s; "
+                            "its claim is given back", refresh.key, timeout)
+                refresh.task.cancel()
+                self._quietly(self._release, refresh.key, refresh.token)
+        A.settle(running)
+        for flight in list(self._flights.values()):
+            flight.cancel()
         if self._listener is not None:
             self._listener.close()
-        if self._own_pool:
+        if self._own_pool and self.pool is not None:
             self.pool.close()
 
     def __enter__(self) -> "Client":
-        return self
+        return self.open()
 
     def __exit__(self, *exc) -> None:
         self.close()
 
-    @property
     def owner_pid(self) -> Optional[int]:
         """The pid of the LISTEN connection's backend that owns this client's claims
         (0 with listen=False: the lease alone ends them; None: an old server)."""
+        if not self._opened:
+            self.open()
         return 0 if self._listener is None else self._listener.owner_pid()
 
     # -- the public calls ---------------------------------------------------------------
 
-    def get_or_compute(self, key: str, compute: Callable[[], T], *, ttl: Optional[Duration] = None,
-                       lease: Duration = 30, wait: Duration = 30,
-                       retry_after: Duration = 5, stale: Optional[Duration] = None,
-                       beta: Optional[float] = None, jitter: Optional[float] = None,
-                       serializer: Optional[Serializer] = None) -> T:
+    def get_or_compute(self, key: str, compute: Callable[[], A.Await[T]], *,
+                             ttl: Optional[Duration] = None, lease: Duration = 30,
+                             wait: Duration = 30, retry_after: Duration = 5,
+                             stale: Optional[Duration] = None, beta: Optional[float] = None,
+                             jitter: Optional[float] = None,
+                             serializer: Optional[Serializer] = None) -> T:
         """The cached result of `key`; computes it with `compute()` if no one has, once
         across every process. `ttl`: how long the result is served (None: until
         invalidated). `lease`: how long a claim lives without a heartbeat (heartbeats come
@@ -180,66 +191,74 @@ class Client:
         OnceTimeout. `retry_after`: how long a failure is shared before the key is computed
         again. `serializer`: how the result is stored (the client's, JSON by default).
         Every caller, this one included, returns what the serializer reads back from the
-        server. Raises OnceFailed for a shared failure, ClaimLost, NotSerializable, or
-        whatever compute() raised (after recording it with fail_key).
+        server (rule V1). Raises OnceFailed for a shared failure, ClaimLost,
+        NotSerializable, or whatever compute() raised (after recording it with fail_key).
 
         Freshness (pg_once 0.2.0; each needs a ttl): `stale`: for this long after ttl the
-        old result is still returned at once while one caller refreshes it in a
-        background thread; `beta`: XFetch early refresh (1.0 is the usual value): a hit
-        may draw a background refresh before expiry; `jitter`: the ttl actually used is
-        ttl * (1 - jitter * random()), so that keys filled together expire apart."""
+        old result is still returned at once while one caller refreshes it in the
+        background; `beta`: XFetch early refresh (1.0 is the usual value): a hit may draw
+        a background refresh before expiry; `jitter`: the ttl actually used is
+        ttl * (1 - jitter * random()), so that keys filled together expire apart.
+
+        Concurrent calls for one key share one computation (rule C1). With asyncio,
+        cancelling a call (or asyncio.timeout) ends its own wait; when every caller of a
+        computation has left, it is cancelled and its claim given back (rule X2)."""
         opts = C.call_options(key, ttl=ttl, lease=lease, wait=wait, retry_after=retry_after,
                               stale=stale, beta=beta, jitter=jitter,
                               serializer=serializer or self.serializer)
         started = time.monotonic()
-        with self._flights_lock:
+        if not self._opened:
+            self.open()
+        with self._flights_lock:   # never held across an await
             flight = self._flights.get(key)
             leader = flight is None
             if leader:
-                flight = self._flights[key] = _Flight()
-        if not leader:
-            try:
-                value = flight.result(key, opts.wait)
-            except BaseException as exc:
-                C.report(self.on_outcome, "coalesced", key, started, exc)
-                raise
-            C.report(self.on_outcome, "coalesced", key, started)
-            return value
+                flight = self._flights[key] = A.Flight()
         try:
-            flight.value, kind = self._resolve(compute, opts)
-            C.report(self.on_outcome, kind, key, started)
-            return flight.value
+            if leader:
+                value, kind = flight.lead(self._resolve, compute, opts,
+                                                landed=functools.partial(self._landed, key, flight))
+            else:
+                kind = "coalesced"
+                answered, answer = flight.follow(opts.wait)
+                if not answered:
+                    raise OnceTimeout(key, opts.wait)
+                value = answer[0]
         except BaseException as exc:
-            flight.error = exc
             C.report(self.on_outcome, "failed", key, started, exc)
             raise
-        finally:
-            with self._flights_lock:
-                del self._flights[key]
-            flight.done.set()
+        C.report(self.on_outcome, kind, key, started)
+        return value
 
-    def cached(self, fn: Optional[Callable[P, T]] = None, *, key: Optional[Callable[..., str]] = None,
-               name: Optional[str] = None, ttl: Optional[Duration] = None,
-               lease: Duration = 30, wait: Duration = 30, retry_after: Duration = 5,
-               stale: Optional[Duration] = None, beta: Optional[float] = None,
-               jitter: Optional[float] = None, serializer: Optional[Serializer] = None):
+    def _landed(self, key: str, flight: A.Flight) -> None:
+        with self._flights_lock:
+            if self._flights.get(key) is flight:
+                del self._flights[key]
+
+    def cached(self, fn: Optional[Callable[P, A.Await[T]]] = None, *,
+               key: Optional[Callable[..., str]] = None, name: Optional[str] = None,
+               ttl: Optional[Duration] = None, lease: Duration = 30, wait: Duration = 30,
+               retry_after: Duration = 5, stale: Optional[Duration] = None,
+               beta: Optional[float] = None, jitter: Optional[float] = None,
+               serializer: Optional[Serializer] = None):
         """Decorator, with or without parentheses: cache a function's result, one entry per
         distinct arguments. The key is key(*args, **kwargs) if given, else the default
         key of docs/clients.md rule K: `name` (default `module.qualname`) and a canonical
         encoding of the arguments, the same in every process and in the Node and Rust
-        clients. The wrapper has .invalidate(*args, **kwargs) and .refresh(*args, **kwargs)
-        for the entry of those arguments. Options as for get_or_compute."""
+        clients. The wrapper has .invalidate(*args, **kwargs), .refresh(*args, **kwargs)
+        and .cache_key(*args, **kwargs) for the entry of those arguments. Options as for
+        get_or_compute."""
         options = dict(ttl=ttl, lease=lease, wait=wait, retry_after=retry_after, stale=stale,
                        beta=beta, jitter=jitter, serializer=serializer)
         C.call_options("k", **options)   # refuse bad options at decoration time
 
-        def decorate(func: Callable[P, T]) -> "CachedFunction[P, T]":
+        def decorate(func: Callable[P, A.Await[T]]) -> "CachedFunction[P, A.Await[T]]":
             keys = CacheKeys(func, key, name)
 
             @functools.wraps(func)
             def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-                return self.get_or_compute(keys(args, kwargs), lambda: func(*args, **kwargs),
-                                           **options)
+                return self.get_or_compute(keys(args, kwargs),
+                                                 lambda: func(*args, **kwargs), **options)
             wrapper.invalidate = lambda *a, **kw: self.invalidate(keys(a, kw))
             wrapper.refresh = lambda *a, **kw: self.refresh(keys(a, kw))
             wrapper.cache_key = lambda *a, **kw: keys(a, kw)
@@ -249,23 +268,24 @@ class Client:
     def invalidate(self, key: str) -> bool:
         """Forget `key`'s result (once.invalidate_key); a running key is computed once more
         when its run ends. False if there was nothing to forget."""
-        return self._execute("invalidate_key", C.INVALIDATE_KEY, (C.check_key(key),))[0]
+        return (self._execute("invalidate_key", C.INVALIDATE_KEY, (C.check_key(key),)))[0]
 
     def refresh(self, key: str, stale: Optional[Duration] = None) -> str:
         """Have `key` computed again (once.refresh_key), its current result served as stale
-        for `stale` meanwhile; returns the server's answer (expired, rerun, ...)."""
-        return self._execute("refresh_key", C.REFRESH_KEY,
-                             (C.check_key(key), seconds(stale, "stale")))[0]
+        for `stale` meanwhile; returns the server's answer (expired, rerun, pending, absent)."""
+        return (self._execute("refresh_key", C.REFRESH_KEY,
+                                    (C.check_key(key), seconds(stale, "stale"))))[0]
 
     def enqueue(self, key: str, payload: Any = None, *, queue: str = "default",
-                priority: int = 0, run_at: Optional[datetime] = None, refresh: bool = False,
-                max_attempts: Optional[int] = None) -> str:
+                      priority: int = 0, run_at: Optional[datetime] = None,
+                      refresh: bool = False, max_attempts: Optional[int] = None) -> str:
         """Ask for `key` to be computed by `queue`'s workers (once.enqueue_key); returns the
-        server's answer. The payload is stored as JSON (the default serializer's rules)."""
+        server's answer (queued, requeued, duplicate, cached). The payload is written by the
+        client's serializer."""
         text = None if payload is None else C.dump_value(key, self.serializer, payload)
-        return self._execute("enqueue_key", C.ENQUEUE_KEY,
-                             (C.check_key(key), text, queue, priority, run_at, refresh,
-                              max_attempts))[0]
+        return (self._execute("enqueue_key", C.ENQUEUE_KEY,
+                                    (C.check_key(key), text, queue, priority, run_at, refresh,
+                                     max_attempts)))[0]
 
     def load_payload(self, text: Optional[str]) -> Any:
         """A queued key's payload, read back through the client's serializer."""
@@ -294,7 +314,7 @@ class Client:
             # Interest first, then the question: a completion in between still wakes us.
             event = listener.watch(key) if listener is not None else None
             try:
-                owner = self.owner_pid
+                owner = self.owner_pid()
                 try:
                     row = self._claim(key, opts.lease, owner, opts.fresh.serve_stale)
                 except psycopg.errors.InvalidParameterValue:
@@ -327,9 +347,9 @@ class Client:
                 pause = C.jittered(C.RECHECK_SECONDS) if event is not None else next(delays)
                 pause = min(pause, remaining, max(0.02, C.until(lease_expires_at)))
                 if event is not None:
-                    event.wait(pause)
+                    A.wait_event(event, pause)
                 else:
-                    time.sleep(pause)
+                    A.sleep(pause)
             finally:
                 if event is not None:
                     listener.unwatch(key, event)
@@ -347,41 +367,40 @@ class Client:
         if give_back:
             self._quietly(self._release, key, token)
             return
-        threading.Thread(target=self._run_refresh, name=f"pg_once-refresh {key}", daemon=True,
-                         args=(refresh, compute, opts)).start()
+        refresh.task = A.spawn(self._run_refresh, refresh, compute, opts,
+                               name=f"pg_once-refresh {key}")
 
-    def _run_refresh(self, refresh, compute, opts) -> None:
+    def _run_refresh(self, refresh: "_Refresh", compute, opts) -> None:
         key = refresh.key
         try:
-            self._compute(key, refresh.token, compute, opts, refresh)
+            self._compute(key, refresh.token, compute, opts)
         except ClaimLost:
-            if not refresh.abandoned:
-                log.warning("pg_once: the refresh of %r lost its claim; its result was not stored", key)
+            log.warning("pg_once: the refresh of %r lost its claim; its result was not stored", key)
         except Exception as exc:
-            if not refresh.abandoned:
-                log.warning("pg_once: refreshing %r failed (%s); the previous result is still "
-                            "served until its stale window ends", key, C.error_text(exc))
+            log.warning("pg_once: refreshing %r failed (%s); the previous result is still "
+                        "served until its stale window ends", key, C.error_text(exc))
         finally:
             with self._flights_lock:
                 if self._refreshes.get(key) is refresh:
                     del self._refreshes[key]
-            refresh.done.set()
 
-    def _compute(self, key, token, compute, opts, refresh=None):
-        """Run compute() under our claim and store its result; what the server stored, read
-        back through the serializer, is the answer (V1)."""
+    def _compute(self, key, token, compute, opts):
+        """Run compute() under our claim, heartbeating it, and store its result; what the
+        server stored, read back through the serializer, is the answer (V1)."""
         retry_after = opts.retry_after
-        beat = self._heartbeats.add(key, token, opts.lease)
+        lost = A.Event()
+        beat = A.spawn(self._beat, key, token, opts.lease, lost, name=f"pg_once-heartbeat {key}")
         try:
             try:
-                value = compute()
+                value = A.run_unless(compute, lost)
+            except A.Stopped:   # a heartbeat said the claim is gone: stop, store nothing
+                raise ClaimLost(key) from None
             except Exception as exc:
-                if refresh is None or not refresh.abandoned:
-                    self._quietly(self._fail, key, token, C.error_text(exc), retry_after)
+                self._quietly(self._fail, key, token, C.error_text(exc), retry_after)
                 raise
             except BaseException:
-                # KeyboardInterrupt, SystemExit: not the computation's fault; give the
-                # claim back so that another caller computes at once.
+                # Cancelled, KeyboardInterrupt, SystemExit: not the computation's fault; give
+                # the claim back so that another caller computes at once (rule X2).
                 self._quietly(self._release, key, token)
                 raise
             try:
@@ -389,27 +408,47 @@ class Client:
             except NotSerializable as exc:
                 self._quietly(self._fail, key, token, str(exc), retry_after)   # V4
                 raise
-            self._heartbeats.remove(beat)
-            if beat.lost or (refresh is not None and refresh.abandoned):
+            beat.cancel()
+            if lost.is_set():
                 raise ClaimLost(key, value)
             try:
                 stored, text = self._complete(key, token, text, opts.ttl, opts.fresh)
             except psycopg.Error as exc:
                 if C.retryable(exc.sqlstate, True):
                     raise   # nothing can be written: the claim ends with its owner or lease
-                # The server refused the result (54000: over once.max_result_size): fail
-                # the key with the reason, so that its waiters share the refusal rather
-                # than compute a result that would be refused again (F3).
+                # The server refused the result (54000: over once.max_result_size): fail the
+                # key with the reason, so that its waiters share the refusal rather than
+                # compute a result that would be refused again (F3).
                 self._quietly(self._fail, key, token, C.refusal_text(exc), retry_after)
                 raise
             if not stored:
                 raise ClaimLost(key, value)
             return opts.serializer.loads(text)
         finally:
-            self._heartbeats.remove(beat)
+            beat.cancel()
+
+    def _beat(self, key, token, lease, lost: A.Event) -> None:
+        """Extend the claim every lease/3 until cancelled (H1); a failed heartbeat is tried
+        again within a second (H2); NULL means the claim is lost: set `lost` (H3)."""
+        pause = lease / 3
+        while True:
+            A.sleep(pause)
+            try:
+                expiry = self._heartbeat(key, token, lease)
+            except Exception as exc:
+                # The claim may still be fine (a pooled connection broke, the pool was busy):
+                # try again soon, well before the lease can run out.
+                log.warning("pg_once: heartbeat of %r failed (%s); retrying", key, exc)
+                pause = min(1.0, lease / 6)
+                continue
+            if expiry is None:
+                log.warning("pg_once: the claim on %r was lost; its result will not be stored", key)
+                lost.set()
+                return
+            pause = lease / 3
 
     def _quietly(self, call, *args) -> None:
-        """Record a failure or release without masking the exception being raised."""
+        """Record a failure or release without masking the error being raised (rule F4)."""
         try:
             call(*args)
         except Exception as exc:
@@ -419,15 +458,17 @@ class Client:
     # -- one database call each, through the pool ------------------------------------------
 
     def _execute(self, name: str, sql: str, params: tuple, many: bool = False):
+        if not self._opened:
+            self.open()
         self.calls.add(name)
         pauses = C.retry_pauses()
         for attempt in range(1, C.RETRY_ATTEMPTS + 1):
-            time.sleep(next(pauses))
+            A.sleep(next(pauses))
             with self.pool.connection() as conn:
                 check_connection(conn)
                 try:
                     cur = conn.execute(sql, params, prepare=False)
-                    return cur.fetchall() if many else cur.fetchone()
+                    return (cur.fetchall() if many else cur.fetchone())
                 except psycopg.Error as exc:
                     # Only a lost connection is tried again, on another one (rule R1). Every
                     # call is safe to repeat: if the first one did commit, a repeated
@@ -456,13 +497,13 @@ class Client:
         if not fresh.given:
             return self._execute("complete_key", C.COMPLETE_KEY, (key, token, ttl, text))
         return self._execute("complete_key", C.COMPLETE_KEY_FRESHNESS,
-                             (key, token, ttl, fresh.stale, fresh.beta, fresh.jitter, text))
+                                   (key, token, ttl, fresh.stale, fresh.beta, fresh.jitter, text))
 
     def _fail(self, key, token, error, retry_after) -> bool:
-        return self._execute("fail_key", C.FAIL_KEY, (key, token, error, retry_after))[0]
+        return (self._execute("fail_key", C.FAIL_KEY, (key, token, error, retry_after)))[0]
 
     def _release(self, key, token) -> bool:
-        return self._execute("release_key", C.RELEASE_KEY, (key, token))[0]
+        return (self._execute("release_key", C.RELEASE_KEY, (key, token)))[0]
 
     def _heartbeat(self, key, token, lease):
-        return self._execute("heartbeat_key", C.HEARTBEAT_KEY, (key, token, lease))[0]
+        return (self._execute("heartbeat_key", C.HEARTBEAT_KEY, (key, token, lease)))[0]
