@@ -281,13 +281,10 @@ def test_a_timeout_of_one_waiter_does_not_cancel_the_others(setup, key):
     asyncio.run(main())
 
 
-def test_enqueue_reaches_a_worker_with_its_payload(clients, key):
+def test_enqueue_reaches_a_worker_with_its_payload(clients, key, admin):
     client = clients()
-    queue = "py-contract"
-    try:
-        client._execute("create_queue", "SELECT once.create_queue(%s)", (queue,))
-    except psycopg.errors.DuplicateObject:
-        pass
+    queue = "py-contract/" + key.rsplit("/", 1)[-1]
+    admin.execute("SELECT once.create_queue(%s)", (queue,))
     assert client.enqueue(key, {"n": 3}, queue=queue) == "queued"
     seen = []
     worker = client.worker(queue, lambda job: seen.append(job.payload) or job.payload["n"] * 2,
