@@ -283,7 +283,7 @@ def test_a_timeout_of_one_waiter_does_not_cancel_the_others(setup, key):
 
 def test_enqueue_reaches_a_worker_with_its_payload(clients, key, admin):
     client = clients()
-    queue = "py-contract/" + key.rsplit("/", 1)[-1]
+    queue = "py-contract-" + key.rsplit("/", 1)[-1]
     admin.execute("SELECT once.create_queue(%s)", (queue,))
     assert client.enqueue(key, {"n": 3}, queue=queue) == "queued"
     seen = []
