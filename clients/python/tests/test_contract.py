@@ -350,3 +350,38 @@ def test_tls_is_used_by_the_pool_and_the_listen_connection(key):
     plain = psycopg.conninfo.make_conninfo(setup.dsn, sslmode="disable")
     with pytest.raises(psycopg.OperationalError):
         Client(plain)
+
+
+def test_spans_link_a_coalesced_call_to_the_computing_one(clients, key):
+    """O2: one span per call, outcome recorded; the coalesced call links to the leader's."""
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    from pg_once import _tracing
+    tracer = provider.get_tracer("test")
+    real = _tracing.trace.get_tracer
+    _tracing.trace.get_tracer = lambda *a, **kw: tracer
+    try:
+        client = clients()
+
+        def slow():
+            time.sleep(0.4)
+            return 1
+        t = threading.Thread(target=lambda: client.get_or_compute(key, slow))
+        t.start()
+        time.sleep(0.15)
+        assert client.get_or_compute(key, slow) == 1
+        t.join(5)
+    finally:
+        _tracing.trace.get_tracer = real
+    spans = {s.attributes["pg_once.outcome"]: s for s in exporter.get_finished_spans()}
+    assert set(spans) == {"claimed", "coalesced"}
+    assert all(s.name == "pg_once.get_or_compute" and s.attributes["pg_once.key"] == key
+               for s in spans.values())
+    assert [link.context.span_id for link in spans["coalesced"].links] == \
+        [spans["claimed"].context.span_id]

@@ -83,6 +83,7 @@ class Flight:
 
     def __init__(self) -> None:
         self.callers = 0
+        self.span_context: Any = None   # the leader's span, which the others link to (O2)
         self._task: Optional[asyncio.Task] = None
         self._started = asyncio.Event()
 

@@ -90,6 +90,7 @@ class Flight:
 
     def __init__(self) -> None:
         self.callers = 0
+        self.span_context: Any = None   # the leader's span, which the others link to (O2)
         self._done = threading.Event()
         self._value: Any = None
         self._error: Optional[BaseException] = None

@@ -20,6 +20,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from .. import _common as C
+from .. import _tracing
 from .._common import Duration, Outcome, Serializer, seconds
 from .._keys import CacheKeys
 from .._typing import CachedFunction, P, T
@@ -214,19 +215,25 @@ class Client:
             leader = flight is None
             if leader:
                 flight = self._flights[key] = A.Flight()
-        try:
+        with _tracing.span(key, None if leader else flight.span_context) as span:
             if leader:
-                value, kind = flight.lead(self._resolve, compute, opts,
-                                                landed=functools.partial(self._landed, key, flight))
-            else:
-                kind = "coalesced"
-                answered, answer = flight.follow(opts.wait)
-                if not answered:
-                    raise OnceTimeout(key, opts.wait)
-                value = answer[0]
-        except BaseException as exc:
-            C.report(self.on_outcome, "failed", key, started, exc)
-            raise
+                flight.span_context = span.context
+            try:
+                if leader:
+                    value, kind = flight.lead(
+                        self._resolve, compute, opts,
+                        landed=functools.partial(self._landed, key, flight))
+                else:
+                    kind = "coalesced"
+                    answered, answer = flight.follow(opts.wait)
+                    if not answered:
+                        raise OnceTimeout(key, opts.wait)
+                    value = answer[0]
+            except BaseException as exc:
+                span.outcome("failed")
+                C.report(self.on_outcome, "failed", key, started, exc)
+                raise
+            span.outcome(kind)
         C.report(self.on_outcome, kind, key, started)
         return value
 
