@@ -196,7 +196,7 @@ class Scenario:
                 return wrapped(*value(step["args"]))
             if what in ("invalidate", "refresh"):
                 if "name" not in step:
-                    return getattr(client, what)(self.key(step["key"]))
+                    return getattr(client, what)(self.key(step["key"]), **options)
                 wrapped = client.cached(name=self.key(step["name"]))(self.compute({}))
                 return getattr(wrapped, what)(*value(step["args"]))
             raise AssertionError(f"a call this runner does not know: {what}")

@@ -11,7 +11,7 @@ import pytest
 from pg_once import _common as C
 from pg_once._keys import CacheKeys, derive_key
 
-from conformance import cases, load, same, value
+from conformance import ROOT, cases, load, same, value
 from conftest import make_setup
 
 
@@ -62,8 +62,7 @@ def test_retry(case):
 
 # -- scenarios ------------------------------------------------------------------------------
 
-SCENARIOS = [param for name in ("sharing.json", "failures.json", "notify.json", "lost.json",
-                                "api.json")
+SCENARIOS = [param for name in sorted(p.name for p in (ROOT / "scenarios").glob("*.json"))
              for param in cases("scenarios", name)]
 
 
