@@ -16,3 +16,13 @@ def test_the_sync_client_is_generated_from_the_async_one():
              if (generate_sync.PACKAGE / "_sync" / name).read_text() != text]
     assert not stale, (f"pg_once/_sync/{', '.join(stale)} out of date: run "
                        "python clients/python/tools/generate_sync.py")
+
+
+def test_the_types_keep_what_callers_rely_on():
+    """get_or_compute returns compute's type, cached keeps the signature (ParamSpec):
+    tests/typing_examples.py type-checks, its deliberate mistake included."""
+    api = pytest.importorskip("mypy.api", reason="pip install mypy (the [test] extra) to check")
+    here = Path(__file__).resolve().parent
+    out, err, status = api.run(["--python-version", "3.11", "--warn-unused-ignores",
+                                "--no-incremental", str(here / "typing_examples.py")])
+    assert status == 0, out + err

@@ -45,6 +45,8 @@ def generate() -> Dict[str, str]:
             text = (Path(tmp) / "_sync" / name).read_text()
             # unasync renames names, not words inside docstrings and comments.
             text = re.sub(r"\bAsync(Client|Worker|Listener)\b", r"\1", text)
+            # What compute returns: Await[T] (an awaitable of T) is T for threads.
+            text = re.sub(r"\bA\.Await\[(\w+)\]", r"\1", text)
             out[name] = HEADER.format(name=name) + text
         return out
 

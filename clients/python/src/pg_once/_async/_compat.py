@@ -14,7 +14,7 @@ from typing import Any, Awaitable, Callable, Iterable, List, Optional, Tuple
 Event = asyncio.Event
 CancelledError = asyncio.CancelledError
 Task = asyncio.Task
-Await = Awaitable   # the type of what compute() returns: Await[T]; T in the sync flavour
+Await = Awaitable   # what compute() returns: Await[T]; generate_sync.py writes it T for threads
 sleep = asyncio.sleep
 
 

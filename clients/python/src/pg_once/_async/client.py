@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, overload
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -240,7 +240,14 @@ class AsyncClient:
             if self._flights.get(key) is flight:
                 del self._flights[key]
 
-    def cached(self, fn: Optional[Callable[P, A.Await[T]]] = None, *,
+    @overload
+    def cached(self, fn: Callable[P, A.Await[T]], /) -> CachedFunction[P, A.Await[T]]: ...
+
+    @overload
+    def cached(self, fn: None = None, /, **options: Any
+               ) -> Callable[[Callable[P, A.Await[T]]], CachedFunction[P, A.Await[T]]]: ...
+
+    def cached(self, fn: Optional[Callable[P, A.Await[T]]] = None, /, *,
                key: Optional[Callable[..., str]] = None, name: Optional[str] = None,
                ttl: Optional[Duration] = None, lease: Duration = 30, wait: Duration = 30,
                retry_after: Duration = 5, stale: Optional[Duration] = None,

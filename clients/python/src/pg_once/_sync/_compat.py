@@ -6,10 +6,9 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from typing import Any, Callable, Iterable, List, Optional, Tuple, Union
+from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 Event = threading.Event
-Await = Union   # Await[T] is T: compute() returns its value
 
 
 class CancelledError(BaseException):

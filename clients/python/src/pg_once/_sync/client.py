@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, overload
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -179,7 +179,7 @@ class Client:
 
     # -- the public calls ---------------------------------------------------------------
 
-    def get_or_compute(self, key: str, compute: Callable[[], A.Await[T]], *,
+    def get_or_compute(self, key: str, compute: Callable[[], T], *,
                              ttl: Optional[Duration] = None, lease: Duration = 30,
                              wait: Duration = 30, retry_after: Duration = 5,
                              stale: Optional[Duration] = None, beta: Optional[float] = None,
@@ -242,7 +242,14 @@ class Client:
             if self._flights.get(key) is flight:
                 del self._flights[key]
 
-    def cached(self, fn: Optional[Callable[P, A.Await[T]]] = None, *,
+    @overload
+    def cached(self, fn: Callable[P, T], /) -> CachedFunction[P, T]: ...
+
+    @overload
+    def cached(self, fn: None = None, /, **options: Any
+               ) -> Callable[[Callable[P, T]], CachedFunction[P, T]]: ...
+
+    def cached(self, fn: Optional[Callable[P, T]] = None, /, *,
                key: Optional[Callable[..., str]] = None, name: Optional[str] = None,
                ttl: Optional[Duration] = None, lease: Duration = 30, wait: Duration = 30,
                retry_after: Duration = 5, stale: Optional[Duration] = None,
@@ -259,7 +266,7 @@ class Client:
                        beta=beta, jitter=jitter, serializer=serializer)
         C.call_options("k", **options)   # refuse bad options at decoration time
 
-        def decorate(func: Callable[P, A.Await[T]]) -> "CachedFunction[P, A.Await[T]]":
+        def decorate(func: Callable[P, T]) -> "CachedFunction[P, T]":
             keys = CacheKeys(func, key, name)
 
             @functools.wraps(func)
