@@ -124,14 +124,13 @@ class Scenario:
 
     async def run(self) -> None:
         n = self.case.get("clients", 1)
+        self.outcomes: List[list] = [[] for _ in range(n)]   # each client's Outcome events
+        make = AsyncClient if self.flavor == "async" else Client
+        self.clients = [make(self.setup.dsn, listen_conninfo=self.setup.listen_dsn,
+                             on_outcome=self.outcomes[i].append) for i in range(n)]
         if self.flavor == "async":
-            self.clients = [AsyncClient(self.setup.dsn, listen_conninfo=self.setup.listen_dsn)
-                            for _ in range(n)]
             for c in self.clients:
                 await c.open()
-        else:
-            self.clients = [Client(self.setup.dsn, listen_conninfo=self.setup.listen_dsn)
-                            for _ in range(n)]
         self.admin = await psycopg.AsyncConnection.connect(self.setup.admin_dsn, autocommit=True)
         try:
             for number, step in enumerate(self.case["steps"]):
@@ -167,6 +166,10 @@ class Scenario:
                 await asyncio.sleep(0.02)   # let it reach the server before the next step
             else:
                 self.check(await task, expect, step, started)
+        elif "outcomes" in expect:
+            number, kinds = expect["outcomes"]
+            got = sorted(o.kind for o in self.outcomes[number])
+            assert got == sorted(kinds), f"client {number}'s outcomes {got} != {sorted(kinds)}"
         elif "counter" in expect:
             name, count = expect["counter"]
             assert self.counters.get(name, 0) == count, f"counter {name}: {self.counters.get(name, 0)} != {count}"
@@ -202,15 +205,21 @@ class Scenario:
             raise AssertionError(f"a call this runner does not know: {what}")
         try:
             if self.flavor == "async":
-                return await do(), None
-            return await asyncio.to_thread(do), None
+                answer = await do(), None
+            else:
+                answer = await asyncio.to_thread(do), None
         except AssertionError:
             raise
         except Exception as exc:
-            return None, exc
+            answer = None, exc
+        kinds = [o.kind for o in self.outcomes[step.get("client", 0)]
+                 if "key" in step and o.key == self.key(step["key"])]
+        return answer + (kinds[-1] if kinds else None,)
 
     def check(self, outcome, expect: dict, step: dict, started: float) -> None:
-        got, error = outcome
+        got, error, kind = outcome
+        if "outcome" in expect:
+            assert kind == expect["outcome"], f"outcome {kind!r}, not {expect['outcome']!r}"
         elapsed_ms = (time.monotonic() - started) * 1000
         if "within_ms" in step:
             assert elapsed_ms <= step["within_ms"], f"took {elapsed_ms:.0f} ms, more than {step['within_ms']}"
