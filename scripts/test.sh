@@ -270,10 +270,12 @@ py_venv=$PG_ONCE_WORK/py-venv
 if step 6; then
     say "installing the client libraries' dependencies"
     # A fresh virtualenv each run, as a user's would be: the package installs from its
-    # own pyproject.toml, with pytest for its tests.
+    # own pyproject.toml, with its [test] extra (pytest; unasync, for the check that the
+    # sync client is generated from the async one) and the binary psycopg an application
+    # would pick.
     rm -rf "$py_venv"
     python3 -m venv "$py_venv"
-    "$py_venv/bin/pip" install --quiet --disable-pip-version-check ./clients/python pytest
+    "$py_venv/bin/pip" install --quiet --disable-pip-version-check "./clients/python[test]" "psycopg[binary]"
     (cd clients/node && npm ci --silent --no-audit --no-fund && npm run --silent typecheck)
 fi
 

@@ -88,7 +88,7 @@ def owner(a):
     client = make_client(a)
 
     def compute():
-        print(json.dumps({"computing": True, "owner_pid": client.owner_pid}), flush=True)
+        print(json.dumps({"computing": True, "owner_pid": client.owner_pid()}), flush=True)
         time.sleep(600)
 
     client.get_or_compute(a["key"], compute, lease=a.get("lease", 30))

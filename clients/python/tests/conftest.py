@@ -1,11 +1,17 @@
 """Fixtures: every test that can runs twice, against PG_ONCE_DSN (direct connections) and
 PG_ONCE_BOUNCER_DSN (the same server through PgBouncer in transaction mode, with the
-LISTEN connection direct). Tests skip when the variable of their setup is not set."""
+LISTEN connection direct), and a third time against PG_ONCE_TLS_DSN (a server that takes
+TCP only over TLS) when that is set. Tests that need a server skip, with a message, when
+the variable of their setup is not set; tests that need none (the offline vectors) always
+run."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import os
+import threading
 import subprocess
 import sys
 import uuid
@@ -20,6 +26,7 @@ from pg_once import AsyncClient, Client
 
 DIRECT = os.environ.get("PG_ONCE_DSN")
 BOUNCER = os.environ.get("PG_ONCE_BOUNCER_DSN")
+TLS = os.environ.get("PG_ONCE_TLS_DSN")
 CHILD = str(Path(__file__).with_name("child.py"))
 
 
@@ -28,6 +35,7 @@ class Setup:
     name: str
     dsn: str          # what the pool connects to
     listen_dsn: str   # the LISTEN connection: always direct
+    admin_dsn: str    # the server itself, for looking at and poking it
 
     def client(self, **kw) -> Client:
         if "pool" in kw:
@@ -40,35 +48,146 @@ class Setup:
         return AsyncClient(self.dsn, listen_conninfo=self.listen_dsn, **kw)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def extension():
+def need_server() -> None:
     if not DIRECT:
-        pytest.skip("set PG_ONCE_DSN (and PG_ONCE_BOUNCER_DSN) to run the client tests")
+        pytest.skip("set PG_ONCE_DSN (and PG_ONCE_BOUNCER_DSN) to run the tests against a server")
+
+
+@pytest.fixture(scope="session")
+def extension():
+    need_server()
     with psycopg.connect(DIRECT, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_once")
+    if TLS:
+        with psycopg.connect(TLS, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_once")
+
+
+def make_setup(name: str) -> Setup:
+    need_server()
+    if name == "direct":
+        return Setup("direct", DIRECT, DIRECT, DIRECT)
+    if name == "bouncer":
+        if not BOUNCER:
+            pytest.skip("PG_ONCE_BOUNCER_DSN is not set")
+        return Setup("bouncer", BOUNCER, DIRECT, DIRECT)
+    if not TLS:
+        pytest.skip("PG_ONCE_TLS_DSN is not set")
+    return Setup("tls", TLS, TLS, TLS)
 
 
 @pytest.fixture(params=["direct", "bouncer"])
-def setup(request) -> Setup:
-    if request.param == "direct":
-        return Setup("direct", DIRECT, DIRECT)
-    if not BOUNCER:
-        pytest.skip("PG_ONCE_BOUNCER_DSN is not set")
-    return Setup("bouncer", BOUNCER, DIRECT)
+def setup(request, extension) -> Setup:
+    return make_setup(request.param)
 
 
-@pytest.fixture
-def clients(setup):
-    """Make clients of the test's setup; all are closed after the test."""
+@pytest.fixture(params=["sync", "async"])
+def clients(setup, request):
+    """Make clients of the test's setup, all closed after the test: Clients, and then, for
+    the same tests, AsyncClients behind the sync API (BlockingAsyncClient), so that both
+    flavours get the same coverage."""
     made: List[Client] = []
 
     def make(**kw) -> Client:
-        c = setup.client(**kw)
+        if request.param == "sync":
+            c = setup.client(**kw)
+        elif "pool" in kw:
+            pytest.skip("a sync pool: the async flavour has its own test")
+        else:
+            c = BlockingAsyncClient(setup.async_client(**kw))
         made.append(c)
         return c
     yield make
     for c in made:
         c.close()
+
+
+class BlockingAsyncClient:
+    """An AsyncClient behind the sync Client's API, run on an event loop in a thread of its
+    own; compute functions and handlers run in threads (asyncio.to_thread)."""
+
+    def __init__(self, client: AsyncClient):
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._client = client
+        self._run(client.open())
+
+    def _run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def __getattr__(self, name):   # calls, _listener, serializer, ...
+        return getattr(self._client, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self, **kw) -> None:
+        try:
+            self._run(self._client.close(**kw))
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+
+    def owner_pid(self):
+        return self._run(self._client.owner_pid())
+
+    def get_or_compute(self, key, compute, **kw):
+        async def acompute():
+            return await asyncio.to_thread(compute)
+        return self._run(self._client.get_or_compute(key, acompute, **kw))
+
+    def cached(self, fn=None, **kw):
+        decorator = self._client.cached(**kw)   # checks the options now, as Client.cached
+
+        def decorate(func):
+            @functools.wraps(func)
+            async def afunc(*args, **kwargs):
+                return await asyncio.to_thread(func, *args, **kwargs)
+            wrapped = decorator(afunc)
+
+            @functools.wraps(func)
+            def call(*args, **kwargs):
+                return self._run(wrapped(*args, **kwargs))
+            call.invalidate = lambda *a, **k: self._run(wrapped.invalidate(*a, **k))
+            call.refresh = lambda *a, **k: self._run(wrapped.refresh(*a, **k))
+            call.cache_key = wrapped.cache_key
+            return call
+        return decorate if fn is None else decorate(fn)
+
+    def invalidate(self, key):
+        return self._run(self._client.invalidate(key))
+
+    def refresh(self, key, **kw):
+        return self._run(self._client.refresh(key, **kw))
+
+    def enqueue(self, key, payload=None, **kw):
+        return self._run(self._client.enqueue(key, payload, **kw))
+
+    def worker(self, queue, handler, **kw):
+        async def ahandler(job):
+            return await asyncio.to_thread(handler, job)
+        return _BlockingWorker(self, self._client.worker(queue, ahandler, **kw))
+
+    def work(self, queue, handler, **kw):
+        return self.worker(queue, handler, **kw).run()
+
+
+class _BlockingWorker:
+    def __init__(self, client: BlockingAsyncClient, worker):
+        self._client, self._worker = client, worker
+
+    def __getattr__(self, name):   # completed, failed, released, ...
+        return getattr(self._worker, name)
+
+    def run(self):
+        return self._client._run(self._worker.run())
+
+    def stop(self, now: bool = False):
+        self._client._loop.call_soon_threadsafe(self._worker.stop, now)
 
 
 @pytest.fixture
@@ -78,7 +197,7 @@ def key(request) -> str:
 
 
 @pytest.fixture
-def admin():
+def admin(extension):
     """A direct autocommit connection for looking at and poking the server."""
     with psycopg.connect(DIRECT, autocommit=True) as conn:
         yield conn

@@ -101,4 +101,4 @@ def test_handler_errors_fail_the_job(clients, admin, queue):
         "SELECT a.key, a.error FROM once.attempts a JOIN once.entries e USING (key_hash)"
         " WHERE e.queue = %s", (queue,)).fetchall())
     assert "RuntimeError: cannot thumbnail" in errors[f"{queue}/bad"]
-    assert "not JSON-serialisable" in errors[f"{queue}/object"]
+    assert "object has no JSON form" in errors[f"{queue}/object"]

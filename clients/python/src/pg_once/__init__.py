@@ -8,13 +8,15 @@ See README.md for AsyncClient, the cached decorator, the queue worker loop and
 connection setups (direct, PgBouncer transaction mode, psycopg_pool).
 """
 
-from ._common import Job
-from .aio import AsyncClient, AsyncWorker
-from .client import Client
+from ._async.client import AsyncClient
+from ._async.worker import AsyncWorker
+from ._common import JSON, Job, JSONSerializer, Outcome, Serializer
+from ._sync.client import Client
+from ._sync.worker import Worker
 from .errors import (ClaimLost, ConfigurationError, NotSerializable, OnceError, OnceFailed,
                      OnceTimeout)
-from .worker import Worker
 
-__all__ = ["Client", "AsyncClient", "Worker", "AsyncWorker", "Job", "OnceError", "OnceFailed",
-           "OnceTimeout", "ClaimLost", "NotSerializable", "ConfigurationError"]
+__all__ = ["Client", "AsyncClient", "Worker", "AsyncWorker", "Job", "Outcome", "Serializer",
+           "JSONSerializer", "JSON", "OnceError", "OnceFailed", "OnceTimeout", "ClaimLost",
+           "NotSerializable", "ConfigurationError"]
 __version__ = "0.2.0"

@@ -5,16 +5,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
+import logging
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Optional, Union
+from typing import Any, Optional, Protocol, Union
 
+from ._keys import check_key
 from .errors import NotSerializable
 
 Duration = Union[int, float, timedelta]
+
+log = logging.getLogger("pg_once")
 
 # Every call is one statement in autocommit, sent unprepared (prepare=False at the call
 # sites): through PgBouncer in transaction mode a named prepared statement could land on a
@@ -25,41 +31,50 @@ SECS = "make_interval(secs => %s::float8)"
 # owner_pid names the backend whose exit ends the claim: the process's LISTEN connection
 # (its pid P comes from once.owner_session()), or 0 for "the lease alone" (listen=False).
 CLAIM_KEY = (
-    "SELECT outcome, token, result, error, lease_expires_at, retry_at"
+    "SELECT outcome, token, result::text, error, lease_expires_at, retry_at"
     f" FROM once.claim_key(%s, lease => {SECS}, wait => '0', owner_pid => %s::integer)")
 # A caller that asked for stale/beta also takes the outcomes 'refresh' (ours to recompute,
 # with the previous result to serve meanwhile) and 'stale' (the previous result, at once).
 # Without them it sends exactly what pre-0.2 clients send, so nothing changes for it.
 CLAIM_KEY_SERVE_STALE = (
-    "SELECT outcome, token, result, error, lease_expires_at, retry_at"
+    "SELECT outcome, token, result::text, error, lease_expires_at, retry_at"
     f" FROM once.claim_key(%s, lease => {SECS}, wait => '0', owner_pid => %s::integer,"
     " serve_stale => true)")
 # For servers that predate owner_pid (no once.owner_session()): the claim then belongs to
 # the pooled server connection that made it, as before.
 CLAIM_KEY_LEGACY = (
-    "SELECT outcome, token, result, error, lease_expires_at, retry_at"
+    "SELECT outcome, token, result::text, error, lease_expires_at, retry_at"
     f" FROM once.claim_key(%s, lease => {SECS}, wait => '0')")
 NO_FRESHNESS_SERVER = (
     "stale, beta and jitter need pg_once 0.2.0 or later on the server "
     "(ALTER EXTENSION pg_once UPDATE)")
-COMPLETE_KEY = f"SELECT once.complete_key(%s, %s, %s::jsonb, ttl => {SECS})"
+# complete_key also answers with the result as the server keeps it (jsonb normalises
+# numbers: 1e+16 reads back as 10000000000000000), so that the computing caller returns
+# exactly what every other caller reads (rule V1). The text is sent once.
+COMPLETE_KEY = ("SELECT once.complete_key(%s, %s, r, ttl => make_interval(secs => %s::float8)),"
+                " r::text FROM (SELECT %s::jsonb AS r) AS v")
 # With any of stale/beta/jitter (pg_once 0.2.0): the plain form stays for the others, so that
 # a caller without them still works with a pre-0.2 server.
 COMPLETE_KEY_FRESHNESS = (
-    f"SELECT once.complete_key(%s, %s, %s::jsonb, ttl => {SECS}, stale => {SECS},"
-    " beta => %s::float8, jitter => %s::float8)")
+    f"SELECT once.complete_key(%s, %s, r, ttl => {SECS}, stale => {SECS},"
+    " beta => %s::float8, jitter => %s::float8), r::text FROM (SELECT %s::jsonb AS r) AS v")
 FAIL_KEY = f"SELECT once.fail_key(%s, %s, %s, retry_after => {SECS})"
 HEARTBEAT_KEY = f"SELECT once.heartbeat_key(%s, %s, lease => {SECS})"
 RELEASE_KEY = "SELECT once.release_key(%s, %s)"
 CLAIM_NEXT = (
-    "SELECT key, token, payload, attempt FROM once.claim_next(%s, lease => "
+    "SELECT key, token, payload::text, attempt FROM once.claim_next(%s, lease => "
     f"{SECS}, worker => %s, n => %s, wait => {SECS}, owner_pid => %s::integer)")
 # Without owner_pid and server-side waiting (older servers): the worker polls.
 CLAIM_NEXT_LEGACY = (
-    "SELECT key, token, payload, attempt FROM once.claim_next(%s, lease => "
+    "SELECT key, token, payload::text, attempt FROM once.claim_next(%s, lease => "
     f"{SECS}, worker => %s, n => %s)")
+INVALIDATE_KEY = "SELECT once.invalidate_key(%s)"
+REFRESH_KEY = f"SELECT once.refresh_key(%s, stale => {SECS})"
+ENQUEUE_KEY = ("SELECT once.enqueue_key(%s, payload => %s::jsonb, queue => %s, priority => %s,"
+               " run_at => %s, refresh => %s, max_attempts => %s)")
 LISTEN = "LISTEN once"
 OWNER_SESSION = "SELECT once.owner_session()"
+BACKEND_PID = "SELECT pg_backend_pid()"
 
 
 def notified_names(key: str) -> tuple:
@@ -70,6 +85,20 @@ def notified_names(key: str) -> tuple:
 
 
 CHANNEL = "once"
+# Rule N5: a LISTEN connection behind a proxy is tested with a notification sent through
+# the pool; a transaction pooler never delivers it (the LISTEN went to a server connection
+# that is no longer this client's), a session pooler does at once.
+PROBE_PAYLOAD = "pg_once-probe:"
+PROBE_SECONDS = 2.0
+NOTIFY = "SELECT pg_notify('once', %s)"
+TRANSACTION_POOLER = (
+    "the LISTEN connection goes through a transaction pooler (its server connection "
+    "changes between transactions), so notifications would never reach it and every "
+    "waiter would fall back to its 1 s recheck: pass listen_conninfo= a direct or "
+    "session-pooled connection string (docs/clients.md, rule N5)")
+# A transaction that resolves very many keys announces them all as one notification with
+# an empty payload (keys are never empty): every waiter of the process asks again (C3).
+WAKE_EVERYONE = ""
 
 # How long a waiter sleeps between two looks at a key when no notification comes: about a
 # second, jittered so that many waiters do not ask in lockstep. A dead owner is noticed by
@@ -79,22 +108,46 @@ RECHECK_SECONDS = 1.0
 POLL_FIRST, POLL_MAX = 0.05, 1.0
 
 
-def connection_lost(conn, exc: Exception) -> bool:
-    """Whether a failed call lost its connection (terminated, recycled, server restarting)
-    rather than failing in the server: then the call is repeated on another connection."""
-    state = getattr(exc, "sqlstate", None) or ""
-    return conn.broken or state.startswith("08") or state in ("57P01", "57P02", "57P03")
+# Rule R1: what is sent again on another connection. Class 08 and 57P01-57P03 say the
+# connection is gone (terminated, recycled, server restarting); 57014 (a statement timeout
+# or a cancel) and every other error is the server's answer, and repeating it would only
+# repeat the answer, or run a cancelled statement again.
+RETRYABLE_SQLSTATES = ("57P01", "57P02", "57P03")
+RETRY_ATTEMPTS = 4
 
 
-def seconds(value: Optional[Duration], name: str) -> Optional[float]:
-    """A duration argument in seconds: int/float seconds or a timedelta; None stays None."""
+def retryable(sqlstate: Optional[str], connection_lost: bool) -> bool:
+    """Whether a failed call is repeated: a connection failure, by SQLSTATE or, for the
+    driver's own errors that carry none, by the driver saying the connection is gone."""
+    if sqlstate:
+        return sqlstate.startswith("08") or sqlstate in RETRYABLE_SQLSTATES
+    return connection_lost
+
+
+def retry_pauses():
+    """Pauses before the 2nd, 3rd, ... attempt (R2): none, then 50 ms doubling, jittered."""
+    yield 0.0
+    delay = POLL_FIRST
+    while True:
+        yield jittered(delay)
+        delay *= 2
+
+
+def seconds(value: Optional[Duration], name: str, *, positive: bool = False) -> Optional[float]:
+    """A duration argument in seconds: int/float seconds or a timedelta, finite and not
+    negative (above 0 if `positive`); None stays None. Rule F1."""
     if value is None:
         return None
     if isinstance(value, timedelta):
-        return value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        secs = value.total_seconds()
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be seconds (int or float) or a timedelta, got {value!r}")
-    return float(value)
+    else:
+        secs = float(value)
+    if not math.isfinite(secs) or secs < 0 or (positive and secs == 0):
+        bound = "above 0" if positive else "at least 0"
+        raise ValueError(f"{name} must be a finite number of seconds {bound}, got {value!r}")
+    return secs
 
 
 @dataclass(frozen=True)
@@ -129,8 +182,6 @@ def freshness(ttl: Optional[float], stale: Optional[Duration], beta: Optional[fl
     for name, value in (("beta", beta), ("jitter", jitter)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise TypeError(f"{name} must be a number, got {value!r}")
-    if stale_s is not None and stale_s < 0:
-        raise ValueError(f"stale must be at least 0 seconds, got {stale_s:g}")
     if beta is not None and not 0 <= beta <= 100:
         raise ValueError(f"beta must be between 0 (off) and 100, got {beta!r}; 1.0 is XFetch's usual value")
     if jitter is not None and not 0 <= jitter < 1:
@@ -141,6 +192,31 @@ def freshness(ttl: Optional[float], stale: Optional[Duration], beta: Optional[fl
         raise ValueError("stale, beta and jitter need a ttl: they say what happens around the "
                          "result's expiry, and without a ttl it never expires")
     return fresh
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """The checked options of one get_or_compute call (rule F1): every check runs before
+    anything is claimed, so a mistake costs no computation and changes nothing."""
+
+    key: str
+    ttl: Optional[float]
+    lease: float
+    wait: float
+    retry_after: float
+    fresh: Freshness
+    serializer: "Serializer"
+
+
+def call_options(key: Any, *, ttl: Optional[Duration] = None, lease: Duration = 30,
+                 wait: Duration = 30, retry_after: Duration = 5, stale: Optional[Duration] = None,
+                 beta: Optional[float] = None, jitter: Optional[float] = None,
+                 serializer: Optional["Serializer"] = None) -> CallOptions:
+    ttl_s = seconds(ttl, "ttl")
+    return CallOptions(
+        check_key(key), ttl_s, seconds(lease, "lease", positive=True), seconds(wait, "wait"),
+        seconds(retry_after, "retry_after"), freshness(ttl_s, stale, beta, jitter),
+        check_serializer(serializer or JSON))
 
 
 def jittered(base: float) -> float:
@@ -156,13 +232,88 @@ def poll_delays():
         delay = min(POLL_MAX, delay * 2)
 
 
-def encode(key: str, value: Any) -> str:
-    """value as JSON text, or NotSerializable. NaN and infinities are refused here, because
-    PostgreSQL's jsonb would refuse them later with a less helpful message."""
+class Serializer(Protocol):
+    """How results are stored (rule V2): `dumps` turns a value into JSON text, `loads` turns
+    the stored JSON text back into a value. Every caller, the computing one included,
+    returns loads(stored text) (V1)."""
+
+    def dumps(self, value: Any) -> str: ...
+
+    def loads(self, text: str) -> Any: ...
+
+
+class JSONSerializer:
+    """The default (V3): plain JSON, refusing what would not read back equal, a tuple (a
+    list), a set, a datetime, a Decimal, bytes, any other class, a map with keys that are
+    not str, NaN and infinities, rather than store something else than was returned."""
+
+    def dumps(self, value: Any) -> str:
+        problem = _json_problem(value)
+        if problem is not None:
+            raise TypeError(problem)
+        return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+
+    def loads(self, text: str) -> Any:
+        return json.loads(text)
+
+
+JSON = JSONSerializer()
+
+_JSON_SCALARS = (type(None), bool, int, str)
+
+
+def _json_problem(value: Any) -> Optional[str]:
+    """Why `value` would not read back equal through JSON, or None. Iterative, so that a
+    deep value is refused by json.dumps's own recursion check, never by ours."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind in _JSON_SCALARS:
+            continue
+        if kind is float:
+            if not math.isfinite(item):
+                return f"float {item!r} has no JSON form"
+        elif kind is list:
+            stack.extend(item)
+        elif kind is dict:
+            for k in item:
+                if type(k) is not str:
+                    return (f"a dict key {k!r} ({type(k).__name__}) would read back as a str")
+            stack.extend(item.values())
+        elif kind is tuple:
+            return "a tuple would read back as a list"
+        else:
+            name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+            return f"{name} has no JSON form"
+    return None
+
+
+def check_serializer(serializer: Any) -> "Serializer":
+    if not (callable(getattr(serializer, "dumps", None)) and callable(getattr(serializer, "loads", None))):
+        raise TypeError(f"serializer must have dumps(value) -> str and loads(str) -> value, "
+                        f"got {serializer!r}")
+    return serializer
+
+
+def dump_value(key: str, serializer: "Serializer", value: Any) -> str:
+    """The text to store for a computed value, or NotSerializable (V3, V4)."""
     try:
-        return json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise NotSerializable(key, value, exc) from exc
+        text = serializer.dumps(value)
+    except Exception as exc:
+        raise NotSerializable(key, value, exc, default=serializer is JSON) from exc
+    if not isinstance(text, str):
+        raise NotSerializable(key, value, TypeError(
+            f"serializer.dumps returned a {type(text).__name__}, not str"), default=False)
+    return text
+
+
+def refusal_text(exc: BaseException) -> str:
+    """What fail_key records for a statement the server refused (F3): its SQLSTATE and
+    message, the same text in every client."""
+    diag = getattr(exc, "diag", None)
+    message = (diag.message_primary if diag is not None else None) or str(exc)
+    return f"{getattr(exc, 'sqlstate', None) or 'XX000'}: {message}"
 
 
 def error_text(exc: BaseException) -> str:
@@ -176,6 +327,32 @@ def until(moment: Optional[datetime]) -> float:
     if moment is None:
         return 0.0
     return max(0.0, (moment - datetime.now(timezone.utc)).total_seconds())
+
+
+OUTCOMES = ("hit", "stale", "refresh", "claimed", "waited", "coalesced", "failed")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one finished call did (rule O1), handed to the client's on_outcome hook.
+    `kind`: hit, stale, refresh, claimed (computed here), waited (for another process),
+    coalesced (shared a call of this client) or failed (it raised: `error`)."""
+
+    kind: str
+    key: str
+    duration: float                      # seconds, from the call to its answer
+    error: Optional[BaseException] = None
+
+
+def report(hook, kind: str, key: str, started: float,
+           error: Optional[BaseException] = None) -> None:
+    """Call the outcome hook, if any; a hook that raises is logged, never the caller's problem."""
+    if hook is None:
+        return
+    try:
+        hook(Outcome(kind if error is None else "failed", key, time.monotonic() - started, error))
+    except Exception:
+        log.exception("pg_once: the on_outcome hook raised; ignored")
 
 
 class Calls:

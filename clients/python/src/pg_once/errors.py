@@ -36,13 +36,16 @@ class ClaimLost(OnceError):
 
 
 class NotSerializable(OnceError, TypeError):
-    """compute() returned a value that cannot be stored as JSON. The claim was given
-    back as a failure so the key is not stuck."""
+    """compute() returned a value the serializer cannot store so that it reads back equal
+    (rule V3). The claim was failed with this message (V4), so the callers waiting for it
+    get OnceFailed rather than computing again."""
 
-    def __init__(self, key: str, value: object, cause: Exception):
-        super().__init__(
-            f"the result of computing {key!r} is not JSON-serialisable "
-            f"({type(value).__name__}: {cause}); return dicts, lists, str, int, float, bool or None")
+    def __init__(self, key: str, value: object, cause: Exception, *, default: bool = True):
+        hint = ("pass serializer= (an object with dumps(value) -> str and loads(str) -> value) "
+                "to store it, or return dicts, lists, str, int, float, bool or None"
+                if default else "the serializer= given refused it")
+        super().__init__(f"the result of computing {key!r} (a {type(value).__name__}) cannot "
+                         f"be stored: {cause}; {hint}")
         self.key, self.value = key, value
 
 

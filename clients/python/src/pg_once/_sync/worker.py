@@ -1,20 +1,24 @@
-"""The queue worker loop (sync): claim keys from a queue in batches, run the handler on
-each in a thread, heartbeat, complete or fail each, stop gracefully on a signal."""
+# Generated from pg_once/_async/worker.py by tools/generate_sync.py: edit that file,
+# not this one, then run the tool again.
+"""The queue worker loop (rules W1 to W4): claim keys from a queue in batches, run the
+handler on each (a task; a thread in the generated sync Worker), heartbeat, complete or
+fail each, stop gracefully on a signal."""
 
 from __future__ import annotations
 
 import logging
-import signal
+import os
+import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Optional
 
 import psycopg
 
-from . import _common as C
-from ._common import Duration, Job, seconds
-from .errors import NotSerializable
+from .. import _common as C
+from .._common import Duration, Job, seconds
+from ..errors import NotSerializable
+from . import _compat as A
 
 log = logging.getLogger("pg_once")
 
@@ -22,10 +26,10 @@ log = logging.getLogger("pg_once")
 class Worker:
     """Runs `handler(job)` for the keys of `queue`, at most `concurrency` at once.
 
-    handler gets a Job (key, token, payload, attempt) and returns the key's result (JSON);
-    if it raises, the key is failed with the error text and the queue retries it after its
-    backoff. Options:
-      concurrency  handler threads, and the most keys held at once (default 1)
+    handler gets a Job (key, token, payload, attempt) and returns the key's result (written
+    by the client's serializer); if it raises, the key is failed with the error text and the
+    queue retries it after its backoff. Options (defaults: rule W2):
+      concurrency  handlers at once, and the most keys held at once (default 1)
       lease        seconds a claim lives without a heartbeat (heartbeats every lease/3)
       ttl          how long each result is served (None: until invalidated)
       retry_after  minimum time before a failed key is retried (the queue's backoff applies)
@@ -33,29 +37,33 @@ class Worker:
       idle_wait    how long one claim_next waits on the server for work when none is due
       grace        on stop, how long to let running handlers finish before releasing their
                    keys back to the queue (a second signal releases at once)
-      signals      install SIGTERM/SIGINT handlers (only possible in the main thread)
+      signals      handle SIGTERM/SIGINT (only possible in the main thread)
     """
 
     def __init__(self, client, queue: str, handler: Callable[[Job], Any], *,
                  concurrency: int = 1, lease: Duration = 30, ttl: Optional[Duration] = None,
                  retry_after: Duration = 0, name: Optional[str] = None,
                  idle_wait: Duration = 1.0, grace: Duration = 30, signals: bool = True):
-        if concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"concurrency must be an int of at least 1, got {concurrency!r}")
         self.client, self.queue, self.handler = client, queue, handler
         self.concurrency = concurrency
-        self.lease, self.ttl = seconds(lease, "lease"), seconds(ttl, "ttl")
+        self.lease, self.ttl = seconds(lease, "lease", positive=True), seconds(ttl, "ttl")
         self.retry_after = seconds(retry_after, "retry_after")
         self.idle_wait, self.grace = seconds(idle_wait, "idle_wait"), seconds(grace, "grace")
-        self.name = name or _default_name()
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.signals = signals
         self.completed = 0   # jobs whose result was stored
         self.failed = 0      # jobs whose handler raised (or returned something unstorable)
         self.released = 0    # jobs given back on stop
-        self._stop = threading.Event()
-        self._stop_now = threading.Event()
-        self._cond = threading.Condition()
-        self._held: Dict[int, Job] = {}   # token -> job being handled
+        self._stop = A.Event()
+        self._stop_now = A.Event()
+        self._changed = A.Event()   # a slot freed, or stop(): the loop looks again
+        # token -> job being handled, and its task. A plain lock, never held across an
+        # await: the sync flavour's handlers are threads.
+        self._lock = threading.Lock()
+        self._held: Dict[int, Job] = {}
+        self._tasks: Dict[int, A.Task] = {}
 
     def stop(self, now: bool = False) -> None:
         """Stop claiming; running handlers get `grace` seconds (none if now) to finish,
@@ -63,138 +71,135 @@ class Worker:
         self._stop.set()
         if now:
             self._stop_now.set()
-        with self._cond:
-            self._cond.notify_all()
+        self._changed.set()
 
     def run(self) -> int:
-        restore = self._install_signals()
-        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix=f"pg_once-{self.queue}")
+        # First signal: finish what is running. Second: release it and go (W3).
+        restore = (A.install_signals(lambda: self.stop(now=self._stop.is_set()))
+                   if self.signals else (lambda: None))
         try:
             try:
-                self._loop(pool)
+                self._loop()
             finally:
                 self._drain()   # also when claiming raised: settle what we hold
         finally:
-            pool.shutdown(wait=False)
             restore()
         return self.completed
 
     # -- claiming ---------------------------------------------------------------------------
 
-    def _loop(self, pool: ThreadPoolExecutor) -> None:
+    def _loop(self) -> None:
         delays = None
         while not self._stop.is_set():
-            with self._cond:
-                self._cond.wait_for(lambda: len(self._held) < self.concurrency or self._stop.is_set())
+            self._changed.clear()
+            with self._lock:
                 free = self.concurrency - len(self._held)
-            if self._stop.is_set():
-                return
+            if free <= 0:
+                A.wait_event(self._changed, 1.0)
+                continue
             try:
                 jobs = self._claim(free)
             except (psycopg.OperationalError, psycopg.errors.InvalidParameterValue) as exc:
-                # Server restart, pool exhausted, listener reconnecting: try again shortly.
+                # Server restart, pool exhausted, listener reconnecting (a just-dead owner
+                # pid is 22023, R3): try again shortly (W4).
                 log.warning("pg_once: claim_next on %r failed (%s); retrying", self.queue, exc)
-                self._stop.wait(C.jittered(1.0))
+                A.wait_event(self._stop, C.jittered(1.0))
                 continue
             if jobs is None:   # an old server without server-side waiting: poll
                 delays = delays or C.poll_delays()
-                self._stop.wait(next(delays))
+                A.wait_event(self._stop, next(delays))
                 continue
             delays = None
             for job in jobs:
-                with self._cond:
+                with self._lock:
                     self._held[job.token] = job
-                pool.submit(self._process, job)
+                    self._tasks[job.token] = A.spawn(self._process, job,
+                                                     name=f"pg_once-{self.queue} {job.key}")
 
     def _claim(self, n: int):
         """Up to n jobs; waits on the server up to idle_wait when none is due. None from a
-        server that cannot wait (and returned nothing)."""
+        server too old to wait (the loop then polls)."""
         client = self.client
-        owner = client.owner_pid
-        if owner is None:   # server predates owner_pid and claim_next(wait => ...)
+        owner = client.owner_pid()
+        if owner is None:
             rows = client._execute("claim_next", C.CLAIM_NEXT_LEGACY,
-                                   (self.queue, self.lease, self.name, n), many=True)
+                                         (self.queue, self.lease, self.name, n), many=True)
             if not rows:
                 return None
         else:
-            rows = client._execute("claim_next", C.CLAIM_NEXT,
-                                   (self.queue, self.lease, self.name, n, self.idle_wait, owner),
-                                   many=True)
-        return [Job(key, token, payload, attempt, self.queue) for key, token, payload, attempt in rows]
+            rows = client._execute(
+                "claim_next", C.CLAIM_NEXT,
+                (self.queue, self.lease, self.name, n, self.idle_wait, owner), many=True)
+        return [Job(key, token, client.load_payload(payload), attempt, self.queue)
+                for key, token, payload, attempt in rows]
 
     # -- handling one job -------------------------------------------------------------------
 
     def _process(self, job: Job) -> None:
         client = self.client
-        beat = client._heartbeats.add(job.key, job.token, self.lease,
-                                      on_lost=lambda: setattr(job, "lost", True))
+        lost = A.Event()
+        beat = A.spawn(client._beat, job.key, job.token, self.lease, lost,
+                       name=f"pg_once-heartbeat {job.key}")
         try:
             try:
-                value = self.handler(job)
-                text = C.encode(job.key, value)
+                value = A.run_unless(self.handler, lost, job)
+                text = C.dump_value(job.key, client.serializer, value)
+            except A.Stopped:
+                job.lost = True
+                return
             except Exception as exc:
+                job.lost = lost.is_set()
                 if self._finished(job):
                     return
                 error = str(exc) if isinstance(exc, NotSerializable) else C.error_text(exc)
                 log.warning("pg_once: job %r failed: %s", job.key, error)
                 client._quietly(client._fail, job.key, job.token, error, self.retry_after)
-                with self._cond:
+                with self._lock:
                     self.failed += 1
                 return
+            beat.cancel()
+            job.lost = lost.is_set()
             if self._finished(job):
                 return
-            client._heartbeats.remove(beat)
-            if client._complete(job.key, job.token, text, self.ttl):
-                with self._cond:
+            if (client._complete(job.key, job.token, text, self.ttl))[0]:
+                with self._lock:
                     self.completed += 1
             else:
                 log.warning("pg_once: job %r lost its claim; its result was not stored", job.key)
-        except BaseException as exc:
-            log.error("pg_once: job %r: %s", job.key, exc)
-            if not self._finished(job):
-                client._quietly(client._release, job.key, job.token)
         finally:
-            client._heartbeats.remove(beat)
-            with self._cond:
+            beat.cancel()
+            with self._lock:
                 self._held.pop(job.token, None)
-                self._cond.notify_all()
+                self._tasks.pop(job.token, None)
+            self._changed.set()
 
     def _finished(self, job: Job) -> bool:
         """True if the job's claim is no longer ours to settle (lost, or released on stop)."""
-        with self._cond:
+        with self._lock:
             return job.lost or job.token not in self._held
 
     # -- stopping ---------------------------------------------------------------------------
 
     def _drain(self) -> None:
         deadline = time.monotonic() + self.grace
-        with self._cond:
-            while self._held and not self._stop_now.is_set():
-                left = deadline - time.monotonic()
-                if left <= 0:
+        while not self._stop_now.is_set():
+            with self._lock:
+                if not self._held:
                     break
-                self._cond.wait(min(left, 0.2))
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._changed.clear()
+            A.wait_event(self._changed, min(left, 0.2))
+        with self._lock:
             leftovers = list(self._held.values())
+            tasks = list(self._tasks.values())
             self._held.clear()   # their handlers, if they ever return, settle nothing
+        for task in tasks:
+            task.cancel()
+        A.settle(tasks)
         for job in leftovers:
             # Give the key back now instead of letting it sit until its lease runs out;
             # a queued key released goes back due at once and the attempt does not count.
             self.client._quietly(self.client._release, job.key, job.token)
             self.released += 1
-
-    def _install_signals(self) -> Callable[[], None]:
-        if not self.signals or threading.current_thread() is not threading.main_thread():
-            return lambda: None
-
-        def on_signal(signum, frame):
-            # First signal: finish what is running. Second: release it and go.
-            self.stop(now=self._stop.is_set())
-
-        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        return lambda: [signal.signal(s, h) for s, h in previous.items()]
-
-
-def _default_name() -> str:
-    import os
-    import socket
-    return f"{socket.gethostname()}:{os.getpid()}"

@@ -1,0 +1,521 @@
+"""The pg_once client, by the rules of docs/clients.md. Written once, for asyncio, in
+pg_once/_async/client.py; pg_once/_sync/client.py, for threads, is generated from it by
+tools/generate_sync.py, and each flavour's `_compat.py` holds what differs. The asyncio
+client opens on `await open()`, `async with`, or its first call; the threads one in its
+constructor, so that a wrong conninfo fails there."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+import uuid
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, overload
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from .. import _common as C
+from .. import _tracing
+from .._common import Duration, Outcome, Serializer, seconds
+from .._keys import CacheKeys
+from .._typing import CachedFunction, P, T
+from ..errors import ClaimLost, ConfigurationError, NotSerializable, OnceFailed, OnceTimeout
+from . import _compat as A
+from .listener import AsyncListener
+
+if TYPE_CHECKING:
+    from .worker import AsyncWorker
+
+log = logging.getLogger("pg_once")
+
+
+def check_connection(conn: psycopg.AsyncConnection) -> None:
+    """pg_once calls must commit on their own (rule N2): a claim is only visible to other
+    callers once committed, and a transaction block would hold it back and keep its row
+    locked."""
+    if not conn.autocommit:
+        raise ConfigurationError(
+            "pg_once needs connections in autocommit: create the pool with "
+            "kwargs={'autocommit': True, 'prepare_threshold': None}")
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raise ConfigurationError("pg_once was handed a connection inside a transaction block")
+
+
+class _Refresh:
+    """A refresh this process runs in the background (outcome 'refresh'): computing under
+    `token` while callers are served the previous result."""
+
+    __slots__ = ("key", "token", "task")
+
+    def __init__(self, key: str, token: int) -> None:
+        self.key, self.token, self.task = key, token, None
+
+
+class AsyncClient:
+    """A pg_once client.
+
+    AsyncClient("host=db dbname=app")                     # its own pool and LISTEN connection
+    AsyncClient("host=pgbouncer ...", listen_conninfo="host=db ...")   # PgBouncer transaction mode
+    AsyncClient(pool=my_pool)                             # an existing psycopg_pool pool
+    AsyncClient(..., listen=False)                        # no LISTEN: poll, lease-only claims
+    AsyncClient()                                         # libpq's PG* environment variables
+    """
+
+    def __init__(self, conninfo: Optional[str] = None, *, pool: Optional[AsyncConnectionPool] = None,
+                 listen_conninfo: Optional[str] = None, listen: bool = True,
+                 pool_size: int = 10, connect_timeout: float = 10.0,
+                 serializer: Optional[Serializer] = None,
+                 on_outcome: Optional[Callable[[Outcome], None]] = None):
+        if conninfo is not None and pool is not None:
+            raise ConfigurationError("pass either a conninfo string or pool=, not both")
+        if pool is None and conninfo is None:
+            conninfo = ""   # libpq's PG* environment variables (rule N1)
+        self.serializer = C.check_serializer(serializer or C.JSON)
+        self.on_outcome = on_outcome
+        self._conninfo, self.pool = conninfo, pool
+        self._own_pool = pool is None
+        self._pool_size, self._connect_timeout = pool_size, connect_timeout
+        self._listener: Optional[AsyncListener] = None
+        if listen:
+            self._listener = AsyncListener(
+                listen_conninfo if listen_conninfo is not None else
+                conninfo if conninfo is not None else pool.conninfo, connect_timeout)
+        self.calls = C.Calls()   # database calls through the pool, by function
+        # A plain lock, held only between awaits: the sync flavour's callers are threads.
+        self._flights_lock = threading.Lock()
+        self._flights: Dict[str, A.Flight] = {}
+        # Background refreshes (outcome 'refresh'), at most one per key; under _flights_lock.
+        self._refreshes: Dict[str, _Refresh] = {}
+        self._closing = False
+        self._opened = False
+        self._opening = A.Event()
+        A.open_at_once(self)
+
+    async def open(self) -> "AsyncClient":
+        """Open the pool (if the client made it) and the LISTEN connection."""
+        if self._opened:
+            return self
+        if self._opening.is_set():   # another caller is opening it: wait for it
+            while not self._opened:
+                await A.sleep(0.01)
+            return self
+        self._opening.set()
+        try:
+            if self.pool is None:
+                # Waiters hold no connection, so a small pool serves many callers.
+                self.pool = AsyncConnectionPool(
+                    self._conninfo, min_size=1, max_size=self._pool_size, open=False,
+                    name="pg_once", timeout=self._connect_timeout,
+                    kwargs={"autocommit": True, "prepare_threshold": None})
+                await self.pool.open()
+            self._opened = True   # from here on, _execute may run
+            if self._listener is not None:
+                await self._listener.start()
+                if self._listener.behind_proxy:
+                    await self._probe_listener()
+        except BaseException:
+            self._opened = False
+            self._opening.clear()
+            if self._listener is not None:
+                await self._listener.close()
+            if self._own_pool and self.pool is not None:
+                await self.pool.close()
+                self.pool = None
+            raise
+        return self
+
+    async def _probe_listener(self) -> None:
+        """The LISTEN connection goes through a proxy: send a notification through the pool
+        and refuse, naming listen_conninfo, if it does not arrive (rule N5)."""
+        payload = C.PROBE_PAYLOAD + uuid.uuid4().hex
+        event = self._listener.watch(payload)
+        try:
+            await self._execute("notify", C.NOTIFY, (payload,))
+            if not await A.wait_event(event, C.PROBE_SECONDS):
+                raise ConfigurationError(C.TRANSACTION_POOLER)
+        finally:
+            self._listener.unwatch(payload, event)
+
+    async def close(self, refresh_timeout: Duration = 10) -> None:
+        """Wait up to `refresh_timeout` seconds for background refreshes to store their
+        results, give back the claims of those still running (another caller refreshes at
+        once), then close the LISTEN connection and the pool if it is the client's."""
+        timeout = seconds(refresh_timeout, "refresh_timeout")
+        with self._flights_lock:
+            self._closing = True
+            refreshes = list(self._refreshes.values())
+        running = await A.join([r.task for r in refreshes if r.task is not None], timeout)
+        for refresh in refreshes:
+            if refresh.task in running:
+                log.warning("pg_once: closing: the refresh of %r is still running after %g s; "
+                            "its claim is given back", refresh.key, timeout)
+                refresh.task.cancel()
+                await self._quietly(self._release, refresh.key, refresh.token)
+        await A.settle(running)
+        for flight in list(self._flights.values()):
+            flight.cancel()
+        if self._listener is not None:
+            await self._listener.close()
+        if self._own_pool and self.pool is not None:
+            await self.pool.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return await self.open()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def owner_pid(self) -> Optional[int]:
+        """The pid of the LISTEN connection's backend that owns this client's claims
+        (0 with listen=False: the lease alone ends them; None: an old server)."""
+        if not self._opened:
+            await self.open()
+        return 0 if self._listener is None else await self._listener.owner_pid()
+
+    # -- the public calls ---------------------------------------------------------------
+
+    async def get_or_compute(self, key: str, compute: Callable[[], A.Await[T]], *,
+                             ttl: Optional[Duration] = None, lease: Duration = 30,
+                             wait: Duration = 30, retry_after: Duration = 5,
+                             stale: Optional[Duration] = None, beta: Optional[float] = None,
+                             jitter: Optional[float] = None,
+                             serializer: Optional[Serializer] = None) -> T:
+        """The cached result of `key`; computes it with `compute()` if no one has, once
+        across every process. `ttl`: how long the result is served (None: until
+        invalidated). `lease`: how long a claim lives without a heartbeat (heartbeats come
+        every lease/3). `wait`: how long to wait for someone else's computation before
+        OnceTimeout. `retry_after`: how long a failure is shared before the key is computed
+        again. `serializer`: how the result is stored (the client's, JSON by default).
+        Every caller, this one included, returns what the serializer reads back from the
+        server (rule V1). Raises OnceFailed for a shared failure, ClaimLost,
+        NotSerializable, or whatever compute() raised (after recording it with fail_key).
+
+        Freshness (pg_once 0.2.0; each needs a ttl): `stale`: for this long after ttl the
+        old result is still returned at once while one caller refreshes it in the
+        background; `beta`: XFetch early refresh (1.0 is the usual value): a hit may draw
+        a background refresh before expiry; `jitter`: the ttl actually used is
+        ttl * (1 - jitter * random()), so that keys filled together expire apart.
+
+        Concurrent calls for one key share one computation (rule C1). With asyncio,
+        cancelling a call (or asyncio.timeout) ends its own wait; when every caller of a
+        computation has left, it is cancelled and its claim given back (rule X2)."""
+        opts = C.call_options(key, ttl=ttl, lease=lease, wait=wait, retry_after=retry_after,
+                              stale=stale, beta=beta, jitter=jitter,
+                              serializer=serializer or self.serializer)
+        started = time.monotonic()
+        if not self._opened:
+            await self.open()
+        with self._flights_lock:   # never held across an await
+            flight = self._flights.get(key)
+            leader = flight is None
+            if leader:
+                flight = self._flights[key] = A.Flight()
+        with _tracing.span(key, None if leader else flight.span_context) as span:
+            if leader:
+                flight.span_context = span.context
+            try:
+                if leader:
+                    value, kind = await flight.lead(
+                        self._resolve, compute, opts,
+                        landed=functools.partial(self._landed, key, flight))
+                else:
+                    kind = "coalesced"
+                    answered, answer = await flight.follow(opts.wait)
+                    if not answered:
+                        raise OnceTimeout(key, opts.wait)
+                    value = answer[0]
+            except BaseException as exc:
+                span.outcome("failed")
+                C.report(self.on_outcome, "failed", key, started, exc)
+                raise
+            span.outcome(kind)
+        C.report(self.on_outcome, kind, key, started)
+        return value
+
+    def _landed(self, key: str, flight: A.Flight) -> None:
+        with self._flights_lock:
+            if self._flights.get(key) is flight:
+                del self._flights[key]
+
+    @overload
+    def cached(self, fn: Callable[P, A.Await[T]], /) -> CachedFunction[P, A.Await[T]]: ...
+
+    @overload
+    def cached(self, fn: None = None, /, **options: Any
+               ) -> Callable[[Callable[P, A.Await[T]]], CachedFunction[P, A.Await[T]]]: ...
+
+    def cached(self, fn: Optional[Callable[P, A.Await[T]]] = None, /, *,
+               key: Optional[Callable[..., str]] = None, name: Optional[str] = None,
+               ttl: Optional[Duration] = None, lease: Duration = 30, wait: Duration = 30,
+               retry_after: Duration = 5, stale: Optional[Duration] = None,
+               beta: Optional[float] = None, jitter: Optional[float] = None,
+               serializer: Optional[Serializer] = None):
+        """Decorator, with or without parentheses: cache a function's result, one entry per
+        distinct arguments. The key is key(*args, **kwargs) if given, else the default
+        key of docs/clients.md rule K: `name` (default `module.qualname`) and a canonical
+        encoding of the arguments, the same in every process and in the Node and Rust
+        clients. The wrapper has .invalidate(*args, **kwargs), .refresh(*args, **kwargs)
+        and .cache_key(*args, **kwargs) for the entry of those arguments. Options as for
+        get_or_compute."""
+        options = dict(ttl=ttl, lease=lease, wait=wait, retry_after=retry_after, stale=stale,
+                       beta=beta, jitter=jitter, serializer=serializer)
+        C.call_options("k", **options)   # refuse bad options at decoration time
+
+        def decorate(func: Callable[P, A.Await[T]]) -> "CachedFunction[P, A.Await[T]]":
+            keys = CacheKeys(func, key, name)
+
+            @functools.wraps(func)
+            async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+                return await self.get_or_compute(keys(args, kwargs),
+                                                 lambda: func(*args, **kwargs), **options)
+            wrapper.invalidate = lambda *a, **kw: self.invalidate(keys(a, kw))
+            wrapper.refresh = lambda *a, **kw: self.refresh(keys(a, kw))
+            wrapper.cache_key = lambda *a, **kw: keys(a, kw)
+            return wrapper
+        return decorate if fn is None else decorate(fn)
+
+    async def invalidate(self, key: str) -> bool:
+        """Forget `key`'s result (once.invalidate_key); a running key is computed once more
+        when its run ends. False if there was nothing to forget."""
+        return (await self._execute("invalidate_key", C.INVALIDATE_KEY, (C.check_key(key),)))[0]
+
+    async def refresh(self, key: str, stale: Optional[Duration] = None) -> str:
+        """Have `key` computed again (once.refresh_key), its current result served as stale
+        for `stale` meanwhile; returns the server's answer (expired, rerun, pending, absent)."""
+        return (await self._execute("refresh_key", C.REFRESH_KEY,
+                                    (C.check_key(key), seconds(stale, "stale"))))[0]
+
+    async def enqueue(self, key: str, payload: Any = None, *, queue: str = "default",
+                      priority: int = 0, run_at: Optional[datetime] = None,
+                      refresh: bool = False, max_attempts: Optional[int] = None) -> str:
+        """Ask for `key` to be computed by `queue`'s workers (once.enqueue_key); returns the
+        server's answer (queued, requeued, duplicate, cached). The payload is written by the
+        client's serializer."""
+        text = None if payload is None else C.dump_value(key, self.serializer, payload)
+        return (await self._execute("enqueue_key", C.ENQUEUE_KEY,
+                                    (C.check_key(key), text, queue, priority, run_at, refresh,
+                                     max_attempts)))[0]
+
+    def load_payload(self, text: Optional[str]) -> Any:
+        """A queued key's payload, read back through the client's serializer."""
+        return None if text is None else self.serializer.loads(text)
+
+    def worker(self, queue: str, handler: Callable, **options) -> "AsyncWorker":
+        """A queue worker loop (not started): .run() it, .stop() it. See AsyncWorker."""
+        from .worker import AsyncWorker
+        return AsyncWorker(self, queue, handler, **options)
+
+    async def work(self, queue: str, handler: Callable, **options) -> int:
+        """Run a queue worker loop until SIGTERM/SIGINT (or the worker's stop()); returns
+        how many jobs it completed. Options as for AsyncWorker."""
+        return await self.worker(queue, handler, **options).run()
+
+    # -- the protocol ---------------------------------------------------------------------
+
+    async def _resolve(self, compute, opts: C.CallOptions):
+        """(value, outcome kind) of one call, asking the server until it answers."""
+        key = opts.key
+        deadline = time.monotonic() + opts.wait
+        delays = C.poll_delays()
+        listener = self._listener
+        waited = False
+        while True:
+            # Interest first, then the question: a completion in between still wakes us.
+            event = listener.watch(key) if listener is not None else None
+            try:
+                owner = await self.owner_pid()
+                try:
+                    row = await self._claim(key, opts.lease, owner, opts.fresh.serve_stale)
+                except psycopg.errors.InvalidParameterValue:
+                    # owner_pid refused (22023): our LISTEN backend went away between reading
+                    # P and the claim. Ask again with the new P once the listener is back (R3).
+                    if listener is None or await listener.owner_pid() == owner:
+                        raise
+                    continue
+                outcome, token, result, error, lease_expires_at, retry_at = row
+                if outcome == "hit":
+                    return opts.serializer.loads(result), "waited" if waited else "hit"
+                if outcome == "failed":
+                    raise OnceFailed(key, error, retry_at)
+                if outcome == "claimed":
+                    break
+                if outcome == "stale":
+                    # Someone refreshes it (or its last refresh failed): the previous result,
+                    # never a wait. Its token is not ours (rule C5).
+                    return opts.serializer.loads(result), "stale"
+                if outcome == "refresh":
+                    # Ours to recompute; the previous result is the answer meanwhile.
+                    await self._refresh_in_background(key, token, compute, opts)
+                    return opts.serializer.loads(result), "refresh"
+                # "wait": someone else computes it. Sleep holding no connection until the
+                # key's notification, the owner's lease expiry, or a jittered recheck.
+                waited = True
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise OnceTimeout(key, opts.wait)
+                pause = C.jittered(C.RECHECK_SECONDS) if event is not None else next(delays)
+                pause = min(pause, remaining, max(0.02, C.until(lease_expires_at)))
+                if event is not None:
+                    await A.wait_event(event, pause)
+                else:
+                    await A.sleep(pause)
+            finally:
+                if event is not None:
+                    listener.unwatch(key, event)
+        return await self._compute(key, token, compute, opts), "claimed"
+
+    async def _refresh_in_background(self, key, token, compute, opts) -> None:
+        with self._flights_lock:
+            # A refresh of this key still running here means the server no longer counts
+            # its claim (it would have answered 'stale' otherwise): its result will be
+            # refused. Starting a second one would break "one background refresh per key
+            # per process", so this claim goes back; so does one drawn while closing.
+            give_back = self._closing or key in self._refreshes
+            if not give_back:
+                refresh = self._refreshes[key] = _Refresh(key, token)
+        if give_back:
+            await self._quietly(self._release, key, token)
+            return
+        refresh.task = A.spawn(self._run_refresh, refresh, compute, opts,
+                               name=f"pg_once-refresh {key}")
+
+    async def _run_refresh(self, refresh: "_Refresh", compute, opts) -> None:
+        key = refresh.key
+        try:
+            await self._compute(key, refresh.token, compute, opts)
+        except ClaimLost:
+            log.warning("pg_once: the refresh of %r lost its claim; its result was not stored", key)
+        except Exception as exc:
+            log.warning("pg_once: refreshing %r failed (%s); the previous result is still "
+                        "served until its stale window ends", key, C.error_text(exc))
+        finally:
+            with self._flights_lock:
+                if self._refreshes.get(key) is refresh:
+                    del self._refreshes[key]
+
+    async def _compute(self, key, token, compute, opts):
+        """Run compute() under our claim, heartbeating it, and store its result; what the
+        server stored, read back through the serializer, is the answer (V1)."""
+        retry_after = opts.retry_after
+        lost = A.Event()
+        beat = A.spawn(self._beat, key, token, opts.lease, lost, name=f"pg_once-heartbeat {key}")
+        try:
+            try:
+                value = await A.run_unless(compute, lost)
+            except A.Stopped:   # a heartbeat said the claim is gone: stop, store nothing
+                raise ClaimLost(key) from None
+            except Exception as exc:
+                await self._quietly(self._fail, key, token, C.error_text(exc), retry_after)
+                raise
+            except BaseException:
+                # Cancelled, KeyboardInterrupt, SystemExit: not the computation's fault; give
+                # the claim back so that another caller computes at once (rule X2).
+                await self._quietly(self._release, key, token)
+                raise
+            try:
+                text = C.dump_value(key, opts.serializer, value)
+            except NotSerializable as exc:
+                await self._quietly(self._fail, key, token, str(exc), retry_after)   # V4
+                raise
+            beat.cancel()
+            if lost.is_set():
+                raise ClaimLost(key, value)
+            try:
+                stored, text = await self._complete(key, token, text, opts.ttl, opts.fresh)
+            except psycopg.Error as exc:
+                if C.retryable(exc.sqlstate, True):
+                    raise   # nothing can be written: the claim ends with its owner or lease
+                # The server refused the result (54000: over once.max_result_size): fail the
+                # key with the reason, so that its waiters share the refusal rather than
+                # compute a result that would be refused again (F3).
+                await self._quietly(self._fail, key, token, C.refusal_text(exc), retry_after)
+                raise
+            if not stored:
+                raise ClaimLost(key, value)
+            return opts.serializer.loads(text)
+        finally:
+            beat.cancel()
+
+    async def _beat(self, key, token, lease, lost: A.Event) -> None:
+        """Extend the claim every lease/3 until cancelled (H1); a failed heartbeat is tried
+        again within a second (H2); NULL means the claim is lost: set `lost` (H3)."""
+        pause = lease / 3
+        while True:
+            await A.sleep(pause)
+            try:
+                expiry = await self._heartbeat(key, token, lease)
+            except Exception as exc:
+                # The claim may still be fine (a pooled connection broke, the pool was busy):
+                # try again soon, well before the lease can run out.
+                log.warning("pg_once: heartbeat of %r failed (%s); retrying", key, exc)
+                pause = min(1.0, lease / 6)
+                continue
+            if expiry is None:
+                log.warning("pg_once: the claim on %r was lost; its result will not be stored", key)
+                lost.set()
+                return
+            pause = lease / 3
+
+    async def _quietly(self, call, *args) -> None:
+        """Record a failure or release without masking the error being raised (rule F4)."""
+        try:
+            await call(*args)
+        except Exception as exc:
+            log.warning("pg_once: could not record the outcome of %r (%s); the claim ends "
+                        "with its owner or lease", args[0], exc)
+
+    # -- one database call each, through the pool ------------------------------------------
+
+    async def _execute(self, name: str, sql: str, params: tuple, many: bool = False):
+        if not self._opened:
+            await self.open()
+        self.calls.add(name)
+        pauses = C.retry_pauses()
+        for attempt in range(1, C.RETRY_ATTEMPTS + 1):
+            await A.sleep(next(pauses))
+            async with self.pool.connection() as conn:
+                check_connection(conn)
+                try:
+                    cur = await conn.execute(sql, params, prepare=False)
+                    return await (cur.fetchall() if many else cur.fetchone())
+                except psycopg.Error as exc:
+                    # Only a lost connection is tried again, on another one (rule R1). Every
+                    # call is safe to repeat: if the first one did commit, a repeated
+                    # complete_key/fail_key returns false and heartbeat_key NULL (reported
+                    # as a lost claim), and a repeated claim_key finds our own claim and
+                    # waits for its lease: rare, slower, never wrong.
+                    if attempt == C.RETRY_ATTEMPTS or not C.retryable(exc.sqlstate, conn.broken):
+                        raise
+                    await conn.close()   # so that the pool drops it rather than lend it again
+            log.info("pg_once: %s retried on a fresh connection", name)
+
+    async def _claim(self, key, lease, owner, serve_stale=False):
+        if serve_stale:
+            if owner is None:
+                raise ConfigurationError(C.NO_FRESHNESS_SERVER)
+            try:
+                return await self._execute("claim_key", C.CLAIM_KEY_SERVE_STALE, (key, lease, owner))
+            except psycopg.errors.UndefinedFunction as exc:   # no serve_stale argument
+                raise ConfigurationError(C.NO_FRESHNESS_SERVER) from exc
+        if owner is None:
+            return await self._execute("claim_key", C.CLAIM_KEY_LEGACY, (key, lease))
+        return await self._execute("claim_key", C.CLAIM_KEY, (key, lease, owner))
+
+    async def _complete(self, key, token, text, ttl, fresh=C.NO_FRESHNESS):
+        """(stored, the result's text as the server keeps it)."""
+        if not fresh.given:
+            return await self._execute("complete_key", C.COMPLETE_KEY, (key, token, ttl, text))
+        return await self._execute("complete_key", C.COMPLETE_KEY_FRESHNESS,
+                                   (key, token, ttl, fresh.stale, fresh.beta, fresh.jitter, text))
+
+    async def _fail(self, key, token, error, retry_after) -> bool:
+        return (await self._execute("fail_key", C.FAIL_KEY, (key, token, error, retry_after)))[0]
+
+    async def _release(self, key, token) -> bool:
+        return (await self._execute("release_key", C.RELEASE_KEY, (key, token)))[0]
+
+    async def _heartbeat(self, key, token, lease):
+        return (await self._execute("heartbeat_key", C.HEARTBEAT_KEY, (key, token, lease)))[0]

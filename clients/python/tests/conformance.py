@@ -1,0 +1,238 @@
+"""The runner of the language-neutral conformance suite (clients/conformance/README.md):
+reads its vector notation and plays its scenarios against a server, with the sync Client
+or the AsyncClient (the same scenario, the same expectations)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime
+import decimal
+import json
+import re
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Dict, List
+
+import psycopg
+
+from pg_once import (AsyncClient, ClaimLost, Client, ConfigurationError, NotSerializable,
+                     OnceFailed, OnceTimeout)
+
+ROOT = Path(__file__).resolve().parents[2] / "conformance"
+
+
+def load(kind: str, name: str) -> dict:
+    return json.loads((ROOT / kind / name).read_text())
+
+
+def cases(kind: str, name: str, language: str = "python") -> List[Any]:
+    """The cases of one file that this runner runs, as pytest params named by the case."""
+    import pytest
+    out = []
+    for case in load(kind, name)["cases"]:
+        marks = []
+        if language not in case.get("languages", [language]):
+            marks.append(pytest.mark.skip(reason=f"only for {', '.join(case['languages'])}"))
+        out.append(pytest.param(case, id=case["name"], marks=marks))
+    return out
+
+
+class Unsupported:
+    """`{"$unsupported": ...}`: an object of a class of the test's own."""
+
+
+def value(v: Any) -> Any:
+    """A Python value from the vector notation."""
+    if isinstance(v, dict) and len(v) == 1 and next(iter(v)).startswith("$"):
+        tag, x = next(iter(v.items()))
+        return {
+            "$int": lambda: int(x),
+            "$float": lambda: float(x),
+            "$bytes": lambda: base64.b64decode(x),
+            "$tuple": lambda: tuple(value(i) for i in x),
+            "$set": lambda: {value(i) for i in x},
+            "$map": lambda: {value(a): value(b) for a, b in x},
+            "$datetime": lambda: datetime.datetime.fromisoformat(x),
+            "$decimal": lambda: decimal.Decimal(x),
+            "$unsupported": Unsupported,
+            "$repeat": lambda: x[0] * x[1],
+        }[tag]()
+    if isinstance(v, list):
+        return [value(i) for i in v]
+    if isinstance(v, dict):
+        return {k: value(i) for k, i in v.items()}
+    return v
+
+
+def same(got: Any, want: Any) -> bool:
+    """Equal, and of the same JSON kind all the way down (1 is not 1.0, nor True)."""
+    if type(got) is not type(want):
+        return False
+    if isinstance(got, list):
+        return len(got) == len(want) and all(same(a, b) for a, b in zip(got, want))
+    if isinstance(got, dict):
+        return got.keys() == want.keys() and all(same(got[k], want[k]) for k in got)
+    return got == want
+
+
+ERRORS = {
+    "Failed": OnceFailed, "Timeout": OnceTimeout, "ClaimLost": ClaimLost,
+    "NotSerializable": NotSerializable, "Configuration": ConfigurationError,
+    "Invalid": (ValueError, TypeError), "Refused": psycopg.Error,
+}
+
+
+class Scenario:
+    """One scenario case against one setup, with the sync or the async client."""
+
+    def __init__(self, case: dict, setup, flavor: str):
+        self.case, self.setup, self.flavor = case, setup, flavor
+        self.prefix = f"conformance/{uuid.uuid4().hex[:10]}/"
+        self.counters: Dict[str, int] = {}
+        self.running: Dict[str, asyncio.Task] = {}
+
+    def key(self, k: str) -> str:
+        return self.prefix + k
+
+    def sql_text(self, sql: str) -> str:
+        return re.sub(r"\{key:(.*?)\}", lambda m: self.prefix + m.group(1), sql)
+
+    # -- compute functions -----------------------------------------------------------------
+
+    def compute(self, spec: dict):
+        def effect():
+            if "counts" in spec:
+                self.counters[spec["counts"]] = self.counters.get(spec["counts"], 0) + 1
+            if "raises" in spec:
+                raise RuntimeError(spec["raises"])
+            return value(spec.get("returns"))
+
+        if self.flavor == "async":
+            async def acompute(*_args):
+                await asyncio.sleep(spec.get("sleep_ms", 0) / 1000)
+                return effect()
+            return acompute
+
+        def compute(*_args):
+            time.sleep(spec.get("sleep_ms", 0) / 1000)
+            return effect()
+        return compute
+
+    # -- running ------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        n = self.case.get("clients", 1)
+        self.outcomes: List[list] = [[] for _ in range(n)]   # each client's Outcome events
+        make = AsyncClient if self.flavor == "async" else Client
+        self.clients = [make(self.setup.dsn, listen_conninfo=self.setup.listen_dsn,
+                             on_outcome=self.outcomes[i].append) for i in range(n)]
+        if self.flavor == "async":
+            for c in self.clients:
+                await c.open()
+        self.admin = await psycopg.AsyncConnection.connect(self.setup.admin_dsn, autocommit=True)
+        try:
+            for number, step in enumerate(self.case["steps"]):
+                try:
+                    await self.step(step)
+                except AssertionError as exc:
+                    raise AssertionError(f"step {number} {json.dumps(step)[:200]}: {exc}") from None
+        finally:
+            for task in self.running.values():
+                task.cancel()
+            await self.admin.close()
+            for c in self.clients:
+                if self.flavor == "async":
+                    await c.close()
+                else:
+                    await asyncio.to_thread(c.close)
+
+    async def step(self, step: dict) -> None:
+        expect = step.get("expect", {})
+        if "sleep_ms" in step and len(step) == 1:
+            await asyncio.sleep(step["sleep_ms"] / 1000)
+        elif "sql" in step:
+            await self.sql(step["sql"], expect)
+        elif "await" in step:
+            started, task = self.running.pop(step["await"])
+            outcome = await task
+            self.check(outcome, expect, step, started)
+        elif "call" in step:
+            started = time.monotonic()
+            task = asyncio.create_task(self.call(step))
+            if step.get("background"):
+                self.running[step["as"]] = (started, task)
+                await asyncio.sleep(0.02)   # let it reach the server before the next step
+            else:
+                self.check(await task, expect, step, started)
+        elif "outcomes" in expect:
+            number, kinds = expect["outcomes"]
+            got = sorted(o.kind for o in self.outcomes[number])
+            assert got == sorted(kinds), f"client {number}'s outcomes {got} != {sorted(kinds)}"
+        elif "counter" in expect:
+            name, count = expect["counter"]
+            assert self.counters.get(name, 0) == count, f"counter {name}: {self.counters.get(name, 0)} != {count}"
+        else:
+            raise AssertionError(f"a step this runner does not know: {step}")
+
+    async def sql(self, sql: str, expect: dict) -> None:
+        cur = await self.admin.execute(self.sql_text(sql).encode())
+        while cur.nextset():
+            pass
+        if "rows" in expect:
+            rows = [list(r) for r in await cur.fetchall()]
+            assert rows == value(expect["rows"]), f"rows {rows!r} != {expect['rows']!r}"
+
+    async def call(self, step: dict):
+        """(value, None) or (None, exception) of one client call."""
+        client = self.clients[step.get("client", 0)]
+        options = dict(step.get("options", {}))
+        fn = self.compute(step["compute"]) if "compute" in step else None
+        what = step["call"]
+
+        def do():
+            if what == "get_or_compute":
+                return client.get_or_compute(self.key(step["key"]), fn, **options)
+            if what == "cached":
+                wrapped = client.cached(name=self.key(step["name"]), **options)(fn)
+                return wrapped(*value(step["args"]))
+            if what in ("invalidate", "refresh"):
+                if "name" not in step:
+                    return getattr(client, what)(self.key(step["key"]), **options)
+                wrapped = client.cached(name=self.key(step["name"]))(self.compute({}))
+                return getattr(wrapped, what)(*value(step["args"]))
+            raise AssertionError(f"a call this runner does not know: {what}")
+        try:
+            if self.flavor == "async":
+                answer = await do(), None
+            else:
+                answer = await asyncio.to_thread(do), None
+        except AssertionError:
+            raise
+        except Exception as exc:
+            answer = None, exc
+        kinds = [o.kind for o in self.outcomes[step.get("client", 0)]
+                 if "key" in step and o.key == self.key(step["key"])]
+        return answer + (kinds[-1] if kinds else None,)
+
+    def check(self, outcome, expect: dict, step: dict, started: float) -> None:
+        got, error, kind = outcome
+        if "outcome" in expect:
+            assert kind == expect["outcome"], f"outcome {kind!r}, not {expect['outcome']!r}"
+        elapsed_ms = (time.monotonic() - started) * 1000
+        if "within_ms" in step:
+            assert elapsed_ms <= step["within_ms"], f"took {elapsed_ms:.0f} ms, more than {step['within_ms']}"
+        if "value" in expect:
+            assert error is None, f"raised {error!r}"
+            assert same(got, value(expect["value"])), f"{got!r} is not {expect['value']!r}"
+        if "raised" in expect:
+            assert isinstance(error, RuntimeError) and str(error) == expect["raised"], \
+                f"expected the compute's own error {expect['raised']!r}, got {error!r}"
+        if "error" in expect:
+            assert isinstance(error, ERRORS[expect["error"]]), f"expected {expect['error']}, got {error!r} ({got!r})"
+            if "message_contains" in expect:
+                text = error.error if isinstance(error, OnceFailed) else str(error)
+                assert expect["message_contains"] in (text or ""), f"{text!r} lacks {expect['message_contains']!r}"
+            if "sqlstate" in expect:
+                assert error.sqlstate == expect["sqlstate"], f"sqlstate {error.sqlstate}"
