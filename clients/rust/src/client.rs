@@ -1,6 +1,7 @@
 //! [`Client`]: get a key's cached result or compute it once across every process, through
 //! a connection pool.
 
+use crate::conninfo::Conninfo;
 use crate::error::{Error, Result};
 use crate::listener::{Interest, Listener};
 use crate::raw::{self, Claim, Freshness, Owner};
@@ -15,7 +16,6 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
-use tokio_postgres::NoTls;
 
 /// How a [`Client`] claims, waits and caches. Every field has a default
 /// (`Options::default()`); per-call overrides go in [`CallOptions`].
@@ -209,12 +209,10 @@ impl Client {
     /// Must be called inside a tokio runtime. Connections are made lazily; the LISTEN
     /// connection goes to `options.listen_conninfo`, or to `conninfo`.
     pub async fn connect(conninfo: &str, mut options: Options) -> Result<Client> {
-        let config: tokio_postgres::Config = conninfo
-            .parse()
-            .map_err(|e| Error::Config(format!("conninfo: {e}")))?;
+        let parsed = Conninfo::parse(conninfo)?;
         let manager = Manager::from_config(
-            config,
-            NoTls,
+            parsed.config().clone(),
+            parsed.connector()?,
             ManagerConfig {
                 // A connection that died is noticed by its next call, which is retried on
                 // another one (see `with_conn!`); no extra round trip per checkout.

@@ -13,7 +13,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// A pg_once call failed: the server refused it (bad input, with a SQLSTATE and hint)
     /// or the connection broke.
-    #[error("pg_once: {0}")]
+    #[error("pg_once: {}", describe(.0))]
     Db(#[source] Arc<tokio_postgres::Error>),
     /// No pooled connection could be had (pool closed, timed out, or connecting failed).
     #[error("pg_once: no connection from the pool: {0}")]
@@ -66,6 +66,16 @@ pub enum Error {
     /// The server answered something this client does not understand (version mismatch).
     #[error("pg_once: unexpected answer from the server: {0}")]
     Protocol(String),
+}
+
+/// A tokio-postgres error with what its own `Display` leaves to its source: the server's
+/// message and SQLSTATE ("db error" alone says nothing), or why connecting failed.
+fn describe(e: &tokio_postgres::Error) -> String {
+    match (e.as_db_error(), std::error::Error::source(e)) {
+        (Some(db), _) => format!("{}: {} ({})", db.severity(), db.message(), db.code().code()),
+        (None, Some(source)) => format!("{e}: {source}"),
+        (None, None) => e.to_string(),
+    }
 }
 
 impl From<tokio_postgres::Error> for Error {

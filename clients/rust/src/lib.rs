@@ -35,13 +35,16 @@
 
 #[macro_use]
 mod client;
+mod conninfo;
 mod error;
 mod listener;
 pub mod raw;
 mod refresh;
+mod tls;
 mod worker;
 
 pub use client::{Cached, CallOptions, Client, Options};
+pub use conninfo::{Conninfo, RootCerts, SslMode};
 pub use error::{Error, Result};
 pub use listener::CHANNEL;
 pub use raw::{CachedSql, Claim, Freshness, Job, Owner, Reaped};

@@ -13,6 +13,7 @@
 //! pid; meanwhile claims wait for it, and every waiter is woken (notifications may have
 //! been missed) to ask the server again.
 
+use crate::conninfo::Conninfo;
 use crate::error::{Error, Result};
 use crate::raw::Owner;
 use futures_util::{stream, StreamExt};
@@ -22,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::AsyncMessage;
 
 /// The channel pg_once notifies on.
 pub const CHANNEL: &str = "once";
@@ -155,9 +156,10 @@ impl Drop for AbortOnDrop {
 impl Listener {
     /// Start the listener task; it connects in the background.
     pub fn start(conninfo: String) -> Result<Self> {
-        let config: tokio_postgres::Config = conninfo
-            .parse()
-            .map_err(|e| Error::Config(format!("listen conninfo: {e}")))?;
+        let config = Conninfo::parse(&conninfo).map_err(|e| match e {
+            Error::Config(why) => Error::Config(format!("listen_conninfo: {why}")),
+            other => other,
+        })?;
         let registry = Arc::new(Registry::default());
         let (state_tx, state) = watch::channel(State::default());
         let task = tokio::spawn(run(config, registry.clone(), state_tx));
@@ -196,7 +198,7 @@ impl Listener {
 }
 
 /// Connect, LISTEN, name the owner, relay notifications; on loss, start over.
-async fn run(config: tokio_postgres::Config, registry: Arc<Registry>, state: watch::Sender<State>) {
+async fn run(config: Conninfo, registry: Arc<Registry>, state: watch::Sender<State>) {
     let mut backoff = Duration::from_millis(50);
     loop {
         match session(&config, &registry, &state).await {
@@ -219,11 +221,11 @@ async fn run(config: tokio_postgres::Config, registry: Arc<Registry>, state: wat
 
 /// One LISTEN connection, from connecting until it closes. Ok if it was up at some point.
 async fn session(
-    config: &tokio_postgres::Config,
+    config: &Conninfo,
     registry: &Registry,
     state: &watch::Sender<State>,
 ) -> Result<()> {
-    let (client, mut connection) = config.connect(NoTls).await?;
+    let (client, mut connection) = config.config().connect(config.connector()?).await?;
     let (tx, mut notifications) = mpsc::unbounded_channel();
     let _driver = AbortOnDrop(tokio::spawn(async move {
         let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
