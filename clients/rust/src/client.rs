@@ -134,9 +134,10 @@ pub(crate) fn freshness(
 /// `with_conn!(inner, |c| raw::claim_key(c, ...))` evaluates to the call's `Result`.
 ///
 /// A call that fails because its connection did (a terminated backend, a restarted
-/// PgBouncer, a pool that could not connect) is tried again on another connection, up to 4
-/// times: every pg_once call is safe to repeat, and claims belong to the LISTEN connection,
-/// not to the pooled one. (A macro rather than a function taking an async closure: the
+/// PgBouncer, a pool that could not connect; [`Error::is_connection_error`], rule R1) is
+/// tried again on another connection, 4 attempts in all, the second at once and the others
+/// after a jittered 50 ms, then 100 ms (R2): every pg_once call is safe to repeat, and
+/// claims belong to the LISTEN connection, not to the pooled one. (A macro rather than a function taking an async closure: the
 /// closure's borrowed futures would not be provably `Send` for `tokio::spawn`.)
 macro_rules! with_conn {
     ($inner:expr, |$c:ident| $call:expr) => {{
@@ -153,8 +154,10 @@ macro_rules! with_conn {
             };
             match result {
                 Err(e) if e.is_connection_error() && attempt < 4 => {
-                    let pause = std::time::Duration::from_millis(50 * u64::from(attempt));
-                    tokio::time::sleep($crate::jitter(pause)).await;
+                    if attempt > 1 {
+                        let pause = std::time::Duration::from_millis(50 << (attempt - 2));
+                        tokio::time::sleep($crate::jitter(pause)).await;
+                    }
                 }
                 other => break other,
             }
@@ -316,7 +319,9 @@ impl Client {
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
     {
-        let value = self.get_or_compute_value(key, compute, opts).await?;
+        let value = self
+            .get_or_compute_checked(key, compute, opts, reads_back::<T>)
+            .await?;
         serde_json::from_value(value).map_err(|e| Error::Deserialize {
             key: key.to_owned(),
             source: Arc::new(e),
@@ -336,6 +341,27 @@ impl Client {
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
     {
+        self.get_or_compute_checked(key, compute, opts, |_| Ok(()))
+            .await
+    }
+
+    /// get_or_compute, where a computed value is stored only if `readback` accepts its
+    /// JSON (V1, V3: what the caller gets back is what everyone reads, and a value that
+    /// cannot be read back as its own type, such as a NaN that JSON writes as null, is
+    /// refused before it is stored).
+    async fn get_or_compute_checked<T, E, F, Fut>(
+        &self,
+        key: &str,
+        compute: F,
+        opts: CallOptions,
+        readback: fn(&Value) -> serde_json::Result<()>,
+    ) -> Result<Value>
+    where
+        T: Serialize + Send + 'static,
+        E: Into<Box<dyn std::error::Error + Send + Sync>> + 'static,
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
+    {
         let settings = self.inner.resolve(&opts)?;
         let outcome = {
             let mut inflight = self.inner.inflight.lock().unwrap();
@@ -347,7 +373,10 @@ impl Client {
                             let value = compute()
                                 .await
                                 .map_err(|e| ComputeError::Failed(e.into()))?;
-                            serde_json::to_value(value).map_err(ComputeError::Serialize)
+                            let value =
+                                serde_json::to_value(value).map_err(ComputeError::Serialize)?;
+                            readback(&value).map_err(ComputeError::Serialize)?;
+                            Ok(value)
                         }
                         .boxed()
                     });
@@ -473,6 +502,11 @@ impl<K, F> Cached<K, F> {
     }
 }
 
+/// Whether `value` reads back as a `T`: see `get_or_compute_checked`.
+fn reads_back<T: DeserializeOwned>(value: &Value) -> serde_json::Result<()> {
+    T::deserialize(value).map(drop)
+}
+
 /// What a compute function can end with, before it is turned into an [`Error`].
 pub(crate) enum ComputeError {
     Failed(Box<dyn std::error::Error + Send + Sync>),
@@ -496,6 +530,20 @@ impl Inner {
             )?,
             retry_after: opts.retry_after.unwrap_or(o.retry_after),
         })
+    }
+
+    /// Whether a claim refused with `e` should be asked again as another owner (rule R3):
+    /// a 22023 naming an owner pid whose LISTEN connection has just died, which the
+    /// listener notices within `patience` (it reconnects and gets a new pid).
+    pub(crate) async fn owner_died(&self, e: &Error, owner: Owner, patience: Duration) -> bool {
+        let (Some(listener), Owner::Session(pid)) = (&self.listener, owner) else {
+            return false;
+        };
+        e.sqlstate() == Some("22023")
+            && e.to_string().contains(&format!("pid {pid}"))
+            && listener
+                .replaced(owner, patience.min(Duration::from_secs(5)))
+                .await
     }
 
     /// The owner to claim as: the LISTEN connection's pid, or the lease alone.
@@ -531,7 +579,16 @@ async fn resolve(inner: &Arc<Inner>, key: &str, compute: Compute, s: &Resolved) 
         let owner = inner
             .owner(deadline.saturating_duration_since(Instant::now()))
             .await?;
-        let claim = with_conn!(inner, |c| claim(c, key, s, owner))?;
+        let claim = match with_conn!(inner, |c| claim(c, key, s, owner)) {
+            Ok(claim) => claim,
+            Err(e) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if inner.owner_died(&e, owner, left).await {
+                    continue;
+                }
+                return Err(e);
+            }
+        };
         match claim.outcome.as_str() {
             // `stale`: the previous result, while another caller refreshes it; answered at
             // once, never waited on.
@@ -654,7 +711,7 @@ pub(crate) async fn compute_with_heartbeat(
     }
 }
 
-/// This process holds the claim: compute, then complete, fail or release the key.
+/// This process holds the claim: compute, then complete or fail the key.
 pub(crate) async fn run_claimed(
     inner: &Inner,
     key: &str,
@@ -665,8 +722,10 @@ pub(crate) async fn run_claimed(
     let lost = || Error::ClaimLost {
         key: key.to_owned(),
     };
-    match compute_with_heartbeat(inner, key, token, s.lease, compute()).await {
-        Ran::Lost => Err(lost()),
+    let (error, fail_with) = match compute_with_heartbeat(inner, key, token, s.lease, compute())
+        .await
+    {
+        Ran::Lost => return Err(lost()),
         Ran::Done(Ok(value)) => {
             let stored = with_conn!(inner, |c| raw::complete_key_with(
                 c,
@@ -676,44 +735,60 @@ pub(crate) async fn run_claimed(
                 &s.freshness
             ));
             match stored {
-                Ok(true) => Ok(value),
-                Ok(false) => Err(lost()),
+                Ok(true) => return Ok(value),
+                Ok(false) => return Err(lost()),
+                // F3: the server refused the result (54000: too large, say). Fail the key
+                // with the refusal, so that waiters share it rather than each compute a
+                // result that would be refused again.
+                Err(e) if !e.is_connection_error() => {
+                    let message = e.refusal_text();
+                    (e, message)
+                }
                 Err(e) => {
-                    // Could not store it: give the key back rather than leave it claimed.
-                    let _ = with_conn!(inner, |c| raw::release_key(c, key, token));
-                    Err(e)
+                    // The server could not be reached to store it: give the key back, so
+                    // another caller computes it once the server answers again.
+                    if let Err(release) = with_conn!(inner, |c| raw::release_key(c, key, token)) {
+                        tracing::warn!(key, error = %release, "pg_once: could not release a claim whose result could not be stored");
+                    }
+                    return Err(e);
                 }
             }
         }
         Ran::Done(Err(ComputeError::Failed(source))) => {
             let message = source.to_string();
-            with_conn!(inner, |c| raw::fail_key(
-                c,
-                key,
-                token,
-                &message,
-                s.retry_after
-            ))?;
-            Err(Error::Compute {
+            let error = Error::Compute {
                 key: key.to_owned(),
                 source: Arc::from(source),
-            })
+            };
+            (error, message)
         }
+        // V4: nothing can be cached. Fail the key with the reason rather than release it:
+        // released, every waiter would claim it in turn and fail the same way.
         Ran::Done(Err(ComputeError::Serialize(e))) => {
-            // Nothing can be cached. Fail the key with the reason rather than release
-            // it: released, every waiter would claim it in turn and fail the same way.
             let message = format!("the result is not JSON-serialisable: {e}");
-            with_conn!(inner, |c| raw::fail_key(
-                c,
-                key,
-                token,
-                &message,
-                s.retry_after
-            ))?;
-            Err(Error::Serialize {
+            let error = Error::Serialize {
                 key: key.to_owned(),
                 source: Arc::new(e),
-            })
+            };
+            (error, message)
+        }
+    };
+    // F4: the caller gets its own error, whatever becomes of fail_key.
+    match with_conn!(inner, |c| raw::fail_key(
+        c,
+        key,
+        token,
+        &fail_with,
+        s.retry_after
+    )) {
+        Ok(true) => {}
+        Ok(false) => tracing::info!(
+            key,
+            "pg_once: the claim was lost before its failure was stored"
+        ),
+        Err(e) => {
+            tracing::warn!(key, error = %e, "pg_once: could not fail the key; its claim ends with its lease")
         }
     }
+    Err(error)
 }

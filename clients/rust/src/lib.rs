@@ -41,6 +41,8 @@ mod listener;
 pub mod raw;
 mod refresh;
 mod tls;
+#[cfg(test)]
+mod vectors;
 mod worker;
 
 pub use client::{Cached, CallOptions, Client, Options};

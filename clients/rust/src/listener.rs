@@ -65,6 +65,12 @@ pub(crate) fn digest(key: &str) -> String {
 
 impl Registry {
     fn wake(&self, payload: &str) {
+        if payload.is_empty() {
+            // A transaction that resolved very many keys announces them all as one empty
+            // payload (keys are never empty): every waiter asks again.
+            self.wake_all();
+            return;
+        }
         let keys = self.keys.lock().unwrap();
         let key = keys.by_digest.get(payload).map_or(payload, String::as_str);
         if let Some(tx) = keys.senders.get(key) {
@@ -191,6 +197,17 @@ impl Listener {
         }
     }
 
+    /// Whether the owner `was` is gone: the LISTEN connection it names has dropped (or
+    /// been replaced) within `patience`. A claim refused with 22023 for a dead owner pid
+    /// raced the connection's end, and is asked again with the new pid (rule R3).
+    pub async fn replaced(&self, was: Owner, patience: Duration) -> bool {
+        let mut state = self.state.clone();
+        let gone = tokio::time::timeout(patience, state.wait_for(|s| s.owner != Some(was)))
+            .await
+            .is_ok_and(|changed| changed.is_ok());
+        gone
+    }
+
     /// The backend pid of the LISTEN connection, if connected.
     pub fn pid(&self) -> Option<i32> {
         self.state.borrow().pid
@@ -299,6 +316,16 @@ mod tests {
                 .await
                 .unwrap_or_else(|_| panic!("not woken by {payload}"));
         }
+        // An empty payload wakes every waiter, whatever its key.
+        let mut a = Registry::interest(&registry, "a");
+        let mut b = Registry::interest(&registry, "b");
+        registry.wake("");
+        for interest in [&mut a, &mut b] {
+            tokio::time::timeout(Duration::from_secs(1), interest.changed())
+                .await
+                .expect("not woken by an empty payload");
+        }
+        drop((a, b));
         // Interests gone: the digest is forgotten with the key.
         assert!(registry.keys.lock().unwrap().by_digest.is_empty());
     }

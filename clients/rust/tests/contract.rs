@@ -1,0 +1,146 @@
+//! Rules of docs/clients.md that the Rust client once broke, each against a real server
+//! (directly, through PgBouncer, and over TLS where those are set).
+
+mod common;
+
+use common::{fresh, setups};
+use pg_once_client::raw::{self, Owner};
+use pg_once_client::{CallOptions, Error, Options};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// C3: an empty payload on channel `once` (a transaction that resolved very many keys)
+/// wakes every waiter at once, well before its recheck. The key is made claimable by
+/// deleting its row with triggers off, so that nothing but the empty NOTIFY announces it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_notification_wakes_every_waiter() {
+    for setup in setups() {
+        let admin = setup.admin().await;
+        let key = fresh("empty-notify");
+        let held = raw::claim_key(
+            &admin,
+            &key,
+            Duration::from_secs(3600),
+            Duration::ZERO,
+            Owner::LeaseOnly,
+        )
+        .await
+        .unwrap();
+        assert!(held.is("claimed"), "{held:?}");
+        let options = Options {
+            recheck: Duration::from_secs(30),
+            ..Options::default()
+        };
+        let client = setup.client("rust-empty-notify", options).await;
+        client.ready(Duration::from_secs(5)).await.unwrap();
+        let waiter = {
+            let (client, key) = (client.clone(), key.clone());
+            tokio::spawn(async move {
+                let opts = CallOptions {
+                    wait: Some(Duration::from_secs(10)),
+                    ..CallOptions::default()
+                };
+                client
+                    .get_or_compute(&key, || async { Ok::<_, std::io::Error>(7) }, opts)
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let notified = Instant::now();
+        admin
+            .batch_execute(&format!(
+                "BEGIN; SET LOCAL session_replication_role = replica; \
+                 DELETE FROM once.entries WHERE key = '{key}'; NOTIFY once, ''; COMMIT"
+            ))
+            .await
+            .unwrap();
+        let got: i32 = waiter.await.unwrap().unwrap();
+        assert_eq!(got, 7, "[{}]", setup.name);
+        let took = notified.elapsed();
+        assert!(
+            took < Duration::from_secs(3),
+            "[{}] woken after {took:?}",
+            setup.name
+        );
+    }
+}
+
+/// F3: a result the server refuses (54000, larger than once.max_result_size) fails the
+/// key with the refusal: a caller waiting in another process gets `Failed` with the
+/// SQLSTATE and message instead of computing it again, and the computing caller gets the
+/// server's error. (Direct only: 17 MB once is enough.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_result_is_shared_not_recomputed() {
+    let setup = &setups()[0];
+    let key = fresh("too-large");
+    let (a, b) = (
+        setup.client("rust-refused-a", Options::default()).await,
+        setup.client("rust-refused-b", Options::default()).await,
+    );
+    let computing = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            a.get_or_compute(
+                &key,
+                || async {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    Ok::<_, std::io::Error>("x".repeat(17 << 20))
+                },
+                CallOptions::default(),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let waited = b
+        .get_or_compute(
+            &key,
+            move || async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, std::io::Error>("small".to_string())
+            },
+            CallOptions::default(),
+        )
+        .await;
+    match waited {
+        Err(Error::Failed { message, .. }) => assert!(message.starts_with("54000: "), "{message}"),
+        other => panic!("the waiter got {other:?}"),
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "the waiter computed the key again"
+    );
+    let own = computing.await.unwrap().unwrap_err();
+    assert_eq!(own.sqlstate(), Some("54000"), "{own}");
+}
+
+/// R3: a claim made just as the LISTEN connection died (its pid refused with 22023) is
+/// asked again with the new connection's pid, not returned to the caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_just_dead_owner_pid_is_replaced_not_returned() {
+    for setup in setups() {
+        let admin = setup.admin().await;
+        let client = setup.client("rust-dead-owner", Options::default()).await;
+        for round in 0..10 {
+            client.ready(Duration::from_secs(5)).await.unwrap();
+            let pid = client.owner_pid().expect("connected");
+            admin
+                .execute("SELECT pg_terminate_backend($1)", &[&pid])
+                .await
+                .unwrap();
+            let key = fresh("dead-owner");
+            let got = client
+                .get_or_compute(
+                    &key,
+                    move || async move { Ok::<_, std::io::Error>(round) },
+                    CallOptions::default(),
+                )
+                .await;
+            assert_eq!(got.unwrap(), round, "[{}] round {round}", setup.name);
+        }
+    }
+}
