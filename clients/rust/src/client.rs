@@ -58,6 +58,11 @@ pub struct Options {
     pub listen_conninfo: Option<String>,
     /// Connections in the pool made by [`Client::connect`]. Default 10.
     pub pool_size: usize,
+    /// How long getting a pooled connection may take, waiting for a free one or making a
+    /// new one, before the call fails with [`Error::Pool`] (rule N6). Applies to the pool
+    /// [`Client::connect`] makes; a pool given to [`Client::from_pool`] keeps its own
+    /// timeouts. Default 10 s.
+    pub connect_timeout: Duration,
     /// How often a waiting call asks the server again without a notification (jittered).
     /// Default 1 s.
     pub recheck: Duration,
@@ -76,6 +81,7 @@ impl Default for Options {
             listen: true,
             listen_conninfo: None,
             pool_size: 10,
+            connect_timeout: Duration::from_secs(10),
             recheck: Duration::from_secs(1),
         }
     }
@@ -224,6 +230,10 @@ impl Client {
         );
         let pool = Pool::builder(manager)
             .max_size(options.pool_size.max(1))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(options.connect_timeout))
+            .create_timeout(Some(options.connect_timeout))
+            .recycle_timeout(Some(options.connect_timeout))
             .build()
             .map_err(|e| Error::Config(format!("pool: {e}")))?;
         if options.listen_conninfo.is_none() {
@@ -694,14 +704,19 @@ pub(crate) async fn compute_with_heartbeat(
     });
     let heartbeats = async {
         let every = lease / 3;
+        // H2: after a failed beat, the next comes within a second, not a full third of the
+        // lease later, so that two blips in a row do not lose the claim.
+        let after_failure = every.min(Duration::from_secs(1)).min(lease / 6);
+        let mut next = every;
         loop {
-            tokio::time::sleep(every).await;
+            tokio::time::sleep(next).await;
             match with_conn!(inner, |c| raw::heartbeat_key(c, key, token, lease)) {
-                Ok(Some(_)) => {}
+                Ok(Some(_)) => next = every,
                 Ok(None) => return,
-                // The database is unreachable for now: the lease still has two thirds to
-                // go, so keep computing and try again at the next beat.
-                Err(_) => {}
+                Err(e) => {
+                    tracing::warn!(key, error = %e, "pg_once: a heartbeat failed; retrying");
+                    next = after_failure;
+                }
             }
         }
     };

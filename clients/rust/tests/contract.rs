@@ -144,3 +144,59 @@ async fn a_just_dead_owner_pid_is_replaced_not_returned() {
         }
     }
 }
+
+/// N6: getting a pooled connection waits at most `connect_timeout`, even when every
+/// connection of the pool is taken (it used to wait for ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_pool_times_out() {
+    let setup = &setups()[0];
+    let options = Options {
+        pool_size: 1,
+        connect_timeout: Duration::from_millis(300),
+        listen: false,
+        ..Options::default()
+    };
+    let client = setup.client("rust-busy-pool", options).await;
+    let held = client.pool().get().await.unwrap();
+    let started = Instant::now();
+    let err = tokio::time::timeout(Duration::from_secs(5), client.invalidate(&fresh("busy")))
+        .await
+        .expect("waited past connect_timeout")
+        .unwrap_err();
+    assert!(matches!(err, Error::Pool(_)), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(held);
+    client.invalidate(&fresh("free")).await.unwrap();
+}
+
+/// V1/V3: a value that does not read back as its own type (a NaN, which JSON writes as
+/// null) is refused before it is stored: the computing caller gets `Serialize`, and the
+/// key is failed with the reason (V4), so another caller gets `Failed`, not a null.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_that_does_not_read_back_is_not_stored() {
+    let setup = &setups()[0];
+    let client = setup.client("rust-nan", Options::default()).await;
+    let key = fresh("nan");
+    let err = client
+        .get_or_compute(
+            &key,
+            || async { Ok::<_, std::io::Error>(f64::NAN) },
+            CallOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Serialize { .. }), "{err}");
+    let other = setup.client("rust-nan-2", Options::default()).await;
+    let shared = other
+        .get_or_compute(
+            &key,
+            || async { Ok::<_, std::io::Error>(1.0) },
+            CallOptions::default(),
+        )
+        .await;
+    assert!(matches!(shared, Err(Error::Failed { .. })), "{shared:?}");
+}
