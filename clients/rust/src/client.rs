@@ -3,6 +3,7 @@
 
 use crate::conninfo::Conninfo;
 use crate::error::{Error, Result};
+use crate::key;
 use crate::listener::{Interest, Listener};
 use crate::raw::{self, Claim, Freshness, Owner};
 use crate::refresh::{self, Refreshes};
@@ -129,7 +130,7 @@ pub(crate) fn freshness(
         jitter: (jitter != 0.0).then_some(jitter),
     };
     if ttl.is_none() && (f.stale.is_some() || f.beta.is_some() || f.jitter.is_some()) {
-        return Err(Error::Config(
+        return Err(Error::InvalidOption(
             "stale, beta and jitter apply to a result that expires: set a ttl too".into(),
         ));
     }
@@ -235,7 +236,7 @@ impl Client {
             .create_timeout(Some(options.connect_timeout))
             .recycle_timeout(Some(options.connect_timeout))
             .build()
-            .map_err(|e| Error::Config(format!("pool: {e}")))?;
+            .map_err(|e| Error::Configuration(format!("pool: {e}")))?;
         if options.listen_conninfo.is_none() {
             options.listen_conninfo = Some(conninfo.to_owned());
         }
@@ -247,11 +248,11 @@ impl Client {
     /// `options.listen_conninfo` must be set: a pool does not say where it connects.
     pub fn from_pool(pool: Pool, options: Options) -> Result<Client> {
         if options.lease.is_zero() {
-            return Err(Error::Config("lease must be positive".into()));
+            return Err(Error::Configuration("lease must be positive".into()));
         }
         let listener = if options.listen {
             let conninfo = options.listen_conninfo.clone().ok_or_else(|| {
-                Error::Config(
+                Error::Configuration(
                     "listen is true but listen_conninfo is not set: give the conninfo of a \
                      direct (or session-pooled) connection, or set listen: false"
                         .into(),
@@ -315,7 +316,7 @@ impl Client {
     /// Errors: the compute
     /// function's ([`Error::Compute`], after failing the key with its text), a failure
     /// shared by another process ([`Error::Failed`]), [`Error::Timeout`] after `wait`,
-    /// [`Error::ClaimLost`], [`Error::Serialize`] / [`Error::Deserialize`], and
+    /// [`Error::ClaimLost`], [`Error::NotSerializable`] / [`Error::Deserialize`], and
     /// connection errors.
     pub async fn get_or_compute<T, E, F, Fut>(
         &self,
@@ -372,6 +373,7 @@ impl Client {
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
     {
+        key::check(key)?;
         let settings = self.inner.resolve(&opts)?;
         let outcome = {
             let mut inflight = self.inner.inflight.lock().unwrap();
@@ -420,8 +422,9 @@ impl Client {
         outcome.await
     }
 
-    /// Wrap an async function as a cached one: `key` names the argument's result, `f`
-    /// computes it. Calls go through [`Client::get_or_compute`].
+    /// Wrap an async function as a cached one, with keys of your own: `key` names the
+    /// argument's result (at most [`key::MAX_KEY_BYTES`] bytes), `f` computes it. Calls go
+    /// through [`Client::get_or_compute`]. See [`Client::cached_named`] for default keys.
     ///
     /// ```no_run
     /// # async fn demo(client: pg_once_client::Client) -> pg_once_client::Result<()> {
@@ -434,15 +437,50 @@ impl Client {
     /// let t: String = title.call("https://example.com".to_string()).await?;
     /// # Ok(()) }
     /// ```
-    pub fn cached<A, K, F, Fut, T, E>(&self, key: K, f: F, opts: CallOptions) -> Cached<K, F>
+    pub fn cached<A, K, F>(&self, key: K, f: F, opts: CallOptions) -> Cached<A, F>
     where
-        K: Fn(&A) -> String,
-        F: Fn(A) -> Fut + Clone + Send + 'static,
-        Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
+        K: Fn(&A) -> String + Send + Sync + 'static,
     {
         Cached {
             client: self.clone(),
-            key,
+            key: Arc::new(move |arg: &A| {
+                let key = key(arg);
+                key::check(&key)?;
+                Ok(key)
+            }),
+            f,
+            opts,
+        }
+    }
+
+    /// Wrap an async function as a cached one whose keys are derived from its arguments
+    /// by rule K of docs/clients.md: `name:[args...]`, the same key a Python or Node
+    /// process derives for the same name and arguments. `name` must stay the same across
+    /// processes and releases (a function's own name is not available, and would not be).
+    /// The argument is a tuple of the function's arguments (`(x,)` for one).
+    ///
+    /// ```no_run
+    /// # async fn demo(client: pg_once_client::Client) -> pg_once_client::Result<()> {
+    /// use pg_once_client::CallOptions;
+    /// let report = client.cached_named(
+    ///     "report",
+    ///     |(year, region): (i32, String)| async move {
+    ///         Ok::<_, std::io::Error>(format!("{region} in {year}"))
+    ///     },
+    ///     CallOptions::default(),
+    /// );
+    /// let r: String = report.call((2026, "eu".to_string())).await?; // key report:[2026,"eu"]
+    /// report.invalidate(&(2026, "eu".to_string())).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn cached_named<A, F>(&self, name: &str, f: F, opts: CallOptions) -> Cached<A, F>
+    where
+        A: Serialize,
+    {
+        let name = name.to_owned();
+        Cached {
+            client: self.clone(),
+            key: Arc::new(move |arg: &A| key::derive(&name, arg)),
             f,
             opts,
         }
@@ -484,31 +522,59 @@ impl Client {
     }
 }
 
-/// An async function whose results are cached by pg_once, made by [`Client::cached`].
-#[derive(Clone)]
-pub struct Cached<K, F> {
+/// How a [`Cached`] function names the result of an argument.
+type KeyFn<A> = Arc<dyn Fn(&A) -> Result<String> + Send + Sync>;
+
+/// An async function whose results are cached by pg_once, made by [`Client::cached`] or
+/// [`Client::cached_named`].
+pub struct Cached<A, F> {
     client: Client,
-    key: K,
+    key: KeyFn<A>,
     f: F,
     opts: CallOptions,
 }
 
-impl<K, F> Cached<K, F> {
+impl<A, F: Clone> Clone for Cached<A, F> {
+    fn clone(&self) -> Self {
+        Cached {
+            client: self.client.clone(),
+            key: self.key.clone(),
+            f: self.f.clone(),
+            opts: self.opts.clone(),
+        }
+    }
+}
+
+impl<A, F> Cached<A, F> {
+    /// The key of `arg`'s result.
+    pub fn key(&self, arg: &A) -> Result<String> {
+        (self.key)(arg)
+    }
+
     /// The result for `arg`: cached, computed elsewhere, or computed here with `f(arg)`.
-    pub async fn call<A, Fut, T, E>(&self, arg: A) -> Result<T>
+    pub async fn call<Fut, T, E>(&self, arg: A) -> Result<T>
     where
         A: Send + 'static,
-        K: Fn(&A) -> String,
         F: Fn(A) -> Fut + Clone + Send + 'static,
         Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
         T: Serialize + DeserializeOwned + Send + 'static,
         E: Into<Box<dyn std::error::Error + Send + Sync>> + 'static,
     {
-        let key = (self.key)(&arg);
+        let key = self.key(&arg)?;
         let f = self.f.clone();
         self.client
             .get_or_compute(&key, move || f(arg), self.opts.clone())
             .await
+    }
+
+    /// Forget `arg`'s result ([`Client::invalidate`]).
+    pub async fn invalidate(&self, arg: &A) -> Result<bool> {
+        self.client.invalidate(&self.key(arg)?).await
+    }
+
+    /// Ask for `arg`'s result to be recomputed ([`Client::refresh`]).
+    pub async fn refresh(&self, arg: &A, stale: Option<Duration>) -> Result<String> {
+        self.client.refresh(&self.key(arg)?, stale).await
     }
 }
 
@@ -781,9 +847,9 @@ pub(crate) async fn run_claimed(
         // released, every waiter would claim it in turn and fail the same way.
         Ran::Done(Err(ComputeError::Serialize(e))) => {
             let message = format!("the result is not JSON-serialisable: {e}");
-            let error = Error::Serialize {
+            let error = Error::NotSerializable {
                 key: key.to_owned(),
-                source: Arc::new(e),
+                reason: e.to_string(),
             };
             (error, message)
         }

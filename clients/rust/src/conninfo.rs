@@ -39,7 +39,7 @@ impl std::str::FromStr for SslMode {
             "verify-ca" => SslMode::VerifyCa,
             "verify-full" => SslMode::VerifyFull,
             other => {
-                return Err(Error::Config(format!(
+                return Err(Error::Configuration(format!(
                     "sslmode={other:?}: expected disable, prefer, require, verify-ca or verify-full"
                 )))
             }
@@ -79,7 +79,7 @@ impl Conninfo {
         let (rest, mut taken) = take_tls_params(conninfo)?;
         let mut config: tokio_postgres::Config = rest
             .parse()
-            .map_err(|e| Error::Config(format!("conninfo: {e}")))?;
+            .map_err(|e| Error::Configuration(format!("conninfo: {e}")))?;
         apply_env(&mut config, &env)?;
         for (key, var) in [("sslmode", "PGSSLMODE"), ("sslrootcert", "PGSSLROOTCERT")] {
             if !taken.iter().any(|(k, _)| k == key) {
@@ -205,7 +205,7 @@ fn decode(s: &str) -> Result<String> {
     percent_encoding::percent_decode_str(s)
         .decode_utf8()
         .map(|s| s.into_owned())
-        .map_err(|e| Error::Config(format!("conninfo URL: {e}")))
+        .map_err(|e| Error::Configuration(format!("conninfo URL: {e}")))
 }
 
 /// The `key=value` pairs of libpq's keyword form: values unquoted (up to whitespace) or
@@ -224,7 +224,7 @@ fn keyword_pairs(s: &str) -> Result<Vec<(String, String)>> {
         }
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
         if chars.next() != Some('=') {
-            return Err(Error::Config(format!(
+            return Err(Error::Configuration(format!(
                 "conninfo: {key:?} has no \"=\" after it"
             )));
         }
@@ -234,7 +234,7 @@ fn keyword_pairs(s: &str) -> Result<Vec<(String, String)>> {
         loop {
             match chars.next() {
                 None if quoted => {
-                    return Err(Error::Config(format!(
+                    return Err(Error::Configuration(format!(
                         "conninfo: the value of {key} has no closing quote"
                     )))
                 }
@@ -264,10 +264,9 @@ fn apply_env(
     if config.get_ports().is_empty() {
         if let Some(ports) = env("PGPORT") {
             for port in ports.split(',') {
-                let port = port
-                    .trim()
-                    .parse()
-                    .map_err(|_| Error::Config(format!("PGPORT={ports:?} is not a port number")))?;
+                let port = port.trim().parse().map_err(|_| {
+                    Error::Configuration(format!("PGPORT={ports:?} is not a port number"))
+                })?;
                 config.port(port);
             }
         }
@@ -300,7 +299,7 @@ fn apply_env(
     if config.get_connect_timeout().is_none() {
         if let Some(secs) = env("PGCONNECT_TIMEOUT") {
             let secs: u64 = secs.trim().parse().map_err(|_| {
-                Error::Config(format!(
+                Error::Configuration(format!(
                     "PGCONNECT_TIMEOUT={secs:?} is not a number of seconds"
                 ))
             })?;

@@ -23,7 +23,11 @@ pub enum Error {
     Listener(String),
     /// Options that cannot work together.
     #[error("pg_once: bad configuration: {0}")]
-    Config(String),
+    Configuration(String),
+    /// An option out of range or that needs another (a `stale` without a `ttl`), refused
+    /// before any call (rule F1).
+    #[error("pg_once: invalid option: {0}")]
+    InvalidOption(String),
     /// This process computed the key and the compute function returned an error (or
     /// panicked). The key was failed with the error text, so that waiters share it.
     #[error("computing {key:?} failed: {source}")]
@@ -48,14 +52,12 @@ pub enum Error {
     /// discarded because a newer claim, or no claim, stands.
     #[error("the claim on {key:?} was lost before its result was stored")]
     ClaimLost { key: String },
-    /// The compute function's result could not be turned into JSON. Nothing was cached;
-    /// the key was failed with this reason (served for `retry_after`, then computed anew).
-    #[error("the result for {key:?} is not JSON-serialisable: {source}")]
-    Serialize {
-        key: String,
-        #[source]
-        source: Arc<serde_json::Error>,
-    },
+    /// A value that cannot be written so that it reads back as itself (rules V3, V4): a
+    /// computed result (nothing was cached; the key was failed with this reason, served
+    /// for `retry_after`), or the arguments of a default key (K2; `key` is then the
+    /// function's name, and nothing ran).
+    #[error("{key:?}: not serializable: {reason}")]
+    NotSerializable { key: String, reason: String },
     /// The cached JSON does not deserialise into the type the caller asked for.
     #[error("the cached result for {key:?} does not fit the requested type: {source}")]
     Deserialize {

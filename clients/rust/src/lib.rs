@@ -37,6 +37,7 @@
 mod client;
 mod conninfo;
 mod error;
+pub mod key;
 mod listener;
 pub mod raw;
 mod refresh;
@@ -48,6 +49,7 @@ mod worker;
 pub use client::{Cached, CallOptions, Client, Options};
 pub use conninfo::{Conninfo, RootCerts, SslMode};
 pub use error::{Error, Result};
+pub use key::KeySet;
 pub use listener::CHANNEL;
 pub use raw::{CachedSql, Claim, Freshness, Job, Owner, Reaped};
 pub use worker::{WorkOptions, WorkReport};

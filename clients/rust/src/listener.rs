@@ -57,10 +57,12 @@ struct Keys {
 /// The hex SHA-256 of a key: what channel `once` carries for a key of a namespace that
 /// announces digests.
 pub(crate) fn digest(key: &str) -> String {
-    Sha256::digest(key.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex(&Sha256::digest(key.as_bytes()))
+}
+
+/// Lower-case hex, as PostgreSQL's `encode(..., 'hex')` writes bytes.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl Registry {
@@ -163,7 +165,7 @@ impl Listener {
     /// Start the listener task; it connects in the background.
     pub fn start(conninfo: String) -> Result<Self> {
         let config = Conninfo::parse(&conninfo).map_err(|e| match e {
-            Error::Config(why) => Error::Config(format!("listen_conninfo: {why}")),
+            Error::Configuration(why) => Error::Configuration(format!("listen_conninfo: {why}")),
             other => other,
         })?;
         let registry = Arc::new(Registry::default());

@@ -15,7 +15,7 @@ pub(crate) type Connector = tokio_postgres::NoTls;
 pub(crate) fn connector(mode: SslMode, _roots: Option<&RootCerts>) -> Result<Connector> {
     match mode {
         SslMode::Disable | SslMode::Prefer => Ok(tokio_postgres::NoTls),
-        _ => Err(Error::Config(format!(
+        _ => Err(Error::Configuration(format!(
             "sslmode={mode:?} needs TLS: build pg_once_client with its `tls` feature"
         ))),
     }
@@ -35,7 +35,7 @@ pub(crate) fn connector(mode: SslMode, roots: Option<&RootCerts>) -> Result<Conn
                 Arc::new(verify::Unverified(provider.clone()))
             }
             (SslMode::VerifyCa | SslMode::VerifyFull, None) => {
-                return Err(Error::Config(format!(
+                return Err(Error::Configuration(format!(
                 "sslmode={} needs the CA to trust: sslrootcert=<PEM file> (or sslrootcert=system \
                  for the platform's roots)",
                 if mode == SslMode::VerifyCa { "verify-ca" } else { "verify-full" }
@@ -47,7 +47,7 @@ pub(crate) fn connector(mode: SslMode, roots: Option<&RootCerts>) -> Result<Conn
                     provider.clone(),
                 )
                 .build()
-                .map_err(|e| Error::Config(format!("sslrootcert: {e}")))?;
+                .map_err(|e| Error::Configuration(format!("sslrootcert: {e}")))?;
                 if mode == SslMode::VerifyFull {
                     webpki
                 } else {
@@ -57,7 +57,7 @@ pub(crate) fn connector(mode: SslMode, roots: Option<&RootCerts>) -> Result<Conn
         };
     let config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| Error::Config(format!("TLS: {e}")))?
+        .map_err(|e| Error::Configuration(format!("TLS: {e}")))?
         .dangerous()
         .with_custom_certificate_verifier(verifier)
         .with_no_client_auth();
@@ -71,7 +71,7 @@ fn root_store(roots: &RootCerts) -> Result<rustls::RootCertStore> {
     match roots {
         RootCerts::File(path) => {
             let unreadable = |e: &dyn std::fmt::Display| {
-                Error::Config(format!("sslrootcert={}: {e}", path.display()))
+                Error::Configuration(format!("sslrootcert={}: {e}", path.display()))
             };
             for cert in CertificateDer::pem_file_iter(path).map_err(|e| unreadable(&e))? {
                 store
@@ -87,7 +87,7 @@ fn root_store(roots: &RootCerts) -> Result<rustls::RootCertStore> {
             let found = rustls_native_certs::load_native_certs();
             store.add_parsable_certificates(found.certs);
             if store.is_empty() {
-                return Err(Error::Config(format!(
+                return Err(Error::Configuration(format!(
                     "sslrootcert=system: no trusted root found on this system ({:?})",
                     found.errors
                 )));
@@ -95,7 +95,7 @@ fn root_store(roots: &RootCerts) -> Result<rustls::RootCertStore> {
         }
         #[cfg(not(feature = "native-roots"))]
         RootCerts::System => {
-            return Err(Error::Config(
+            return Err(Error::Configuration(
                 "sslrootcert=system needs pg_once_client's `native-roots` feature".into(),
             ))
         }

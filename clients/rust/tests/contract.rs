@@ -92,7 +92,7 @@ async fn a_refused_result_is_shared_not_recomputed() {
             .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    setup.until_running(&key).await;
     let runs = Arc::new(AtomicUsize::new(0));
     let counted = runs.clone();
     let waited = b
@@ -189,7 +189,7 @@ async fn a_value_that_does_not_read_back_is_not_stored() {
         )
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Serialize { .. }), "{err}");
+    assert!(matches!(err, Error::NotSerializable { .. }), "{err}");
     let other = setup.client("rust-nan-2", Options::default()).await;
     let shared = other
         .get_or_compute(
@@ -199,4 +199,39 @@ async fn a_value_that_does_not_read_back_is_not_stored() {
         )
         .await;
     assert!(matches!(shared, Err(Error::Failed { .. })), "{shared:?}");
+}
+
+/// C7, K: a function wrapped with `cached_named` stores its result under the key rule K
+/// derives (what a Python or Node process calling `name(7, "eu")` would use), and its
+/// `invalidate` forgets that key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_named_uses_the_shared_default_key() {
+    for setup in setups() {
+        let client = setup.client("rust-cached-named", Options::default()).await;
+        let name = fresh("report");
+        let report =
+            client.cached_named(
+                &name,
+                |(n, region): (i32, String)| async move {
+                    Ok::<_, std::io::Error>(format!("{region}{n}"))
+                },
+                CallOptions::default(),
+            );
+        let args = (7, "eu".to_string());
+        let got: String = report.call(args.clone()).await.unwrap();
+        assert_eq!(got, "eu7");
+        let key = format!("{name}:[7,\"eu\"]");
+        assert_eq!(report.key(&args).unwrap(), key);
+        let admin = setup.admin().await;
+        let stored: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM once.entries WHERE key = $1 AND state = 'done'",
+                &[&key],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(stored, 1, "[{}]", setup.name);
+        assert!(report.invalidate(&args).await.unwrap(), "[{}]", setup.name);
+    }
 }

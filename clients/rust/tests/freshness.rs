@@ -486,7 +486,7 @@ async fn stale_without_ttl_is_refused_before_claiming() {
             )
             .await;
         assert!(
-            matches!(r, Err(pg_once_client::Error::Config(_))),
+            matches!(r, Err(pg_once_client::Error::InvalidOption(_))),
             "[{}] {r:?}",
             setup.name
         );

@@ -76,6 +76,30 @@ impl Setup {
     }
 }
 
+impl Setup {
+    /// Wait (up to 10 s) until `key` is being computed somewhere: a test that starts a
+    /// second caller after the first has claimed must not guess how long connecting takes
+    /// (a TLS handshake on a busy machine takes longer than a fixed sleep allows).
+    pub async fn until_running(&self, key: &str) {
+        let admin = self.admin().await;
+        for _ in 0..1000 {
+            let running: bool = admin
+                .query_one(
+                    "SELECT EXISTS (SELECT FROM once.entries WHERE key = $1 AND state = 'running')",
+                    &[&key],
+                )
+                .await
+                .expect("entries")
+                .get(0);
+            if running {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("{key} was never claimed");
+    }
+}
+
 /// One connection to `dsn`, TLS as its sslmode says.
 pub async fn connect(dsn: &str) -> tokio_postgres::Client {
     pg_once_client::Conninfo::parse(dsn)
