@@ -15,8 +15,9 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime};
+use tokio::sync::watch;
 
 /// How a [`Client`] claims, waits and caches. Every field has a default
 /// (`Options::default()`); per-call overrides go in [`CallOptions`].
@@ -174,12 +175,30 @@ macro_rules! with_conn {
 
 type Outcome = Shared<BoxFuture<'static, Result<Value>>>;
 
+/// A key this process is resolving: its outcome, shared by every caller (C1), and who
+/// still waits for it.
+struct InFlight {
+    outcome: Outcome,
+    callers: Weak<Callers>,
+}
+
+/// Held by every caller waiting for one in-flight key. When the last is dropped (every
+/// caller's future was dropped: cancelled, or timed out by its owner), the computation is
+/// abandoned and its claim given back (rule X2).
+struct Callers(watch::Sender<bool>);
+
+impl Drop for Callers {
+    fn drop(&mut self) {
+        self.0.send_replace(true);
+    }
+}
+
 pub(crate) struct Inner {
     pub pool: Pool,
     pub options: Options,
     pub listener: Option<Listener>,
     /// Keys this process is resolving right now, so concurrent calls make one claim.
-    inflight: Mutex<HashMap<String, Outcome>>,
+    inflight: Mutex<HashMap<String, InFlight>>,
     /// The refreshes this process runs in the background.
     pub refreshes: Refreshes,
 }
@@ -375,10 +394,13 @@ impl Client {
     {
         key::check(key)?;
         let settings = self.inner.resolve(&opts)?;
-        let outcome = {
+        let (outcome, _caller) = {
             let mut inflight = self.inner.inflight.lock().unwrap();
-            match inflight.get(key) {
-                Some(outcome) => outcome.clone(),
+            let joined = inflight
+                .get(key)
+                .and_then(|f| Some((f.outcome.clone(), f.callers.upgrade()?)));
+            match joined {
+                Some(joined) => joined,
                 None => {
                     let compute: Compute = Box::new(move || {
                         async move {
@@ -392,13 +414,33 @@ impl Client {
                         }
                         .boxed()
                     });
+                    let (abandon, mut abandoned) = watch::channel(false);
+                    let callers = Arc::new(Callers(abandon));
+                    let mine = Arc::downgrade(&callers);
                     let inner = self.inner.clone();
                     let owned_key = key.to_owned();
-                    // Its own task: the claim is seen through to the end even if every
-                    // caller is cancelled, so the key is never left claimed by nobody.
+                    // Its own task, so that a caller that stops waiting does not stop it
+                    // for the others; once every caller has stopped, it gives its claim
+                    // back rather than compute for nobody.
                     let task = tokio::spawn(async move {
-                        let result = resolve(&inner, &owned_key, compute, &settings).await;
-                        inner.inflight.lock().unwrap().remove(&owned_key);
+                        let claimed = Mutex::new(None);
+                        let result = tokio::select! {
+                            result = resolve(&inner, &owned_key, compute, &settings, &claimed) => result,
+                            _ = async { drop(abandoned.wait_for(|gone| *gone).await) } => {
+                                let token = claimed.lock().unwrap().take();
+                                if let Some(token) = token {
+                                    release_abandoned(&inner, &owned_key, token).await;
+                                }
+                                Err(Error::Cancelled { key: owned_key.clone() })
+                            }
+                        };
+                        let mut inflight = inner.inflight.lock().unwrap();
+                        if inflight
+                            .get(&owned_key)
+                            .is_some_and(|f| f.callers.ptr_eq(&mine))
+                        {
+                            inflight.remove(&owned_key);
+                        }
                         result
                     });
                     let owned_key = key.to_owned();
@@ -414,8 +456,14 @@ impl Client {
                     }
                     .boxed()
                     .shared();
-                    inflight.insert(key.to_owned(), outcome.clone());
-                    outcome
+                    inflight.insert(
+                        key.to_owned(),
+                        InFlight {
+                            outcome: outcome.clone(),
+                            callers: Arc::downgrade(&callers),
+                        },
+                    );
+                    (outcome, callers)
                 }
             }
         };
@@ -693,7 +741,29 @@ async fn claim(c: &tokio_postgres::Client, key: &str, s: &Resolved, owner: Owner
 }
 
 /// Claim, wait or read `key` until it has an outcome (this runs once per key per process).
-async fn resolve(inner: &Arc<Inner>, key: &str, compute: Compute, s: &Resolved) -> Result<Value> {
+/// X2: every caller stopped waiting while this process held the claim: give it back, so
+/// that another caller, here or elsewhere, computes the key at once.
+async fn release_abandoned(inner: &Inner, key: &str, token: i64) {
+    match with_conn!(inner, |c| raw::release_key(c, key, token)) {
+        Ok(_) => tracing::debug!(
+            key,
+            "pg_once: every caller stopped waiting; the claim was released"
+        ),
+        Err(e) => {
+            tracing::warn!(key, error = %e, "pg_once: could not release an abandoned claim; it ends with its lease")
+        }
+    }
+}
+
+/// `claimed` is where the token of a claim this call makes is kept, for the claim to be
+/// given back if every caller stops waiting (see `get_or_compute_checked`).
+async fn resolve(
+    inner: &Arc<Inner>,
+    key: &str,
+    compute: Compute,
+    s: &Resolved,
+    claimed: &Mutex<Option<i64>>,
+) -> Result<Value> {
     let started = Instant::now();
     let deadline = started + s.wait;
     let mut poll_backoff = Duration::from_millis(50);
@@ -733,7 +803,10 @@ async fn resolve(inner: &Arc<Inner>, key: &str, compute: Compute, s: &Resolved) 
                         Ok(previous)
                     }
                     // Nothing to serve meanwhile: compute now, as for `claimed`.
-                    None => run_claimed(inner, key, token, compute, s).await,
+                    None => {
+                        *claimed.lock().unwrap() = Some(token);
+                        run_claimed(inner, key, token, compute, s).await
+                    }
                 };
             }
             "failed" => {
@@ -751,6 +824,7 @@ async fn resolve(inner: &Arc<Inner>, key: &str, compute: Compute, s: &Resolved) 
                 let compute = compute
                     .take()
                     .expect("a key is claimed at most once per call");
+                *claimed.lock().unwrap() = Some(token);
                 return run_claimed(inner, key, token, compute, s).await;
             }
             "wait" => {

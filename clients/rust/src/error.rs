@@ -65,6 +65,10 @@ pub enum Error {
         #[source]
         source: Arc<serde_json::Error>,
     },
+    /// Every caller of the computation stopped waiting (their futures were dropped), so it
+    /// was stopped and its claim released (rule X2). No caller still waiting sees it.
+    #[error("every caller of {key:?} stopped waiting")]
+    Cancelled { key: String },
     /// The server answered something this client does not understand (version mismatch).
     #[error("pg_once: unexpected answer from the server: {0}")]
     Protocol(String),
