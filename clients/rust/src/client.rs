@@ -5,6 +5,7 @@ use crate::conninfo::Conninfo;
 use crate::error::{Error, Result};
 use crate::key;
 use crate::listener::{Interest, Listener};
+use crate::outcome::{Outcome, OutcomeEvent, OutcomeHook};
 use crate::raw::{self, Claim, Freshness, Owner};
 use crate::refresh::{self, Refreshes};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
@@ -18,6 +19,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::watch;
+use tracing::Instrument;
 
 /// How a [`Client`] claims, waits and caches. Every field has a default
 /// (`Options::default()`); per-call overrides go in [`CallOptions`].
@@ -58,6 +60,9 @@ pub struct Options {
     /// transaction-pooled. Default: the conninfo given to [`Client::connect`]; required
     /// with [`Client::from_pool`] when `listen` is true.
     pub listen_conninfo: Option<String>,
+    /// Called once per finished `get_or_compute` with how it was answered and how long
+    /// it took (rule O1). Default None.
+    pub on_outcome: Option<OutcomeHook>,
     /// Connections in the pool made by [`Client::connect`]. Default 10.
     pub pool_size: usize,
     /// How long getting a pooled connection may take, waiting for a free one or making a
@@ -82,6 +87,7 @@ impl Default for Options {
             retry_after: Duration::from_secs(5),
             listen: true,
             listen_conninfo: None,
+            on_outcome: None,
             pool_size: 10,
             connect_timeout: Duration::from_secs(10),
             recheck: Duration::from_secs(1),
@@ -173,13 +179,16 @@ macro_rules! with_conn {
     }};
 }
 
-type Outcome = Shared<BoxFuture<'static, Result<Value>>>;
+/// A key's shared answer: its value and how the computing call got it.
+type Answer = Shared<BoxFuture<'static, Result<(Value, Outcome)>>>;
 
 /// A key this process is resolving: its outcome, shared by every caller (C1), and who
 /// still waits for it.
 struct InFlight {
-    outcome: Outcome,
+    answer: Answer,
     callers: Weak<Callers>,
+    /// The span of the call that resolves the key, which coalesced calls follow from.
+    span: Option<tracing::Id>,
 }
 
 /// Held by every caller waiting for one in-flight key. When the last is dropped (every
@@ -394,11 +403,21 @@ impl Client {
     {
         key::check(key)?;
         let settings = self.inner.resolve(&opts)?;
-        let (outcome, _caller) = {
+        let started = Instant::now();
+        let span = tracing::info_span!(
+            "pg_once.get_or_compute",
+            pg_once.key = key,
+            pg_once.outcome = tracing::field::Empty
+        );
+        let (answer, _caller, coalesced) = {
             let mut inflight = self.inner.inflight.lock().unwrap();
-            let joined = inflight
-                .get(key)
-                .and_then(|f| Some((f.outcome.clone(), f.callers.upgrade()?)));
+            let joined = inflight.get(key).and_then(|f| {
+                let callers = f.callers.upgrade()?;
+                if let Some(leader) = &f.span {
+                    span.follows_from(leader.clone());
+                }
+                Some((f.answer.clone(), callers, true))
+            });
             match joined {
                 Some(joined) => joined,
                 None => {
@@ -422,10 +441,12 @@ impl Client {
                     // Its own task, so that a caller that stops waiting does not stop it
                     // for the others; once every caller has stopped, it gives its claim
                     // back rather than compute for nobody.
+                    let compute_span = tracing::info_span!(parent: &span, "pg_once.resolve");
                     let task = tokio::spawn(async move {
                         let claimed = Mutex::new(None);
                         let result = tokio::select! {
-                            result = resolve(&inner, &owned_key, compute, &settings, &claimed) => result,
+                            result = resolve(&inner, &owned_key, compute, &settings, &claimed)
+                                .instrument(compute_span) => result,
                             _ = async { drop(abandoned.wait_for(|gone| *gone).await) } => {
                                 let token = claimed.lock().unwrap().take();
                                 if let Some(token) = token {
@@ -459,15 +480,31 @@ impl Client {
                     inflight.insert(
                         key.to_owned(),
                         InFlight {
-                            outcome: outcome.clone(),
+                            answer: outcome.clone(),
                             callers: Arc::downgrade(&callers),
+                            span: span.id(),
                         },
                     );
-                    (outcome, callers)
+                    (outcome, callers, false)
                 }
             }
         };
-        outcome.await
+        let answer = answer.instrument(span.clone()).await;
+        let outcome = match &answer {
+            Ok(_) if coalesced => Outcome::Coalesced,
+            Ok((_, outcome)) => *outcome,
+            Err(_) => Outcome::Failed,
+        };
+        span.record("pg_once.outcome", outcome.as_str());
+        if let Some(hook) = &self.inner.options.on_outcome {
+            hook.call(&OutcomeEvent {
+                outcome,
+                key,
+                duration: started.elapsed(),
+                error: answer.as_ref().err(),
+            });
+        }
+        answer.map(|(value, _)| value)
     }
 
     /// Wrap an async function as a cached one, with keys of your own: `key` names the
@@ -763,8 +800,9 @@ async fn resolve(
     compute: Compute,
     s: &Resolved,
     claimed: &Mutex<Option<i64>>,
-) -> Result<Value> {
+) -> Result<(Value, Outcome)> {
     let started = Instant::now();
+    let mut waited = false;
     let deadline = started + s.wait;
     let mut poll_backoff = Duration::from_millis(50);
     let mut compute = Some(compute);
@@ -787,7 +825,14 @@ async fn resolve(
         match claim.outcome.as_str() {
             // `stale`: the previous result, while another caller refreshes it; answered at
             // once, never waited on.
-            "hit" | "stale" => return Ok(claim.result.unwrap_or(Value::Null)),
+            "hit" | "stale" => {
+                let outcome = match (claim.outcome.as_str(), waited) {
+                    ("stale", _) => Outcome::Stale,
+                    (_, true) => Outcome::Waited,
+                    _ => Outcome::Hit,
+                };
+                return Ok((claim.result.unwrap_or(Value::Null), outcome));
+            }
             "refresh" => {
                 drop(interest);
                 let token = claim
@@ -800,12 +845,13 @@ async fn resolve(
                     // Serve the previous result now; recompute in the background.
                     Some(previous) => {
                         refresh::start(inner, key, token, compute, s).await;
-                        Ok(previous)
+                        Ok((previous, Outcome::Refresh))
                     }
                     // Nothing to serve meanwhile: compute now, as for `claimed`.
                     None => {
                         *claimed.lock().unwrap() = Some(token);
-                        run_claimed(inner, key, token, compute, s).await
+                        let value = run_claimed(inner, key, token, compute, s).await?;
+                        Ok((value, Outcome::Claimed))
                     }
                 };
             }
@@ -825,9 +871,11 @@ async fn resolve(
                     .take()
                     .expect("a key is claimed at most once per call");
                 *claimed.lock().unwrap() = Some(token);
-                return run_claimed(inner, key, token, compute, s).await;
+                let value = run_claimed(inner, key, token, compute, s).await?;
+                return Ok((value, Outcome::Claimed));
             }
             "wait" => {
+                waited = true;
                 let now = Instant::now();
                 if now >= deadline {
                     return Err(Error::Timeout {

@@ -39,6 +39,7 @@ mod conninfo;
 mod error;
 pub mod key;
 mod listener;
+mod outcome;
 pub mod raw;
 mod refresh;
 mod tls;
@@ -51,6 +52,7 @@ pub use conninfo::{Conninfo, RootCerts, SslMode};
 pub use error::{Error, Result};
 pub use key::KeySet;
 pub use listener::CHANNEL;
+pub use outcome::{Outcome, OutcomeEvent, OutcomeHook};
 pub use raw::{CachedSql, Claim, Freshness, Job, Owner, Reaped};
 pub use worker::{WorkOptions, WorkReport};
 

@@ -239,7 +239,10 @@ async fn release(inner: &Inner, job: &Job) -> End {
     match with_conn!(inner, |c| raw::release_key(c, &job.key, job.token)) {
         Ok(true) => End::Released,
         Ok(false) => End::Lost,
-        Err(_) => End::Error,
+        Err(e) => {
+            tracing::warn!(key = job.key, error = %e, "pg_once: could not release a job at shutdown");
+            End::Error
+        }
     }
 }
 
