@@ -1,4 +1,4 @@
-//! Rust client for [pg_once](https://github.com/): compute each expensive, cacheable key
+//! Rust client for pg_once: compute each expensive, cacheable key
 //! once across a fleet of processes, with nothing but PostgreSQL.
 //!
 //! [`Client`] is what applications use: [`Client::get_or_compute`] (and its wrapper
@@ -31,7 +31,9 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The behaviour every pg_once client shares is specified in `docs/clients.md`.
+//! The behaviour every pg_once client shares is specified in `docs/clients.md`. TLS (the
+//! default feature `tls`, rustls) follows the conninfo's `sslmode` and `sslrootcert` for
+//! the pool and the LISTEN connection alike ([`Conninfo`]).
 
 #[macro_use]
 mod client;
