@@ -271,29 +271,33 @@ fn apply_env(
             }
         }
     }
-    if config.get_user().is_none() {
-        if let Some(user) = env("PGUSER").or_else(|| env("USER")) {
-            config.user(user);
-        }
-    }
-    if config.get_password().is_none() {
-        if let Some(password) = env("PGPASSWORD") {
-            config.password(password);
-        }
-    }
-    if config.get_dbname().is_none() {
-        if let Some(dbname) = env("PGDATABASE") {
-            config.dbname(dbname);
-        }
-    }
-    if config.get_application_name().is_none() {
-        if let Some(name) = env("PGAPPNAME") {
-            config.application_name(name);
-        }
-    }
-    if config.get_options().is_none() {
-        if let Some(options) = env("PGOPTIONS") {
-            config.options(options);
+    type Setter = fn(&mut tokio_postgres::Config, String);
+    let texts: [(&str, bool, Setter); 5] = [
+        ("PGUSER", config.get_user().is_none(), |c, v| {
+            c.user(v);
+        }),
+        ("PGPASSWORD", config.get_password().is_none(), |c, v| {
+            c.password(v);
+        }),
+        ("PGDATABASE", config.get_dbname().is_none(), |c, v| {
+            c.dbname(v);
+        }),
+        (
+            "PGAPPNAME",
+            config.get_application_name().is_none(),
+            |c, v| {
+                c.application_name(v);
+            },
+        ),
+        ("PGOPTIONS", config.get_options().is_none(), |c, v| {
+            c.options(v);
+        }),
+    ];
+    for (var, unset, set) in texts {
+        // libpq's last resort for the user is the operating system's.
+        let value = env(var).or_else(|| (var == "PGUSER").then(|| env("USER")).flatten());
+        if let (true, Some(value)) = (unset, value) {
+            set(config, value);
         }
     }
     if config.get_connect_timeout().is_none() {

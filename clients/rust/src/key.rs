@@ -459,48 +459,28 @@ impl ser::Serializer for SetEncoder {
     }
 }
 
-impl ser::SerializeSeq for Seq {
-    type Ok = String;
-    type Error = Refused;
-    fn serialize_element<T: Serialize + ?Sized>(
-        &mut self,
-        value: &T,
-    ) -> std::result::Result<(), Refused> {
-        self.items.push(value.serialize(Encoder)?);
-        Ok(())
-    }
-    fn end(self) -> Encoded {
-        Ok(self.finish())
-    }
+/// The three sequence traits of serde, which differ only in their method's name.
+macro_rules! seq_impl {
+    ($($trait:ident :: $method:ident),*) => {$(
+        impl ser::$trait for Seq {
+            type Ok = String;
+            type Error = Refused;
+            fn $method<T: Serialize + ?Sized>(&mut self, value: &T) -> std::result::Result<(), Refused> {
+                self.items.push(value.serialize(Encoder)?);
+                Ok(())
+            }
+            fn end(self) -> Encoded {
+                Ok(self.finish())
+            }
+        }
+    )*};
 }
 
-impl ser::SerializeTuple for Seq {
-    type Ok = String;
-    type Error = Refused;
-    fn serialize_element<T: Serialize + ?Sized>(
-        &mut self,
-        value: &T,
-    ) -> std::result::Result<(), Refused> {
-        ser::SerializeSeq::serialize_element(self, value)
-    }
-    fn end(self) -> Encoded {
-        Ok(self.finish())
-    }
-}
-
-impl ser::SerializeTupleStruct for Seq {
-    type Ok = String;
-    type Error = Refused;
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        value: &T,
-    ) -> std::result::Result<(), Refused> {
-        ser::SerializeSeq::serialize_element(self, value)
-    }
-    fn end(self) -> Encoded {
-        Ok(self.finish())
-    }
-}
+seq_impl!(
+    SerializeSeq::serialize_element,
+    SerializeTuple::serialize_element,
+    SerializeTupleStruct::serialize_field
+);
 
 impl ser::SerializeTupleVariant for Variant<Seq> {
     type Ok = String;
