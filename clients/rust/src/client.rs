@@ -403,6 +403,7 @@ impl Client {
     {
         key::check(key)?;
         let settings = self.inner.resolve(&opts)?;
+        let own_wait = settings.wait;
         let started = Instant::now();
         let span = tracing::info_span!(
             "pg_once.get_or_compute",
@@ -489,7 +490,18 @@ impl Client {
                 }
             }
         };
-        let answer = answer.instrument(span.clone()).await;
+        let answer = if coalesced {
+            // X1: a caller that joined another's computation keeps its own bound.
+            let waited = tokio::time::timeout(own_wait, answer.instrument(span.clone())).await;
+            waited.unwrap_or_else(|_| {
+                Err(Error::Timeout {
+                    key: key.to_owned(),
+                    waited: started.elapsed(),
+                })
+            })
+        } else {
+            answer.instrument(span.clone()).await
+        };
         let outcome = match &answer {
             Ok(_) if coalesced => Outcome::Coalesced,
             Ok((_, outcome)) => *outcome,
