@@ -7,12 +7,12 @@
 mod common;
 
 use common::{fresh, setups, Setup};
-use pg_once_client::{CallOptions, Client, Error, Options};
+use pg_once_client::{CallOptions, Client, Error, Options, OutcomeHook};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 
@@ -104,12 +104,25 @@ struct Run<'a> {
     setup: &'a Setup,
     prefix: String,
     clients: Vec<Client>,
+    /// What each client's outcome hook saw: (key, kind), in order.
+    outcomes: Vec<Seen>,
     counters: HashMap<String, Arc<AtomicUsize>>,
-    background: HashMap<String, (JoinHandle<Result<Value, Error>>, Instant)>,
+    background: HashMap<String, Call>,
     admin: tokio_postgres::Client,
 }
 
 type Outcome = Result<Value, Error>;
+
+/// What one client's outcome hook saw: (key, kind), in order.
+type Seen = Arc<Mutex<Vec<(String, &'static str)>>>;
+
+/// A call under way: its task, when it started, which client made it, and its key.
+struct Call {
+    handle: JoinHandle<Outcome>,
+    started: Instant,
+    client: usize,
+    key: String,
+}
 
 impl Run<'_> {
     fn key(&self, k: &str) -> String {
@@ -173,11 +186,18 @@ impl Run<'_> {
 
     /// Start the call a step describes: polled once here, so that it has begun (made
     /// its claim or joined another call's, C1) before the next step, then on a task.
-    async fn start(&mut self, step: &Value) -> Result<JoinHandle<Outcome>, Skip> {
-        let mut call = self.call(step)?;
-        Ok(match futures_util::poll!(&mut call) {
+    async fn start(&mut self, step: &Value) -> Result<Call, Skip> {
+        let started = Instant::now();
+        let (mut call, key) = self.call(step)?;
+        let handle = match futures_util::poll!(&mut call) {
             std::task::Poll::Ready(outcome) => tokio::spawn(async move { outcome }),
             std::task::Poll::Pending => tokio::spawn(call),
+        };
+        Ok(Call {
+            handle,
+            started,
+            client: step["client"].as_u64().unwrap_or(0) as usize,
+            key,
         })
     }
 
@@ -185,7 +205,7 @@ impl Run<'_> {
     fn call(
         &mut self,
         step: &Value,
-    ) -> Result<futures_util::future::BoxFuture<'static, Outcome>, Skip> {
+    ) -> Result<(futures_util::future::BoxFuture<'static, Outcome>, String), Skip> {
         let client = self.clients[step["client"].as_u64().unwrap_or(0) as usize].clone();
         let opts = call_options(&step["options"]);
         let name = step["name"].as_str().map(|n| self.key(n));
@@ -193,43 +213,67 @@ impl Run<'_> {
             Some(args) => Some(value(args)?),
             None => None,
         };
-        Ok(match step["call"].as_str().expect("call") {
-            "get_or_compute" => {
-                let key = self.key(step["key"].as_str().expect("key"));
-                let compute = self.compute(&step["compute"])?;
-                Box::pin(async move {
-                    client
-                        .get_or_compute::<Value, _, _, _>(&key, compute, opts)
-                        .await
-                })
+        // The call's key: given, or derived from the wrapper's name and arguments.
+        let key = match (step.get("key"), &name, &args) {
+            (Some(k), _, _) => self.key(k.as_str().expect("key")),
+            (None, Some(name), Some(args)) => {
+                pg_once_client::key::derive(name, args).expect("a default key")
             }
-            "cached" => {
-                let compute = self.compute(&step["compute"])?;
-                let wrapped = client.cached_named(
-                    &name.expect("name"),
-                    move |_: Vec<Value>| (compute.clone())(),
-                    opts,
-                );
-                let args: Vec<Value> = serde_json::from_value(args.expect("args")).unwrap();
-                Box::pin(async move { wrapped.call::<_, Value, _>(args).await })
-            }
-            "invalidate" => match (step.get("key"), name, args) {
-                (Some(k), _, _) => {
-                    let key = self.key(k.as_str().unwrap());
+            _ => panic!("a call needs a key, or a name and args"),
+        };
+        let call: futures_util::future::BoxFuture<'static, Outcome> =
+            match step["call"].as_str().expect("call") {
+                "get_or_compute" => {
+                    let compute = self.compute(&step["compute"])?;
+                    let key = key.clone();
+                    Box::pin(async move {
+                        client
+                            .get_or_compute::<Value, _, _, _>(&key, compute, opts)
+                            .await
+                    })
+                }
+                "cached" => {
+                    let compute = self.compute(&step["compute"])?;
+                    let wrapped = client.cached_named(
+                        &name.expect("name"),
+                        move |_: Vec<Value>| (compute.clone())(),
+                        opts,
+                    );
+                    let args: Vec<Value> = serde_json::from_value(args.expect("args")).unwrap();
+                    Box::pin(async move { wrapped.call::<_, Value, _>(args).await })
+                }
+                "invalidate" => {
+                    let key = key.clone();
                     Box::pin(async move { client.invalidate(&key).await.map(Value::Bool) })
                 }
-                (None, Some(name), Some(args)) => {
-                    let key = pg_once_client::key::derive(&name, &args).unwrap();
-                    Box::pin(async move { client.invalidate(&key).await.map(Value::Bool) })
+                "refresh" => {
+                    let key = key.clone();
+                    let stale = step["options"].get("stale").map(seconds);
+                    Box::pin(async move { client.refresh(&key, stale).await.map(Value::String) })
                 }
-                _ => panic!("invalidate needs a key, or a name and args"),
-            },
-            other => return Err(Skip(format!("call {other}"))),
-        })
+                other => return Err(Skip(format!("call {other}"))),
+            };
+        Ok((call, key))
     }
 
     /// Check a step's `expect` against a call's outcome.
-    fn check(&self, what: &str, outcome: &Outcome, expect: &Value, started: Instant) {
+    fn check(
+        &self,
+        what: &str,
+        call: (usize, &str),
+        outcome: &Outcome,
+        expect: &Value,
+        started: Instant,
+    ) {
+        if let Some(kind) = expect.get("outcome").and_then(Value::as_str) {
+            let seen = self.outcomes[call.0].lock().unwrap();
+            let last = seen
+                .iter()
+                .rev()
+                .find(|(k, _)| k == call.1)
+                .map(|(_, kind)| *kind);
+            assert_eq!(last, Some(kind), "{what}: the outcome hook");
+        }
         if let Some(ms) = expect.get("within_ms").and_then(Value::as_u64) {
             assert!(
                 started.elapsed() <= Duration::from_millis(ms),
@@ -315,23 +359,34 @@ impl Run<'_> {
                     .unwrap_or_else(|e| panic!("{what}: {sql}: {e}")),
             }
         } else if let Some(name) = step.get("await").and_then(Value::as_str) {
-            let (handle, started) = self
+            let call = self
                 .background
                 .remove(name)
                 .expect("a background call of that name");
-            let outcome = handle.await.unwrap();
-            self.check(what, &outcome, &expect, started);
+            let outcome = call.handle.await.unwrap();
+            self.check(
+                what,
+                (call.client, &call.key),
+                &outcome,
+                &expect,
+                call.started,
+            );
         } else if step.get("call").is_some() {
-            let started = Instant::now();
-            let handle = self.start(step).await?;
+            let call = self.start(step).await?;
             if step["background"].as_bool() == Some(true) {
                 let name = step["as"]
                     .as_str()
                     .expect("a background call has a name (as)");
-                self.background.insert(name.to_owned(), (handle, started));
+                self.background.insert(name.to_owned(), call);
             } else {
-                let outcome = handle.await.unwrap();
-                self.check(what, &outcome, &expect, started);
+                let outcome = call.handle.await.unwrap();
+                self.check(
+                    what,
+                    (call.client, &call.key),
+                    &outcome,
+                    &expect,
+                    call.started,
+                );
             }
         } else if let Some([name, n]) = expect
             .get("counter")
@@ -340,6 +395,26 @@ impl Run<'_> {
         {
             let got = self.counter(name.as_str().unwrap()).load(Ordering::SeqCst);
             assert_eq!(got as u64, n.as_u64().unwrap(), "{what}: counter {name}");
+        } else if let Some([client, kinds]) = expect
+            .get("outcomes")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+        {
+            let mut got: Vec<&str> = self.outcomes[client.as_u64().unwrap() as usize]
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(_, kind)| *kind)
+                .collect();
+            let mut want: Vec<&str> = kinds
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|k| k.as_str().unwrap())
+                .collect();
+            got.sort_unstable();
+            want.sort_unstable();
+            assert_eq!(got, want, "{what}: outcomes of client {client}");
         } else {
             panic!("{what}: a step this runner does not know: {step}");
         }
@@ -361,16 +436,31 @@ async fn scenarios_pass_in_every_setup() {
                 setup: &setup,
                 prefix: fresh("conformance"),
                 clients: Vec::new(),
+                outcomes: Vec::new(),
                 counters: HashMap::new(),
                 background: HashMap::new(),
                 admin: setup.admin().await,
             };
             for i in 0..case["clients"].as_u64().unwrap_or(1) {
-                let client = run
-                    .setup
-                    .client(&format!("rust-conformance-{i}"), Options::default())
-                    .await;
-                run.clients.push(client);
+                let seen: Seen = Arc::default();
+                let hook = {
+                    let seen = seen.clone();
+                    OutcomeHook::new(move |e| {
+                        seen.lock()
+                            .unwrap()
+                            .push((e.key.to_owned(), e.outcome.as_str()))
+                    })
+                };
+                let options = Options {
+                    on_outcome: Some(hook),
+                    ..Options::default()
+                };
+                run.clients.push(
+                    run.setup
+                        .client(&format!("rust-conformance-{i}"), options)
+                        .await,
+                );
+                run.outcomes.push(seen);
             }
             for step in case["steps"].as_array().expect("steps") {
                 if let Err(Skip(why)) = run.step(&what, step).await {
