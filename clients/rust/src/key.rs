@@ -367,8 +367,13 @@ struct SetEncoder;
 
 impl SetEncoder {
     fn refuse(self) -> Encoded {
-        Err(Refused("a KeySet holds a set".into()))
+        not_a_set()
     }
+}
+
+/// What a [`KeySet`] that holds anything but a set's sequence is refused with.
+fn not_a_set<T>() -> std::result::Result<T, Refused> {
+    Err(Refused("a KeySet holds a set".into()))
 }
 
 macro_rules! refuse_all {
@@ -420,14 +425,14 @@ impl ser::Serializer for SetEncoder {
         self.refuse()
     }
     fn serialize_tuple(self, _: usize) -> std::result::Result<Self::SerializeTuple, Refused> {
-        Err(Refused("a KeySet holds a set".into()))
+        not_a_set()
     }
     fn serialize_tuple_struct(
         self,
         _: &'static str,
         _: usize,
     ) -> std::result::Result<Self::SerializeTupleStruct, Refused> {
-        Err(Refused("a KeySet holds a set".into()))
+        not_a_set()
     }
     fn serialize_tuple_variant(
         self,
@@ -436,17 +441,17 @@ impl ser::Serializer for SetEncoder {
         _: &'static str,
         _: usize,
     ) -> std::result::Result<Self::SerializeTupleVariant, Refused> {
-        Err(Refused("a KeySet holds a set".into()))
+        not_a_set()
     }
     fn serialize_map(self, _: Option<usize>) -> std::result::Result<Self::SerializeMap, Refused> {
-        Err(Refused("a KeySet holds a set".into()))
+        not_a_set()
     }
     fn serialize_struct(
         self,
         _: &'static str,
         _: usize,
     ) -> std::result::Result<Self::SerializeStruct, Refused> {
-        Err(Refused("a KeySet holds a set".into()))
+        not_a_set()
     }
     fn serialize_struct_variant(
         self,
@@ -455,7 +460,7 @@ impl ser::Serializer for SetEncoder {
         _: &'static str,
         _: usize,
     ) -> std::result::Result<Self::SerializeStructVariant, Refused> {
-        Err(Refused("a KeySet holds a set".into()))
+        not_a_set()
     }
 }
 

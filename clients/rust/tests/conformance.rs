@@ -322,6 +322,18 @@ impl Run<'_> {
         }
     }
 
+    /// Wait for a call to end and check it against `expect`.
+    async fn finish(&self, what: &str, call: Call, expect: &Value) {
+        let outcome = call.handle.await.unwrap();
+        self.check(
+            what,
+            (call.client, &call.key),
+            &outcome,
+            expect,
+            call.started,
+        );
+    }
+
     async fn step(&mut self, what: &str, step: &Value) -> Result<(), Skip> {
         let expect = step.get("expect").cloned().unwrap_or(Value::Null);
         let expect = match step.get("within_ms") {
@@ -363,14 +375,7 @@ impl Run<'_> {
                 .background
                 .remove(name)
                 .expect("a background call of that name");
-            let outcome = call.handle.await.unwrap();
-            self.check(
-                what,
-                (call.client, &call.key),
-                &outcome,
-                &expect,
-                call.started,
-            );
+            self.finish(what, call, &expect).await;
         } else if step.get("call").is_some() {
             let call = self.start(step).await?;
             if step["background"].as_bool() == Some(true) {
@@ -379,14 +384,7 @@ impl Run<'_> {
                     .expect("a background call has a name (as)");
                 self.background.insert(name.to_owned(), call);
             } else {
-                let outcome = call.handle.await.unwrap();
-                self.check(
-                    what,
-                    (call.client, &call.key),
-                    &outcome,
-                    &expect,
-                    call.started,
-                );
+                self.finish(what, call, &expect).await;
             }
         } else if let Some([name, n]) = expect
             .get("counter")
