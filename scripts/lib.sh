@@ -166,6 +166,87 @@ cluster_start() {
     pg_server pg_ctl -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null
 }
 
+# tls_certificates DIR: a private CA (DIR/ca.crt) and a server certificate it signed
+# (DIR/server.crt, its key DIR/server.key readable by postgres alone) for 127.0.0.1 and
+# localhost, both as subjectAltNames, so that sslmode=verify-full holds for either name.
+# Made once per DIR; a second call keeps them.
+tls_certificates() {
+    local dir=$1
+    [ -s "$dir/server.crt" ] && return 0
+    mkdir -p "$dir"
+    # A v3 CA (basicConstraints CA:TRUE): rustls, like every webpki verifier, refuses a
+    # certificate whose issuer is not marked as a CA.
+    openssl req -x509 -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:P-256 -days 3650 \
+        -subj "/CN=pg_once test CA" -keyout "$dir/ca.key" -out "$dir/ca.crt" \
+        -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+        2>/dev/null
+    openssl req -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:P-256 \
+        -subj "/CN=127.0.0.1" -keyout "$dir/server.key" -out "$dir/server.csr" 2>/dev/null
+    printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature" \
+        "extendedKeyUsage=serverAuth" "subjectAltName=IP:127.0.0.1,DNS:localhost" >"$dir/server.ext"
+    openssl x509 -req -in "$dir/server.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" \
+        -CAcreateserial -days 3650 -extfile "$dir/server.ext" -out "$dir/server.crt" 2>/dev/null
+    chown postgres "$dir/server.key" "$dir/server.crt"
+    chmod 600 "$dir/server.key"
+}
+
+# cluster_tls NAME PORT [ROLE]: make the running cluster NAME (on 127.0.0.1:PORT) serve TLS
+# with a certificate of a private CA ($PG_ONCE_WORK/tls, tls_certificates) and refuse TCP
+# connections without it. With no ROLE, every TCP connection must use TLS (pg_hba.conf has
+# hostssl lines only for TCP), as on a managed server that forces SSL. With ROLE (a login
+# superuser it creates), only that role must use TLS and every other one may still connect
+# over plain TCP: one server then serves both the tests that connect without TLS and the
+# TLS-only case, rather than a second server for the TLS case alone. Reloads the cluster,
+# checks that a TLS connection is verified and a plain one refused, and exports
+# PG_ONCE_TLS_DSN (libpq conninfo, sslmode=verify-full with the CA as sslrootcert) and
+# PG_ONCE_TLS_URL (the same as a postgres:// URL).
+cluster_tls() {
+    local name=$1 port=$2 role=${3:-}
+    local dir=$PG_ONCE_WORK/$name tls=$PG_ONCE_WORK/tls user=${3:-postgres}
+    tls_certificates "$tls"
+    {
+        echo "ssl = on"
+        echo "ssl_cert_file = '$tls/server.crt'"
+        echo "ssl_key_file = '$tls/server.key'"
+    } >>"$dir/data/postgresql.conf"
+    {
+        echo "local all all trust"
+        echo "local replication all trust"
+        echo "hostssl all all 127.0.0.1/32 trust"
+        echo "hostssl replication all 127.0.0.1/32 trust"
+        if [ -n "$role" ]; then
+            echo "hostnossl all $role 127.0.0.1/32 reject"
+            echo "host all all 127.0.0.1/32 trust"
+            echo "host replication all 127.0.0.1/32 trust"
+        fi
+    } >"$dir/data/pg_hba.conf"
+    if [ -n "$role" ]; then
+        cluster_psql "$name" "$port" -q -c "CREATE ROLE $role LOGIN SUPERUSER"
+    fi
+    pg_server pg_ctl -D "$dir/data" reload >/dev/null
+    export PG_ONCE_TLS_DSN="host=127.0.0.1 port=$port user=$user dbname=postgres sslmode=verify-full sslrootcert=$tls/ca.crt"
+    export PG_ONCE_TLS_URL="postgres://$user@127.0.0.1:$port/postgres?sslmode=verify-full&sslrootcert=$tls/ca.crt"
+    # The reload is asynchronous: wait until new connections get TLS.
+    local i served=false
+    for i in $(seq 50); do
+        if [ "$("$PG_BIN/psql" "$PG_ONCE_TLS_DSN" -XAtc \
+                'SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()' 2>/dev/null)" = t ]; then
+            served=true
+            break
+        fi
+        sleep 0.1
+    done
+    if ! $served; then
+        echo "cluster $name does not serve TLS; see $dir/server.log" >&2
+        return 1
+    fi
+    if "$PG_BIN/psql" "host=127.0.0.1 port=$port user=$user dbname=postgres sslmode=disable" \
+            -XAtc 'SELECT 1' >/dev/null 2>&1; then
+        echo "cluster $name still accepts $user over plain TCP" >&2
+        return 1
+    fi
+}
+
 # standby_start NAME PORT PRIMARY_PORT
 # A hot standby of the cluster on 127.0.0.1:PRIMARY_PORT in $PG_ONCE_WORK/NAME, listening
 # on 127.0.0.1:PORT and a socket in its own directory: a base backup taken with

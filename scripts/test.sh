@@ -27,7 +27,9 @@
 #                                   guarantees checked throughout (about a minute in all)
 #   6. client libraries             clients/python (psycopg 3), clients/node (pg),
 #                                   clients/rust (tokio-postgres), direct and through
-#                                   PgBouncer in transaction mode
+#                                   PgBouncer in transaction mode; on 15's preloaded
+#                                   server also over TLS only, verified against a
+#                                   private CA (lib.sh's cluster_tls)
 #   7. monitoring                   Debian's postgres_exporter with
 #                                   monitoring/postgres_exporter.yml: the documented
 #                                   metrics, moving with use; the Grafana dashboard and
@@ -237,6 +239,15 @@ run_server_tests() {
 
     if step 6; then
         say "6/9 client libraries, $name server, direct and through PgBouncer"
+        # The TLS-only case (PG_ONCE_TLS_DSN, PG_ONCE_TLS_URL): on 15's preloaded server,
+        # whose role once_tls may connect only over TLS verified against a private CA
+        # (cluster_tls); every suite runs its TLS tests and conformance scenarios there.
+        if [ "$name" = preloaded ] && [ "$PG_MAJOR" = 15 ]; then
+            say "6/9 the $name server also serves TLS (role once_tls: TLS only)"
+            cluster_tls "$name" "$port" once_tls
+        else
+            unset PG_ONCE_TLS_DSN PG_ONCE_TLS_URL
+        fi
         "$py_venv/bin/python" -m pytest -q -p no:cacheprovider clients/python/tests
         local node_log=$PG_ONCE_WORK/node-tests-$name.log
         if ! (cd clients/node &&

@@ -1,8 +1,11 @@
 //! [`Client`]: get a key's cached result or compute it once across every process, through
 //! a connection pool.
 
+use crate::conninfo::Conninfo;
 use crate::error::{Error, Result};
+use crate::key;
 use crate::listener::{Interest, Listener};
+use crate::outcome::{Outcome, OutcomeEvent, OutcomeHook};
 use crate::raw::{self, Claim, Freshness, Owner};
 use crate::refresh::{self, Refreshes};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
@@ -13,9 +16,10 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime};
-use tokio_postgres::NoTls;
+use tokio::sync::watch;
+use tracing::Instrument;
 
 /// How a [`Client`] claims, waits and caches. Every field has a default
 /// (`Options::default()`); per-call overrides go in [`CallOptions`].
@@ -56,8 +60,16 @@ pub struct Options {
     /// transaction-pooled. Default: the conninfo given to [`Client::connect`]; required
     /// with [`Client::from_pool`] when `listen` is true.
     pub listen_conninfo: Option<String>,
+    /// Called once per finished `get_or_compute` with how it was answered and how long
+    /// it took (rule O1). Default None.
+    pub on_outcome: Option<OutcomeHook>,
     /// Connections in the pool made by [`Client::connect`]. Default 10.
     pub pool_size: usize,
+    /// How long getting a pooled connection may take, waiting for a free one or making a
+    /// new one, before the call fails with [`Error::Pool`] (rule N6). Applies to the pool
+    /// [`Client::connect`] makes; a pool given to [`Client::from_pool`] keeps its own
+    /// timeouts. Default 10 s.
+    pub connect_timeout: Duration,
     /// How often a waiting call asks the server again without a notification (jittered).
     /// Default 1 s.
     pub recheck: Duration,
@@ -75,7 +87,9 @@ impl Default for Options {
             retry_after: Duration::from_secs(5),
             listen: true,
             listen_conninfo: None,
+            on_outcome: None,
             pool_size: 10,
+            connect_timeout: Duration::from_secs(10),
             recheck: Duration::from_secs(1),
         }
     }
@@ -123,7 +137,7 @@ pub(crate) fn freshness(
         jitter: (jitter != 0.0).then_some(jitter),
     };
     if ttl.is_none() && (f.stale.is_some() || f.beta.is_some() || f.jitter.is_some()) {
-        return Err(Error::Config(
+        return Err(Error::InvalidOption(
             "stale, beta and jitter apply to a result that expires: set a ttl too".into(),
         ));
     }
@@ -134,9 +148,10 @@ pub(crate) fn freshness(
 /// `with_conn!(inner, |c| raw::claim_key(c, ...))` evaluates to the call's `Result`.
 ///
 /// A call that fails because its connection did (a terminated backend, a restarted
-/// PgBouncer, a pool that could not connect) is tried again on another connection, up to 4
-/// times: every pg_once call is safe to repeat, and claims belong to the LISTEN connection,
-/// not to the pooled one. (A macro rather than a function taking an async closure: the
+/// PgBouncer, a pool that could not connect; [`Error::is_connection_error`], rule R1) is
+/// tried again on another connection, 4 attempts in all, the second at once and the others
+/// after a jittered 50 ms, then 100 ms (R2): every pg_once call is safe to repeat, and
+/// claims belong to the LISTEN connection, not to the pooled one. (A macro rather than a function taking an async closure: the
 /// closure's borrowed futures would not be provably `Send` for `tokio::spawn`.)
 macro_rules! with_conn {
     ($inner:expr, |$c:ident| $call:expr) => {{
@@ -153,8 +168,10 @@ macro_rules! with_conn {
             };
             match result {
                 Err(e) if e.is_connection_error() && attempt < 4 => {
-                    let pause = std::time::Duration::from_millis(50 * u64::from(attempt));
-                    tokio::time::sleep($crate::jitter(pause)).await;
+                    if attempt > 1 {
+                        let pause = std::time::Duration::from_millis(50 << (attempt - 2));
+                        tokio::time::sleep($crate::jitter(pause)).await;
+                    }
                 }
                 other => break other,
             }
@@ -162,14 +179,35 @@ macro_rules! with_conn {
     }};
 }
 
-type Outcome = Shared<BoxFuture<'static, Result<Value>>>;
+/// A key's shared answer: its value and how the computing call got it.
+type Answer = Shared<BoxFuture<'static, Result<(Value, Outcome)>>>;
+
+/// A key this process is resolving: its outcome, shared by every caller (C1), and who
+/// still waits for it.
+struct InFlight {
+    answer: Answer,
+    callers: Weak<Callers>,
+    /// The span of the call that resolves the key, which coalesced calls follow from.
+    span: Option<tracing::Id>,
+}
+
+/// Held by every caller waiting for one in-flight key. When the last is dropped (every
+/// caller's future was dropped: cancelled, or timed out by its owner), the computation is
+/// abandoned and its claim given back (rule X2).
+struct Callers(watch::Sender<bool>);
+
+impl Drop for Callers {
+    fn drop(&mut self) {
+        self.0.send_replace(true);
+    }
+}
 
 pub(crate) struct Inner {
     pub pool: Pool,
     pub options: Options,
     pub listener: Option<Listener>,
     /// Keys this process is resolving right now, so concurrent calls make one claim.
-    inflight: Mutex<HashMap<String, Outcome>>,
+    inflight: Mutex<HashMap<String, InFlight>>,
     /// The refreshes this process runs in the background.
     pub refreshes: Refreshes,
 }
@@ -209,12 +247,10 @@ impl Client {
     /// Must be called inside a tokio runtime. Connections are made lazily; the LISTEN
     /// connection goes to `options.listen_conninfo`, or to `conninfo`.
     pub async fn connect(conninfo: &str, mut options: Options) -> Result<Client> {
-        let config: tokio_postgres::Config = conninfo
-            .parse()
-            .map_err(|e| Error::Config(format!("conninfo: {e}")))?;
+        let parsed = Conninfo::parse(conninfo)?;
         let manager = Manager::from_config(
-            config,
-            NoTls,
+            parsed.config().clone(),
+            parsed.connector()?,
             ManagerConfig {
                 // A connection that died is noticed by its next call, which is retried on
                 // another one (see `with_conn!`); no extra round trip per checkout.
@@ -223,8 +259,12 @@ impl Client {
         );
         let pool = Pool::builder(manager)
             .max_size(options.pool_size.max(1))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(options.connect_timeout))
+            .create_timeout(Some(options.connect_timeout))
+            .recycle_timeout(Some(options.connect_timeout))
             .build()
-            .map_err(|e| Error::Config(format!("pool: {e}")))?;
+            .map_err(|e| Error::Configuration(format!("pool: {e}")))?;
         if options.listen_conninfo.is_none() {
             options.listen_conninfo = Some(conninfo.to_owned());
         }
@@ -236,11 +276,11 @@ impl Client {
     /// `options.listen_conninfo` must be set: a pool does not say where it connects.
     pub fn from_pool(pool: Pool, options: Options) -> Result<Client> {
         if options.lease.is_zero() {
-            return Err(Error::Config("lease must be positive".into()));
+            return Err(Error::Configuration("lease must be positive".into()));
         }
         let listener = if options.listen {
             let conninfo = options.listen_conninfo.clone().ok_or_else(|| {
-                Error::Config(
+                Error::Configuration(
                     "listen is true but listen_conninfo is not set: give the conninfo of a \
                      direct (or session-pooled) connection, or set listen: false"
                         .into(),
@@ -304,7 +344,7 @@ impl Client {
     /// Errors: the compute
     /// function's ([`Error::Compute`], after failing the key with its text), a failure
     /// shared by another process ([`Error::Failed`]), [`Error::Timeout`] after `wait`,
-    /// [`Error::ClaimLost`], [`Error::Serialize`] / [`Error::Deserialize`], and
+    /// [`Error::ClaimLost`], [`Error::NotSerializable`] / [`Error::Deserialize`], and
     /// connection errors.
     pub async fn get_or_compute<T, E, F, Fut>(
         &self,
@@ -318,7 +358,9 @@ impl Client {
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
     {
-        let value = self.get_or_compute_value(key, compute, opts).await?;
+        let value = self
+            .get_or_compute_checked(key, compute, opts, reads_back::<T>)
+            .await?;
         serde_json::from_value(value).map_err(|e| Error::Deserialize {
             key: key.to_owned(),
             source: Arc::new(e),
@@ -338,28 +380,89 @@ impl Client {
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
     {
+        self.get_or_compute_checked(key, compute, opts, |_| Ok(()))
+            .await
+    }
+
+    /// get_or_compute, where a computed value is stored only if `readback` accepts its
+    /// JSON (V1, V3: what the caller gets back is what everyone reads, and a value that
+    /// cannot be read back as its own type, such as a NaN that JSON writes as null, is
+    /// refused before it is stored).
+    async fn get_or_compute_checked<T, E, F, Fut>(
+        &self,
+        key: &str,
+        compute: F,
+        opts: CallOptions,
+        readback: fn(&Value) -> serde_json::Result<()>,
+    ) -> Result<Value>
+    where
+        T: Serialize + Send + 'static,
+        E: Into<Box<dyn std::error::Error + Send + Sync>> + 'static,
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
+    {
+        key::check(key)?;
         let settings = self.inner.resolve(&opts)?;
-        let outcome = {
+        let own_wait = settings.wait;
+        let started = Instant::now();
+        let span = tracing::info_span!(
+            "pg_once.get_or_compute",
+            pg_once.key = key,
+            pg_once.outcome = tracing::field::Empty
+        );
+        let (answer, _caller, coalesced) = {
             let mut inflight = self.inner.inflight.lock().unwrap();
-            match inflight.get(key) {
-                Some(outcome) => outcome.clone(),
+            let joined = inflight.get(key).and_then(|f| {
+                let callers = f.callers.upgrade()?;
+                if let Some(leader) = &f.span {
+                    span.follows_from(leader.clone());
+                }
+                Some((f.answer.clone(), callers, true))
+            });
+            match joined {
+                Some(joined) => joined,
                 None => {
                     let compute: Compute = Box::new(move || {
                         async move {
                             let value = compute()
                                 .await
                                 .map_err(|e| ComputeError::Failed(e.into()))?;
-                            serde_json::to_value(value).map_err(ComputeError::Serialize)
+                            let value =
+                                serde_json::to_value(value).map_err(ComputeError::Serialize)?;
+                            readback(&value).map_err(ComputeError::Serialize)?;
+                            Ok(value)
                         }
                         .boxed()
                     });
+                    let (abandon, mut abandoned) = watch::channel(false);
+                    let callers = Arc::new(Callers(abandon));
+                    let mine = Arc::downgrade(&callers);
                     let inner = self.inner.clone();
                     let owned_key = key.to_owned();
-                    // Its own task: the claim is seen through to the end even if every
-                    // caller is cancelled, so the key is never left claimed by nobody.
+                    // Its own task, so that a caller that stops waiting does not stop it
+                    // for the others; once every caller has stopped, it gives its claim
+                    // back rather than compute for nobody.
+                    let compute_span = tracing::info_span!(parent: &span, "pg_once.resolve");
                     let task = tokio::spawn(async move {
-                        let result = resolve(&inner, &owned_key, compute, &settings).await;
-                        inner.inflight.lock().unwrap().remove(&owned_key);
+                        let claimed = Mutex::new(None);
+                        let result = tokio::select! {
+                            result = resolve(&inner, &owned_key, compute, &settings, &claimed)
+                                .instrument(compute_span) => result,
+                            _ = async { drop(abandoned.wait_for(|gone| *gone).await) } => {
+                                let token = claimed.lock().unwrap().take();
+                                if let Some(token) = token {
+                                    release_abandoned(&inner, &owned_key, token).await;
+                                }
+                                Err(Error::Cancelled { key: owned_key.clone() })
+                            }
+                        };
+                        let mut inflight = inner.inflight.lock().unwrap();
+                        if inflight
+                            .get(&owned_key)
+                            .is_some_and(|f| f.callers.ptr_eq(&mine))
+                        {
+                            inflight.remove(&owned_key);
+                        }
                         result
                     });
                     let owned_key = key.to_owned();
@@ -375,16 +478,50 @@ impl Client {
                     }
                     .boxed()
                     .shared();
-                    inflight.insert(key.to_owned(), outcome.clone());
-                    outcome
+                    inflight.insert(
+                        key.to_owned(),
+                        InFlight {
+                            answer: outcome.clone(),
+                            callers: Arc::downgrade(&callers),
+                            span: span.id(),
+                        },
+                    );
+                    (outcome, callers, false)
                 }
             }
         };
-        outcome.await
+        let answer = if coalesced {
+            // X1: a caller that joined another's computation keeps its own bound.
+            let waited = tokio::time::timeout(own_wait, answer.instrument(span.clone())).await;
+            waited.unwrap_or_else(|_| {
+                Err(Error::Timeout {
+                    key: key.to_owned(),
+                    waited: started.elapsed(),
+                })
+            })
+        } else {
+            answer.instrument(span.clone()).await
+        };
+        let outcome = match &answer {
+            Ok(_) if coalesced => Outcome::Coalesced,
+            Ok((_, outcome)) => *outcome,
+            Err(_) => Outcome::Failed,
+        };
+        span.record("pg_once.outcome", outcome.as_str());
+        if let Some(hook) = &self.inner.options.on_outcome {
+            hook.call(&OutcomeEvent {
+                outcome,
+                key,
+                duration: started.elapsed(),
+                error: answer.as_ref().err(),
+            });
+        }
+        answer.map(|(value, _)| value)
     }
 
-    /// Wrap an async function as a cached one: `key` names the argument's result, `f`
-    /// computes it. Calls go through [`Client::get_or_compute`].
+    /// Wrap an async function as a cached one, with keys of your own: `key` names the
+    /// argument's result (at most [`key::MAX_KEY_BYTES`] bytes), `f` computes it. Calls go
+    /// through [`Client::get_or_compute`]. See [`Client::cached_named`] for default keys.
     ///
     /// ```no_run
     /// # async fn demo(client: pg_once_client::Client) -> pg_once_client::Result<()> {
@@ -397,15 +534,50 @@ impl Client {
     /// let t: String = title.call("https://example.com".to_string()).await?;
     /// # Ok(()) }
     /// ```
-    pub fn cached<A, K, F, Fut, T, E>(&self, key: K, f: F, opts: CallOptions) -> Cached<K, F>
+    pub fn cached<A, K, F>(&self, key: K, f: F, opts: CallOptions) -> Cached<A, F>
     where
-        K: Fn(&A) -> String,
-        F: Fn(A) -> Fut + Clone + Send + 'static,
-        Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
+        K: Fn(&A) -> String + Send + Sync + 'static,
     {
         Cached {
             client: self.clone(),
-            key,
+            key: Arc::new(move |arg: &A| {
+                let key = key(arg);
+                key::check(&key)?;
+                Ok(key)
+            }),
+            f,
+            opts,
+        }
+    }
+
+    /// Wrap an async function as a cached one whose keys are derived from its arguments
+    /// by rule K of docs/clients.md: `name:[args...]`, the same key a Python or Node
+    /// process derives for the same name and arguments. `name` must stay the same across
+    /// processes and releases (a function's own name is not available, and would not be).
+    /// The argument is a tuple of the function's arguments (`(x,)` for one).
+    ///
+    /// ```no_run
+    /// # async fn demo(client: pg_once_client::Client) -> pg_once_client::Result<()> {
+    /// use pg_once_client::CallOptions;
+    /// let report = client.cached_named(
+    ///     "report",
+    ///     |(year, region): (i32, String)| async move {
+    ///         Ok::<_, std::io::Error>(format!("{region} in {year}"))
+    ///     },
+    ///     CallOptions::default(),
+    /// );
+    /// let r: String = report.call((2026, "eu".to_string())).await?; // key report:[2026,"eu"]
+    /// report.invalidate(&(2026, "eu".to_string())).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn cached_named<A, F>(&self, name: &str, f: F, opts: CallOptions) -> Cached<A, F>
+    where
+        A: Serialize,
+    {
+        let name = name.to_owned();
+        Cached {
+            client: self.clone(),
+            key: Arc::new(move |arg: &A| key::derive(&name, arg)),
             f,
             opts,
         }
@@ -447,32 +619,114 @@ impl Client {
     }
 }
 
-/// An async function whose results are cached by pg_once, made by [`Client::cached`].
-#[derive(Clone)]
-pub struct Cached<K, F> {
+/// How a [`Cached`] function names the result of an argument.
+type KeyFn<A> = Arc<dyn Fn(&A) -> Result<String> + Send + Sync>;
+
+/// An async function whose results are cached by pg_once, made by [`Client::cached`] or
+/// [`Client::cached_named`].
+pub struct Cached<A, F> {
     client: Client,
-    key: K,
+    key: KeyFn<A>,
     f: F,
     opts: CallOptions,
 }
 
-impl<K, F> Cached<K, F> {
+impl<A, F: Clone> Clone for Cached<A, F> {
+    fn clone(&self) -> Self {
+        Cached {
+            client: self.client.clone(),
+            key: self.key.clone(),
+            f: self.f.clone(),
+            opts: self.opts.clone(),
+        }
+    }
+}
+
+impl<A, F> Cached<A, F> {
+    /// The key of `arg`'s result.
+    pub fn key(&self, arg: &A) -> Result<String> {
+        (self.key)(arg)
+    }
+
     /// The result for `arg`: cached, computed elsewhere, or computed here with `f(arg)`.
-    pub async fn call<A, Fut, T, E>(&self, arg: A) -> Result<T>
+    pub async fn call<Fut, T, E>(&self, arg: A) -> Result<T>
     where
         A: Send + 'static,
-        K: Fn(&A) -> String,
         F: Fn(A) -> Fut + Clone + Send + 'static,
         Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
         T: Serialize + DeserializeOwned + Send + 'static,
         E: Into<Box<dyn std::error::Error + Send + Sync>> + 'static,
     {
-        let key = (self.key)(&arg);
+        let key = self.key(&arg)?;
         let f = self.f.clone();
         self.client
             .get_or_compute(&key, move || f(arg), self.opts.clone())
             .await
     }
+
+    /// Forget `arg`'s result ([`Client::invalidate`]).
+    pub async fn invalidate(&self, arg: &A) -> Result<bool> {
+        self.client.invalidate(&self.key(arg)?).await
+    }
+
+    /// Ask for `arg`'s result to be recomputed ([`Client::refresh`]).
+    pub async fn refresh(&self, arg: &A, stale: Option<Duration>) -> Result<String> {
+        self.client.refresh(&self.key(arg)?, stale).await
+    }
+}
+
+/// `value` as every other caller reads it from the server (V1): jsonb keeps numbers as
+/// `numeric`, which writes a float given with an exponent in plain digits, so that
+/// `1.2345678901234567e19` reads back as the integer `12345678901234567000`.
+pub(crate) fn as_stored(value: Value) -> Value {
+    match value {
+        Value::Number(n) if n.is_f64() => {
+            let text = n.to_string();
+            match text.split_once(['e', 'E']) {
+                Some((mantissa, exponent)) => {
+                    let plain = plain_decimal(mantissa, exponent.parse().unwrap_or(0));
+                    serde_json::from_str(&plain).unwrap_or(Value::Number(n))
+                }
+                None => Value::Number(n),
+            }
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(as_stored).collect()),
+        Value::Object(members) => Value::Object(
+            members
+                .into_iter()
+                .map(|(k, v)| (k, as_stored(v)))
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
+/// `mantissa` times ten to `exponent`, in plain digits, as PostgreSQL's numeric writes it.
+fn plain_decimal(mantissa: &str, exponent: i32) -> String {
+    let (sign, mantissa) = match mantissa.strip_prefix('-') {
+        Some(m) => ("-", m),
+        None => ("", mantissa),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits = format!("{int}{frac}");
+    let point = int.len() as i32 + exponent; // where the decimal point goes in `digits`
+    let body = if point <= 0 {
+        format!("0.{}{digits}", "0".repeat((-point) as usize))
+    } else if point as usize >= digits.len() {
+        format!("{digits}{}", "0".repeat(point as usize - digits.len()))
+    } else {
+        format!(
+            "{}.{}",
+            &digits[..point as usize],
+            &digits[point as usize..]
+        )
+    };
+    format!("{sign}{body}")
+}
+
+/// Whether `value` reads back as a `T`: see `get_or_compute_checked`.
+fn reads_back<T: DeserializeOwned>(value: &Value) -> serde_json::Result<()> {
+    T::deserialize(value).map(drop)
 }
 
 /// What a compute function can end with, before it is turned into an [`Error`].
@@ -500,6 +754,20 @@ impl Inner {
         })
     }
 
+    /// Whether a claim refused with `e` should be asked again as another owner (rule R3):
+    /// a 22023 naming an owner pid whose LISTEN connection has just died, which the
+    /// listener notices within `patience` (it reconnects and gets a new pid).
+    pub(crate) async fn owner_died(&self, e: &Error, owner: Owner, patience: Duration) -> bool {
+        let (Some(listener), Owner::Session(pid)) = (&self.listener, owner) else {
+            return false;
+        };
+        e.sqlstate() == Some("22023")
+            && e.to_string().contains(&format!("pid {pid}"))
+            && listener
+                .replaced(owner, patience.min(Duration::from_secs(5)))
+                .await
+    }
+
     /// The owner to claim as: the LISTEN connection's pid, or the lease alone.
     pub(crate) async fn owner(&self, patience: Duration) -> Result<Owner> {
         match &self.listener {
@@ -522,8 +790,31 @@ async fn claim(c: &tokio_postgres::Client, key: &str, s: &Resolved, owner: Owner
 }
 
 /// Claim, wait or read `key` until it has an outcome (this runs once per key per process).
-async fn resolve(inner: &Arc<Inner>, key: &str, compute: Compute, s: &Resolved) -> Result<Value> {
+/// X2: every caller stopped waiting while this process held the claim: give it back, so
+/// that another caller, here or elsewhere, computes the key at once.
+async fn release_abandoned(inner: &Inner, key: &str, token: i64) {
+    match with_conn!(inner, |c| raw::release_key(c, key, token)) {
+        Ok(_) => tracing::debug!(
+            key,
+            "pg_once: every caller stopped waiting; the claim was released"
+        ),
+        Err(e) => {
+            tracing::warn!(key, error = %e, "pg_once: could not release an abandoned claim; it ends with its lease")
+        }
+    }
+}
+
+/// `claimed` is where the token of a claim this call makes is kept, for the claim to be
+/// given back if every caller stops waiting (see `get_or_compute_checked`).
+async fn resolve(
+    inner: &Arc<Inner>,
+    key: &str,
+    compute: Compute,
+    s: &Resolved,
+    claimed: &Mutex<Option<i64>>,
+) -> Result<(Value, Outcome)> {
     let started = Instant::now();
+    let mut waited = false;
     let deadline = started + s.wait;
     let mut poll_backoff = Duration::from_millis(50);
     let mut compute = Some(compute);
@@ -533,11 +824,27 @@ async fn resolve(inner: &Arc<Inner>, key: &str, compute: Compute, s: &Resolved) 
         let owner = inner
             .owner(deadline.saturating_duration_since(Instant::now()))
             .await?;
-        let claim = with_conn!(inner, |c| claim(c, key, s, owner))?;
+        let claim = match with_conn!(inner, |c| claim(c, key, s, owner)) {
+            Ok(claim) => claim,
+            Err(e) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if inner.owner_died(&e, owner, left).await {
+                    continue;
+                }
+                return Err(e);
+            }
+        };
         match claim.outcome.as_str() {
             // `stale`: the previous result, while another caller refreshes it; answered at
             // once, never waited on.
-            "hit" | "stale" => return Ok(claim.result.unwrap_or(Value::Null)),
+            "hit" | "stale" => {
+                let outcome = match (claim.outcome.as_str(), waited) {
+                    ("stale", _) => Outcome::Stale,
+                    (_, true) => Outcome::Waited,
+                    _ => Outcome::Hit,
+                };
+                return Ok((claim.result.unwrap_or(Value::Null), outcome));
+            }
             "refresh" => {
                 drop(interest);
                 let token = claim
@@ -550,10 +857,14 @@ async fn resolve(inner: &Arc<Inner>, key: &str, compute: Compute, s: &Resolved) 
                     // Serve the previous result now; recompute in the background.
                     Some(previous) => {
                         refresh::start(inner, key, token, compute, s).await;
-                        Ok(previous)
+                        Ok((previous, Outcome::Refresh))
                     }
                     // Nothing to serve meanwhile: compute now, as for `claimed`.
-                    None => run_claimed(inner, key, token, compute, s).await,
+                    None => {
+                        *claimed.lock().unwrap() = Some(token);
+                        let value = run_claimed(inner, key, token, compute, s).await?;
+                        Ok((value, Outcome::Claimed))
+                    }
                 };
             }
             "failed" => {
@@ -571,9 +882,12 @@ async fn resolve(inner: &Arc<Inner>, key: &str, compute: Compute, s: &Resolved) 
                 let compute = compute
                     .take()
                     .expect("a key is claimed at most once per call");
-                return run_claimed(inner, key, token, compute, s).await;
+                *claimed.lock().unwrap() = Some(token);
+                let value = run_claimed(inner, key, token, compute, s).await?;
+                return Ok((value, Outcome::Claimed));
             }
             "wait" => {
+                waited = true;
                 let now = Instant::now();
                 if now >= deadline {
                     return Err(Error::Timeout {
@@ -639,14 +953,19 @@ pub(crate) async fn compute_with_heartbeat(
     });
     let heartbeats = async {
         let every = lease / 3;
+        // H2: after a failed beat, the next comes within a second, not a full third of the
+        // lease later, so that two blips in a row do not lose the claim.
+        let after_failure = every.min(Duration::from_secs(1)).min(lease / 6);
+        let mut next = every;
         loop {
-            tokio::time::sleep(every).await;
+            tokio::time::sleep(next).await;
             match with_conn!(inner, |c| raw::heartbeat_key(c, key, token, lease)) {
-                Ok(Some(_)) => {}
+                Ok(Some(_)) => next = every,
                 Ok(None) => return,
-                // The database is unreachable for now: the lease still has two thirds to
-                // go, so keep computing and try again at the next beat.
-                Err(_) => {}
+                Err(e) => {
+                    tracing::warn!(key, error = %e, "pg_once: a heartbeat failed; retrying");
+                    next = after_failure;
+                }
             }
         }
     };
@@ -656,7 +975,7 @@ pub(crate) async fn compute_with_heartbeat(
     }
 }
 
-/// This process holds the claim: compute, then complete, fail or release the key.
+/// This process holds the claim: compute, then complete or fail the key.
 pub(crate) async fn run_claimed(
     inner: &Inner,
     key: &str,
@@ -667,8 +986,10 @@ pub(crate) async fn run_claimed(
     let lost = || Error::ClaimLost {
         key: key.to_owned(),
     };
-    match compute_with_heartbeat(inner, key, token, s.lease, compute()).await {
-        Ran::Lost => Err(lost()),
+    let (error, fail_with) = match compute_with_heartbeat(inner, key, token, s.lease, compute())
+        .await
+    {
+        Ran::Lost => return Err(lost()),
         Ran::Done(Ok(value)) => {
             let stored = with_conn!(inner, |c| raw::complete_key_with(
                 c,
@@ -678,44 +999,78 @@ pub(crate) async fn run_claimed(
                 &s.freshness
             ));
             match stored {
-                Ok(true) => Ok(value),
-                Ok(false) => Err(lost()),
+                Ok(true) => return Ok(as_stored(value)),
+                Ok(false) => return Err(lost()),
+                // F3: the server refused the result (54000: too large, say). Fail the key
+                // with the refusal, so that waiters share it rather than each compute a
+                // result that would be refused again.
+                Err(e) if !e.is_connection_error() => {
+                    let message = e.refusal_text();
+                    (e, message)
+                }
                 Err(e) => {
-                    // Could not store it: give the key back rather than leave it claimed.
-                    let _ = with_conn!(inner, |c| raw::release_key(c, key, token));
-                    Err(e)
+                    // The server could not be reached to store it: give the key back, so
+                    // another caller computes it once the server answers again.
+                    if let Err(release) = with_conn!(inner, |c| raw::release_key(c, key, token)) {
+                        tracing::warn!(key, error = %release, "pg_once: could not release a claim whose result could not be stored");
+                    }
+                    return Err(e);
                 }
             }
         }
         Ran::Done(Err(ComputeError::Failed(source))) => {
             let message = source.to_string();
-            with_conn!(inner, |c| raw::fail_key(
-                c,
-                key,
-                token,
-                &message,
-                s.retry_after
-            ))?;
-            Err(Error::Compute {
+            let error = Error::Compute {
                 key: key.to_owned(),
                 source: Arc::from(source),
-            })
+            };
+            (error, message)
         }
+        // V4: nothing can be cached. Fail the key with the reason rather than release it:
+        // released, every waiter would claim it in turn and fail the same way.
         Ran::Done(Err(ComputeError::Serialize(e))) => {
-            // Nothing can be cached. Fail the key with the reason rather than release
-            // it: released, every waiter would claim it in turn and fail the same way.
             let message = format!("the result is not JSON-serialisable: {e}");
-            with_conn!(inner, |c| raw::fail_key(
-                c,
-                key,
-                token,
-                &message,
-                s.retry_after
-            ))?;
-            Err(Error::Serialize {
+            let error = Error::NotSerializable {
                 key: key.to_owned(),
-                source: Arc::new(e),
-            })
+                reason: e.to_string(),
+            };
+            (error, message)
         }
+    };
+    // F4: the caller gets its own error, whatever becomes of fail_key.
+    match with_conn!(inner, |c| raw::fail_key(
+        c,
+        key,
+        token,
+        &fail_with,
+        s.retry_after
+    )) {
+        Ok(true) => {}
+        Ok(false) => tracing::info!(
+            key,
+            "pg_once: the claim was lost before its failure was stored"
+        ),
+        Err(e) => {
+            tracing::warn!(key, error = %e, "pg_once: could not fail the key; its claim ends with its lease")
+        }
+    }
+    Err(error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::as_stored;
+    use serde_json::json;
+
+    #[test]
+    fn numbers_read_back_as_jsonb_writes_them() {
+        assert_eq!(
+            as_stored(json!(1.2345678901234567e19)),
+            json!(12345678901234567000u64)
+        );
+        assert_eq!(
+            as_stored(json!([1e-7, 2.5, 1.0, -3e2])),
+            json!([0.0000001, 2.5, 1.0, -300.0])
+        );
     }
 }

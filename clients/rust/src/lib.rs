@@ -1,4 +1,4 @@
-//! Rust client for [pg_once](https://github.com/): compute each expensive, cacheable key
+//! Rust client for pg_once: compute each expensive, cacheable key
 //! once across a fleet of processes, with nothing but PostgreSQL.
 //!
 //! [`Client`] is what applications use: [`Client::get_or_compute`] (and its wrapper
@@ -31,19 +31,30 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The behaviour every pg_once client shares is specified in `docs/clients.md`.
+//! The behaviour every pg_once client shares is specified in `docs/clients.md`. TLS (the
+//! default feature `tls`, rustls) follows the conninfo's `sslmode` and `sslrootcert` for
+//! the pool and the LISTEN connection alike ([`Conninfo`]).
 
 #[macro_use]
 mod client;
+mod conninfo;
 mod error;
+pub mod key;
 mod listener;
+mod outcome;
 pub mod raw;
 mod refresh;
+mod tls;
+#[cfg(test)]
+mod vectors;
 mod worker;
 
 pub use client::{Cached, CallOptions, Client, Options};
+pub use conninfo::{Conninfo, RootCerts, SslMode};
 pub use error::{Error, Result};
+pub use key::KeySet;
 pub use listener::CHANNEL;
+pub use outcome::{Outcome, OutcomeEvent, OutcomeHook};
 pub use raw::{CachedSql, Claim, Freshness, Job, Owner, Reaped};
 pub use worker::{WorkOptions, WorkReport};
 

@@ -13,6 +13,7 @@
 //! pid; meanwhile claims wait for it, and every waiter is woken (notifications may have
 //! been missed) to ask the server again.
 
+use crate::conninfo::Conninfo;
 use crate::error::{Error, Result};
 use crate::raw::Owner;
 use futures_util::{stream, StreamExt};
@@ -22,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::AsyncMessage;
 
 /// The channel pg_once notifies on.
 pub const CHANNEL: &str = "once";
@@ -36,6 +37,9 @@ pub(crate) struct State {
     pub pid: Option<i32>,
     /// Why the last connection attempt failed, for error messages.
     pub last_error: Option<String>,
+    /// The last attempt found the connection cannot work as configured (a transaction
+    /// pooler): claims fail with this at once rather than wait for a connection.
+    pub misconfigured: Option<Error>,
 }
 
 /// Per-key wake-up senders; a key is in the map while some call is interested in it.
@@ -56,14 +60,22 @@ struct Keys {
 /// The hex SHA-256 of a key: what channel `once` carries for a key of a namespace that
 /// announces digests.
 pub(crate) fn digest(key: &str) -> String {
-    Sha256::digest(key.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex(&Sha256::digest(key.as_bytes()))
+}
+
+/// Lower-case hex, as PostgreSQL's `encode(..., 'hex')` writes bytes.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl Registry {
     fn wake(&self, payload: &str) {
+        if payload.is_empty() {
+            // A transaction that resolved very many keys announces them all as one empty
+            // payload (keys are never empty): every waiter asks again.
+            self.wake_all();
+            return;
+        }
         let keys = self.keys.lock().unwrap();
         let key = keys.by_digest.get(payload).map_or(payload, String::as_str);
         if let Some(tx) = keys.senders.get(key) {
@@ -155,9 +167,10 @@ impl Drop for AbortOnDrop {
 impl Listener {
     /// Start the listener task; it connects in the background.
     pub fn start(conninfo: String) -> Result<Self> {
-        let config: tokio_postgres::Config = conninfo
-            .parse()
-            .map_err(|e| Error::Config(format!("listen conninfo: {e}")))?;
+        let config = Conninfo::parse(&conninfo).map_err(|e| match e {
+            Error::Configuration(why) => Error::Configuration(format!("listen_conninfo: {why}")),
+            other => other,
+        })?;
         let registry = Arc::new(Registry::default());
         let (state_tx, state) = watch::channel(State::default());
         let task = tokio::spawn(run(config, registry.clone(), state_tx));
@@ -176,9 +189,13 @@ impl Listener {
     /// The owner to claim as, waiting up to `patience` for the connection to be up.
     pub async fn owner(&self, patience: Duration) -> Result<Owner> {
         let mut state = self.state.clone();
-        let waited = tokio::time::timeout(patience, state.wait_for(|s| s.owner.is_some())).await;
+        let ready = |s: &State| s.owner.is_some() || s.misconfigured.is_some();
+        let waited = tokio::time::timeout(patience, state.wait_for(ready)).await;
         match waited {
-            Ok(Ok(s)) => Ok(s.owner.expect("waited for it")),
+            Ok(Ok(s)) => match (&s.misconfigured, s.owner) {
+                (Some(e), _) => Err(e.clone()),
+                (None, owner) => Ok(owner.expect("waited for it")),
+            },
             _ => Err(Error::Listener(
                 self.state
                     .borrow()
@@ -189,6 +206,17 @@ impl Listener {
         }
     }
 
+    /// Whether the owner `was` is gone: the LISTEN connection it names has dropped (or
+    /// been replaced) within `patience`. A claim refused with 22023 for a dead owner pid
+    /// raced the connection's end, and is asked again with the new pid (rule R3).
+    pub async fn replaced(&self, was: Owner, patience: Duration) -> bool {
+        let mut state = self.state.clone();
+        let gone = tokio::time::timeout(patience, state.wait_for(|s| s.owner != Some(was)))
+            .await
+            .is_ok_and(|changed| changed.is_ok());
+        gone
+    }
+
     /// The backend pid of the LISTEN connection, if connected.
     pub fn pid(&self) -> Option<i32> {
         self.state.borrow().pid
@@ -196,13 +224,19 @@ impl Listener {
 }
 
 /// Connect, LISTEN, name the owner, relay notifications; on loss, start over.
-async fn run(config: tokio_postgres::Config, registry: Arc<Registry>, state: watch::Sender<State>) {
+async fn run(config: Conninfo, registry: Arc<Registry>, state: watch::Sender<State>) {
     let mut backoff = Duration::from_millis(50);
     loop {
         match session(&config, &registry, &state).await {
             Ok(()) => backoff = Duration::from_millis(50),
             Err(e) => {
-                state.send_modify(|s| s.last_error = Some(e.to_string()));
+                if matches!(e, Error::Configuration(_)) {
+                    tracing::error!(error = %e, "pg_once: the LISTEN connection cannot work");
+                }
+                state.send_modify(|s| {
+                    s.last_error = Some(e.to_string());
+                    s.misconfigured = matches!(e, Error::Configuration(_)).then_some(e);
+                });
             }
         }
         // The connection is gone: claims must wait for the next one, and every waiter
@@ -217,13 +251,63 @@ async fn run(config: tokio_postgres::Config, registry: Arc<Registry>, state: wat
     }
 }
 
+/// Why a LISTEN connection through a transaction pooler is refused (rule N5).
+const TRANSACTION_POOLER: &str = "the LISTEN connection goes through a transaction pooler \
+    (PgBouncer in transaction mode?): notifications would never arrive. Set listen_conninfo \
+    to a direct or session-pooled connection string (the pool may stay on the transaction \
+    pooler)";
+
+/// How long a probe notification may take to come back before the LISTEN connection is
+/// judged to be behind a transaction pooler. On a direct or session-pooled connection it
+/// arrives in milliseconds.
+const PROBE_PATIENCE: Duration = Duration::from_secs(2);
+
+/// The first column of the first row of `sql`, an integer (simple query protocol: no
+/// statement is prepared).
+async fn first_int(client: &tokio_postgres::Client, sql: &str) -> Result<i32> {
+    client
+        .simple_query(sql)
+        .await?
+        .into_iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).and_then(|v| v.parse().ok()),
+            _ => None,
+        })
+        .ok_or_else(|| Error::Protocol(format!("{sql} returned no integer")))
+}
+
+/// Whether a notification sent on another connection reaches this LISTEN connection
+/// within [`PROBE_PATIENCE`]. Payloads that arrive meanwhile are passed on as usual.
+async fn probe_arrives(
+    config: &Conninfo,
+    notifications: &mut mpsc::UnboundedReceiver<String>,
+    registry: &Registry,
+) -> Result<bool> {
+    let probe = format!("pg_once-probe:{:016x}", fastrand::u64(..));
+    let sender = config.connect().await?;
+    sender
+        .simple_query(&format!("NOTIFY {CHANNEL}, '{probe}'"))
+        .await?;
+    let arrived = tokio::time::timeout(PROBE_PATIENCE, async {
+        while let Some(payload) = notifications.recv().await {
+            if payload == probe {
+                return true;
+            }
+            registry.wake(&payload);
+        }
+        false
+    })
+    .await;
+    Ok(arrived.unwrap_or(false))
+}
+
 /// One LISTEN connection, from connecting until it closes. Ok if it was up at some point.
 async fn session(
-    config: &tokio_postgres::Config,
+    config: &Conninfo,
     registry: &Registry,
     state: &watch::Sender<State>,
 ) -> Result<()> {
-    let (client, mut connection) = config.connect(NoTls).await?;
+    let (client, mut connection) = config.config().connect(config.connector()?).await?;
     let (tx, mut notifications) = mpsc::unbounded_channel();
     let _driver = AbortOnDrop(tokio::spawn(async move {
         let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
@@ -237,31 +321,33 @@ async fn session(
         // Dropping tx tells the session the connection is gone.
     }));
     client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
-    let pid = match client.simple_query("SELECT once.owner_session()").await {
-        Ok(_) => None,
-        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_FUNCTION) => {
+    let owner = match first_int(&client, "SELECT once.owner_session()").await {
+        Ok(pid) => Owner::Session(pid),
+        Err(Error::Db(e))
+            if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_FUNCTION) =>
+        {
             // A server that predates owner_session(): claims fall back to belonging to
             // the connection that makes them (owner_pid left out).
-            Some(Owner::Connection)
+            Owner::Connection
         }
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(e),
     };
-    let backend: i32 = match client
-        .simple_query("SELECT pg_backend_pid()")
-        .await?
-        .into_iter()
-        .find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).and_then(|v| v.parse().ok()),
-            _ => None,
-        }) {
-        Some(p) => p,
-        None => return Err(Error::Protocol("pg_backend_pid() returned no row".into())),
-    };
-    let owner = pid.unwrap_or(Owner::Session(backend));
+    let backend = first_int(&client, "SELECT pg_backend_pid()").await?;
+    if let Owner::Session(pid) = owner {
+        // N5: through a transaction pooler the LISTEN is on whichever server connection
+        // ran it, notifications never reach us, and every waiter would fall back to its
+        // recheck. Two statements answered by different backends give the pooler away;
+        // the same backend proves nothing (a quiet pooler hands it back), so a probe
+        // notified from another connection must also arrive.
+        if pid != backend || !probe_arrives(config, &mut notifications, registry).await? {
+            return Err(Error::Configuration(TRANSACTION_POOLER.into()));
+        }
+    }
     state.send_modify(|s| {
         s.owner = Some(owner);
         s.pid = Some(backend);
         s.last_error = None;
+        s.misconfigured = None;
     });
     // Anything notified while we were away was missed: everyone looks again.
     registry.wake_all();
@@ -297,6 +383,16 @@ mod tests {
                 .await
                 .unwrap_or_else(|_| panic!("not woken by {payload}"));
         }
+        // An empty payload wakes every waiter, whatever its key.
+        let mut a = Registry::interest(&registry, "a");
+        let mut b = Registry::interest(&registry, "b");
+        registry.wake("");
+        for interest in [&mut a, &mut b] {
+            tokio::time::timeout(Duration::from_secs(1), interest.changed())
+                .await
+                .expect("not woken by an empty payload");
+        }
+        drop((a, b));
         // Interests gone: the digest is forgotten with the key.
         assert!(registry.keys.lock().unwrap().by_digest.is_empty());
     }

@@ -106,7 +106,7 @@ pub(crate) async fn start(
         .state
         .send_if_modified(|s| s.phase == Phase::Open && s.running.insert(key.to_owned()));
     if !started {
-        let _ = with_conn!(inner, |c| raw::release_key(c, key, token));
+        give_back(inner, key, token).await;
         return;
     }
     let running = Running {
@@ -121,12 +121,21 @@ pub(crate) async fn start(
         tokio::select! {
             // Nobody awaits the outcome: a compute error was stored by fail_key, and
             // callers see it (with the previous result) until the next refresh.
-            _ = run_claimed(inner, key, token, compute, &settings) => {}
-            () = stopped => {
-                let _ = with_conn!(inner, |c| raw::release_key(c, key, token));
-            }
+            result = run_claimed(inner, key, token, compute, &settings) => match result {
+                Ok(_) => tracing::debug!(key, "pg_once: refreshed in the background"),
+                Err(e) => tracing::warn!(key, error = %e, "pg_once: a background refresh failed; the previous result stays served"),
+            },
+            () = stopped => give_back(inner, key, token).await,
         }
     });
+}
+
+/// Release a refresh's claim, so that another caller refreshes the key; a failure is
+/// logged (the claim then ends with its lease or the LISTEN connection).
+async fn give_back(inner: &Inner, key: &str, token: i64) {
+    if let Err(e) = with_conn!(inner, |c| raw::release_key(c, key, token)) {
+        tracing::warn!(key, error = %e, "pg_once: could not release a refresh's claim");
+    }
 }
 
 /// A key's place in the running set, left when its task ends or is dropped (with its

@@ -135,7 +135,7 @@ impl Client {
                 // could claim keys nobody handles. Shutdown is noticed when it returns.
                 let claimed = match inner.owner(opts.lease).await {
                     Ok(owner) => {
-                        with_conn!(inner, |c| raw::claim_next(
+                        let claimed = with_conn!(inner, |c| raw::claim_next(
                             c,
                             queue,
                             opts.lease,
@@ -143,7 +143,12 @@ impl Client {
                             free as i32,
                             wait,
                             owner,
-                        ))
+                        ));
+                        match claimed {
+                            // R3: the owner pid died under the call; ask again as the new one.
+                            Err(e) if inner.owner_died(&e, owner, opts.lease).await => continue,
+                            other => other,
+                        }
                     }
                     Err(e) => Err(e),
                 };
@@ -234,7 +239,10 @@ async fn release(inner: &Inner, job: &Job) -> End {
     match with_conn!(inner, |c| raw::release_key(c, &job.key, job.token)) {
         Ok(true) => End::Released,
         Ok(false) => End::Lost,
-        Err(_) => End::Error,
+        Err(e) => {
+            tracing::warn!(key = job.key, error = %e, "pg_once: could not release a job at shutdown");
+            End::Error
+        }
     }
 }
 

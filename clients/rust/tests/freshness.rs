@@ -486,7 +486,7 @@ async fn stale_without_ttl_is_refused_before_claiming() {
             )
             .await;
         assert!(
-            matches!(r, Err(pg_once_client::Error::Config(_))),
+            matches!(r, Err(pg_once_client::Error::InvalidOption(_))),
             "[{}] {r:?}",
             setup.name
         );
@@ -506,10 +506,7 @@ async fn stale_without_ttl_is_refused_before_claiming() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raw_freshness_calls() {
     for setup in setups() {
-        let (c, connection) = tokio_postgres::connect(&setup.pool_dsn, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
+        let c = setup.pooled().await;
         let (lease, now) = (Duration::from_secs(30), Duration::ZERO);
         let owner = Owner::LeaseOnly;
         let (k1, k2) = (fresh("raw-swr1"), fresh("raw-swr2"));

@@ -295,7 +295,7 @@ async fn compute_error_is_shared_and_the_key_is_not_stuck() {
             tokio::spawn(async move { c.get_or_compute::<Value, _, _, _>(&key, f, opts).await })
         };
         let (a1, a2) = (call(&a), call(&a));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        setup.until_running(&key).await;
         let b1 = call(&b);
         for r in [a1.await.unwrap(), a2.await.unwrap()] {
             match r {
@@ -348,7 +348,7 @@ async fn compute_error_is_shared_and_the_key_is_not_stuck() {
             )
             .await;
         assert!(
-            matches!(bad, Err(Error::Serialize { .. })),
+            matches!(bad, Err(Error::NotSerializable { .. })),
             "[{}] {bad:?}",
             setup.name
         );
@@ -383,7 +383,7 @@ async fn waiting_times_out_with_the_key() {
             )
             .await
         });
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        setup.until_running(&key).await;
         let started = Instant::now();
         let r = b
             .get_or_compute::<u8, _, _, _>(

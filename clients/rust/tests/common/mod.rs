@@ -34,7 +34,21 @@ pub fn setups() -> Vec<Setup> {
         }),
         Err(_) => eprintln!("PG_ONCE_BOUNCER_DSN is not set: the PgBouncer setup is skipped"),
     }
+    match tls_dsn() {
+        Some(tls) => setups.push(Setup {
+            name: "tls",
+            pool_dsn: tls.clone(),
+            direct_dsn: tls,
+        }),
+        None => eprintln!("PG_ONCE_TLS_DSN is not set: the TLS-only setup is skipped"),
+    }
     setups
+}
+
+/// `PG_ONCE_TLS_DSN`: a role of the server that may connect only over TLS, with
+/// `sslmode=verify-full` and the private CA as `sslrootcert` (scripts/lib.sh, cluster_tls).
+pub fn tls_dsn() -> Option<String> {
+    std::env::var("PG_ONCE_TLS_DSN").ok()
 }
 
 impl Setup {
@@ -53,12 +67,46 @@ impl Setup {
     }
 
     pub async fn admin(&self) -> tokio_postgres::Client {
-        let (client, connection) = tokio_postgres::connect(&self.direct_dsn, tokio_postgres::NoTls)
-            .await
-            .expect("admin connection");
-        tokio::spawn(connection);
-        client
+        connect(&self.direct_dsn).await
     }
+
+    /// A connection of the pooled kind (through PgBouncer in that setup).
+    pub async fn pooled(&self) -> tokio_postgres::Client {
+        connect(&self.pool_dsn).await
+    }
+}
+
+impl Setup {
+    /// Wait (up to 10 s) until `key` is being computed somewhere: a test that starts a
+    /// second caller after the first has claimed must not guess how long connecting takes
+    /// (a TLS handshake on a busy machine takes longer than a fixed sleep allows).
+    pub async fn until_running(&self, key: &str) {
+        let admin = self.admin().await;
+        for _ in 0..1000 {
+            let running: bool = admin
+                .query_one(
+                    "SELECT EXISTS (SELECT FROM once.entries WHERE key = $1 AND state = 'running')",
+                    &[&key],
+                )
+                .await
+                .expect("entries")
+                .get(0);
+            if running {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("{key} was never claimed");
+    }
+}
+
+/// One connection to `dsn`, TLS as its sslmode says.
+pub async fn connect(dsn: &str) -> tokio_postgres::Client {
+    pg_once_client::Conninfo::parse(dsn)
+        .expect("conninfo")
+        .connect()
+        .await
+        .expect("connection")
 }
 
 /// A key (or name) unique to this test run.

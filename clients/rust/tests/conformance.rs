@@ -1,0 +1,472 @@
+//! The conformance suite's scenarios (clients/conformance/scenarios, format in the README
+//! there), run against a real server in every setup (direct, PgBouncer, TLS). The suite is
+//! read from `PG_ONCE_CONFORMANCE_DIR`, or the repository's `clients/conformance`. A case
+//! that needs what Rust lacks (a Python-only type, a call this runner does not make) is
+//! skipped and named.
+
+mod common;
+
+use common::{fresh, setups, Setup};
+use pg_once_client::{CallOptions, Client, Error, Options, OutcomeHook};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::task::JoinHandle;
+
+fn suite_dir() -> PathBuf {
+    std::env::var_os("PG_ONCE_CONFORMANCE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../conformance")))
+}
+
+/// Every scenario case: (file, case).
+fn scenarios() -> Vec<(String, Value)> {
+    let dir = suite_dir().join("scenarios");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        eprintln!("{}: no scenarios: skipped", dir.display());
+        return Vec::new();
+    };
+    let mut files: Vec<PathBuf> = entries
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    files.sort();
+    let mut cases = Vec::new();
+    for path in files {
+        let suite: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let file = path.file_name().unwrap().to_string_lossy().into_owned();
+        for case in suite["cases"].as_array().expect("cases") {
+            cases.push((file.clone(), case.clone()));
+        }
+    }
+    cases
+}
+
+/// Why a case cannot run in Rust.
+struct Skip(String);
+
+/// A value in the vector notation as Rust's JSON; Err for a type Rust lacks.
+fn value(v: &Value) -> Result<Value, Skip> {
+    Ok(match v {
+        Value::Array(items) => Value::Array(items.iter().map(value).collect::<Result<_, _>>()?),
+        Value::Object(m) if m.len() == 1 && m.keys().next().is_some_and(|k| k.starts_with('$')) => {
+            let (tag, inner) = m.iter().next().unwrap();
+            match tag.as_str() {
+                "$repeat" => Value::String(
+                    inner[0]
+                        .as_str()
+                        .unwrap()
+                        .repeat(inner[1].as_u64().unwrap() as usize),
+                ),
+                "$tuple" => value(inner)?,
+                other => return Err(Skip(format!("a {other} value"))),
+            }
+        }
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, v)| Ok((k.clone(), value(v)?)))
+                .collect::<Result<_, Skip>>()?,
+        ),
+        other => other.clone(),
+    })
+}
+
+fn seconds(v: &Value) -> Duration {
+    Duration::from_secs_f64(v.as_f64().expect("seconds"))
+}
+
+fn call_options(options: &Value) -> CallOptions {
+    let mut o = CallOptions::default();
+    let Some(options) = options.as_object() else {
+        return o;
+    };
+    for (name, v) in options {
+        match name.as_str() {
+            "ttl" => o.ttl = Some(if v.is_null() { None } else { Some(seconds(v)) }),
+            "lease" => o.lease = Some(seconds(v)),
+            "wait" => o.wait = Some(seconds(v)),
+            "retry_after" => o.retry_after = Some(seconds(v)),
+            "stale" => o.stale = Some(seconds(v)),
+            "beta" => o.beta = v.as_f64(),
+            "jitter" => o.jitter = v.as_f64(),
+            other => panic!("unknown option {other}"),
+        }
+    }
+    o
+}
+
+/// One run of a case: its clients, keys, counters and background calls.
+struct Run<'a> {
+    setup: &'a Setup,
+    prefix: String,
+    clients: Vec<Client>,
+    /// What each client's outcome hook saw: (key, kind), in order.
+    outcomes: Vec<Seen>,
+    counters: HashMap<String, Arc<AtomicUsize>>,
+    background: HashMap<String, Call>,
+    admin: tokio_postgres::Client,
+}
+
+type Outcome = Result<Value, Error>;
+
+/// What one client's outcome hook saw: (key, kind), in order.
+type Seen = Arc<Mutex<Vec<(String, &'static str)>>>;
+
+/// A call under way: its task, when it started, which client made it, and its key.
+struct Call {
+    handle: JoinHandle<Outcome>,
+    started: Instant,
+    client: usize,
+    key: String,
+}
+
+impl Run<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}/{k}", self.prefix)
+    }
+
+    /// `{key:k}` in SQL becomes the run's key, quoted for a literal.
+    fn sql(&self, text: &str) -> String {
+        let mut out = String::new();
+        let mut rest = text;
+        while let Some(start) = rest.find("{key:") {
+            out.push_str(&rest[..start]);
+            let after = &rest[start + 5..];
+            // The key ends at the '}' that closes the placeholder: the last one before
+            // the literal's closing quote.
+            let end = after.find("}'").expect("{key:...} inside a quoted literal");
+            out.push_str(&self.key(&after[..end]).replace('\'', "''"));
+            rest = &after[end + 1..];
+        }
+        out.push_str(rest);
+        out
+    }
+
+    fn counter(&mut self, name: &str) -> Arc<AtomicUsize> {
+        self.counters.entry(name.to_owned()).or_default().clone()
+    }
+
+    /// The compute function a step describes, returning JSON.
+    fn compute(
+        &mut self,
+        spec: &Value,
+    ) -> Result<
+        impl FnOnce() -> futures_util::future::BoxFuture<'static, Result<Value, std::io::Error>>
+            + Send
+            + Clone
+            + 'static,
+        Skip,
+    > {
+        let counter = spec["counts"].as_str().map(|c| self.counter(c));
+        let sleep = Duration::from_millis(spec["sleep_ms"].as_u64().unwrap_or(0));
+        let returns = match spec.get("returns") {
+            Some(v) => Some(value(v)?),
+            None => None,
+        };
+        let raises = spec["raises"].as_str().map(str::to_owned);
+        Ok(
+            move || -> futures_util::future::BoxFuture<'static, Result<Value, std::io::Error>> {
+                Box::pin(async move {
+                    if let Some(c) = counter {
+                        c.fetch_add(1, Ordering::SeqCst);
+                    }
+                    tokio::time::sleep(sleep).await;
+                    match raises {
+                        Some(message) => Err(std::io::Error::other(message)),
+                        None => Ok(returns.unwrap_or(Value::Null)),
+                    }
+                })
+            },
+        )
+    }
+
+    /// Start the call a step describes: polled once here, so that it has begun (made
+    /// its claim or joined another call's, C1) before the next step, then on a task.
+    async fn start(&mut self, step: &Value) -> Result<Call, Skip> {
+        let started = Instant::now();
+        let (mut call, key) = self.call(step)?;
+        let handle = match futures_util::poll!(&mut call) {
+            std::task::Poll::Ready(outcome) => tokio::spawn(async move { outcome }),
+            std::task::Poll::Pending => tokio::spawn(call),
+        };
+        Ok(Call {
+            handle,
+            started,
+            client: step["client"].as_u64().unwrap_or(0) as usize,
+            key,
+        })
+    }
+
+    /// The call a step describes.
+    fn call(
+        &mut self,
+        step: &Value,
+    ) -> Result<(futures_util::future::BoxFuture<'static, Outcome>, String), Skip> {
+        let client = self.clients[step["client"].as_u64().unwrap_or(0) as usize].clone();
+        let opts = call_options(&step["options"]);
+        let name = step["name"].as_str().map(|n| self.key(n));
+        let args = match step.get("args") {
+            Some(args) => Some(value(args)?),
+            None => None,
+        };
+        // The call's key: given, or derived from the wrapper's name and arguments.
+        let key = match (step.get("key"), &name, &args) {
+            (Some(k), _, _) => self.key(k.as_str().expect("key")),
+            (None, Some(name), Some(args)) => {
+                pg_once_client::key::derive(name, args).expect("a default key")
+            }
+            _ => panic!("a call needs a key, or a name and args"),
+        };
+        let call: futures_util::future::BoxFuture<'static, Outcome> =
+            match step["call"].as_str().expect("call") {
+                "get_or_compute" => {
+                    let compute = self.compute(&step["compute"])?;
+                    let key = key.clone();
+                    Box::pin(async move {
+                        client
+                            .get_or_compute::<Value, _, _, _>(&key, compute, opts)
+                            .await
+                    })
+                }
+                "cached" => {
+                    let compute = self.compute(&step["compute"])?;
+                    let wrapped = client.cached_named(
+                        &name.expect("name"),
+                        move |_: Vec<Value>| (compute.clone())(),
+                        opts,
+                    );
+                    let args: Vec<Value> = serde_json::from_value(args.expect("args")).unwrap();
+                    Box::pin(async move { wrapped.call::<_, Value, _>(args).await })
+                }
+                "invalidate" => {
+                    let key = key.clone();
+                    Box::pin(async move { client.invalidate(&key).await.map(Value::Bool) })
+                }
+                "refresh" => {
+                    let key = key.clone();
+                    let stale = step["options"].get("stale").map(seconds);
+                    Box::pin(async move { client.refresh(&key, stale).await.map(Value::String) })
+                }
+                other => return Err(Skip(format!("call {other}"))),
+            };
+        Ok((call, key))
+    }
+
+    /// Check a step's `expect` against a call's outcome.
+    fn check(
+        &self,
+        what: &str,
+        call: (usize, &str),
+        outcome: &Outcome,
+        expect: &Value,
+        started: Instant,
+    ) {
+        if let Some(kind) = expect.get("outcome").and_then(Value::as_str) {
+            let seen = self.outcomes[call.0].lock().unwrap();
+            let last = seen
+                .iter()
+                .rev()
+                .find(|(k, _)| k == call.1)
+                .map(|(_, kind)| *kind);
+            assert_eq!(last, Some(kind), "{what}: the outcome hook");
+        }
+        if let Some(ms) = expect.get("within_ms").and_then(Value::as_u64) {
+            assert!(
+                started.elapsed() <= Duration::from_millis(ms),
+                "{what}: took {:?}",
+                started.elapsed()
+            );
+        }
+        if let Some(want) = expect.get("value") {
+            let want =
+                value(want).unwrap_or_else(|_| panic!("{what}: an expected value Rust lacks"));
+            match outcome {
+                Ok(got) => assert_eq!(got, &want, "{what}"),
+                Err(e) => panic!("{what}: {e}"),
+            }
+        }
+        if let Some(raised) = expect.get("raised").and_then(Value::as_str) {
+            match outcome {
+                Err(Error::Compute { source, .. }) => {
+                    assert_eq!(source.to_string(), raised, "{what}")
+                }
+                other => panic!("{what}: expected the compute's own error, got {other:?}"),
+            }
+        }
+        if let Some(kind) = expect.get("error").and_then(Value::as_str) {
+            let e = match outcome {
+                Err(e) => e,
+                Ok(v) => panic!("{what}: expected {kind}, got {v}"),
+            };
+            let matches = match kind {
+                "Failed" => matches!(e, Error::Failed { .. }),
+                "Timeout" => matches!(e, Error::Timeout { .. }),
+                "ClaimLost" => matches!(e, Error::ClaimLost { .. }),
+                "NotSerializable" => matches!(e, Error::NotSerializable { .. }),
+                "Configuration" => matches!(e, Error::Configuration(_)),
+                "Invalid" => matches!(e, Error::InvalidOption(_)),
+                "Refused" => matches!(e, Error::Db(_)) && !e.is_connection_error(),
+                other => panic!("{what}: unknown error kind {other}"),
+            };
+            assert!(matches, "{what}: expected {kind}, got {e:?}");
+            if let Some(code) = expect.get("sqlstate").and_then(Value::as_str) {
+                assert_eq!(e.sqlstate(), Some(code), "{what}");
+            }
+            if let Some(part) = expect.get("message_contains").and_then(Value::as_str) {
+                assert!(e.to_string().contains(part), "{what}: {e}");
+            }
+        }
+    }
+
+    /// Wait for a call to end and check it against `expect`.
+    async fn finish(&self, what: &str, call: Call, expect: &Value) {
+        let outcome = call.handle.await.unwrap();
+        self.check(
+            what,
+            (call.client, &call.key),
+            &outcome,
+            expect,
+            call.started,
+        );
+    }
+
+    async fn step(&mut self, what: &str, step: &Value) -> Result<(), Skip> {
+        let expect = step.get("expect").cloned().unwrap_or(Value::Null);
+        let expect = match step.get("within_ms") {
+            Some(ms) => {
+                let mut e = expect.as_object().cloned().unwrap_or_default();
+                e.insert("within_ms".into(), ms.clone());
+                Value::Object(e)
+            }
+            None => expect,
+        };
+        if let Some(ms) = step.get("sleep_ms").and_then(Value::as_u64) {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        } else if let Some(sql) = step.get("sql").and_then(Value::as_str) {
+            let sql = self.sql(sql);
+            match expect.get("rows") {
+                Some(rows) => {
+                    // Each row as a JSON array of its columns, in order.
+                    let wrapped = format!(
+                        "SELECT (SELECT json_agg(value) FROM json_each(row_to_json(q)))::text FROM ({sql}) q"
+                    );
+                    let got: Vec<Value> = self
+                        .admin
+                        .query(&wrapped, &[])
+                        .await
+                        .unwrap_or_else(|e| panic!("{what}: {sql}: {e}"))
+                        .iter()
+                        .map(|r| serde_json::from_str(r.get::<_, &str>(0)).unwrap())
+                        .collect();
+                    assert_eq!(Value::Array(got), *rows, "{what}: {sql}");
+                }
+                None => self
+                    .admin
+                    .batch_execute(&sql)
+                    .await
+                    .unwrap_or_else(|e| panic!("{what}: {sql}: {e}")),
+            }
+        } else if let Some(name) = step.get("await").and_then(Value::as_str) {
+            let call = self
+                .background
+                .remove(name)
+                .expect("a background call of that name");
+            self.finish(what, call, &expect).await;
+        } else if step.get("call").is_some() {
+            let call = self.start(step).await?;
+            if step["background"].as_bool() == Some(true) {
+                let name = step["as"]
+                    .as_str()
+                    .expect("a background call has a name (as)");
+                self.background.insert(name.to_owned(), call);
+            } else {
+                self.finish(what, call, &expect).await;
+            }
+        } else if let Some([name, n]) = expect
+            .get("counter")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+        {
+            let got = self.counter(name.as_str().unwrap()).load(Ordering::SeqCst);
+            assert_eq!(got as u64, n.as_u64().unwrap(), "{what}: counter {name}");
+        } else if let Some([client, kinds]) = expect
+            .get("outcomes")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+        {
+            let mut got: Vec<&str> = self.outcomes[client.as_u64().unwrap() as usize]
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(_, kind)| *kind)
+                .collect();
+            let mut want: Vec<&str> = kinds
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|k| k.as_str().unwrap())
+                .collect();
+            got.sort_unstable();
+            want.sort_unstable();
+            assert_eq!(got, want, "{what}: outcomes of client {client}");
+        } else {
+            panic!("{what}: a step this runner does not know: {step}");
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scenarios_pass_in_every_setup() {
+    let cases = scenarios();
+    if cases.is_empty() {
+        return;
+    }
+    let mut skipped = Vec::new();
+    for setup in setups() {
+        for (file, case) in &cases {
+            let what = format!("[{}] {file}: {}", setup.name, case["name"]);
+            let mut run = Run {
+                setup: &setup,
+                prefix: fresh("conformance"),
+                clients: Vec::new(),
+                outcomes: Vec::new(),
+                counters: HashMap::new(),
+                background: HashMap::new(),
+                admin: setup.admin().await,
+            };
+            for i in 0..case["clients"].as_u64().unwrap_or(1) {
+                let seen: Seen = Arc::default();
+                let hook = {
+                    let seen = seen.clone();
+                    OutcomeHook::new(move |e| {
+                        seen.lock()
+                            .unwrap()
+                            .push((e.key.to_owned(), e.outcome.as_str()))
+                    })
+                };
+                let options = Options {
+                    on_outcome: Some(hook),
+                    ..Options::default()
+                };
+                run.clients.push(
+                    run.setup
+                        .client(&format!("rust-conformance-{i}"), options)
+                        .await,
+                );
+                run.outcomes.push(seen);
+            }
+            for step in case["steps"].as_array().expect("steps") {
+                if let Err(Skip(why)) = run.step(&what, step).await {
+                    skipped.push(format!("{what} ({why})"));
+                    break;
+                }
+            }
+        }
+    }
+    eprintln!("{} scenario runs; skipped: {skipped:#?}", cases.len());
+}

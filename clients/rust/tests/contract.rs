@@ -1,0 +1,410 @@
+//! Rules of docs/clients.md that the Rust client once broke, each against a real server
+//! (directly, through PgBouncer, and over TLS where those are set).
+
+mod common;
+
+use common::{fresh, setups};
+use pg_once_client::raw::{self, Owner};
+use pg_once_client::{CallOptions, Client, Error, Options};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// C3: an empty payload on channel `once` (a transaction that resolved very many keys)
+/// wakes every waiter at once, well before its recheck. The key is made claimable by
+/// deleting its row with triggers off, so that nothing but the empty NOTIFY announces it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_notification_wakes_every_waiter() {
+    for setup in setups() {
+        let admin = setup.admin().await;
+        let key = fresh("empty-notify");
+        let held = raw::claim_key(
+            &admin,
+            &key,
+            Duration::from_secs(3600),
+            Duration::ZERO,
+            Owner::LeaseOnly,
+        )
+        .await
+        .unwrap();
+        assert!(held.is("claimed"), "{held:?}");
+        let options = Options {
+            recheck: Duration::from_secs(30),
+            ..Options::default()
+        };
+        let client = setup.client("rust-empty-notify", options).await;
+        client.ready(Duration::from_secs(5)).await.unwrap();
+        let waiter = {
+            let (client, key) = (client.clone(), key.clone());
+            tokio::spawn(async move {
+                let opts = CallOptions {
+                    wait: Some(Duration::from_secs(10)),
+                    ..CallOptions::default()
+                };
+                client
+                    .get_or_compute(&key, || async { Ok::<_, std::io::Error>(7) }, opts)
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let notified = Instant::now();
+        admin
+            .batch_execute(&format!(
+                "BEGIN; SET LOCAL session_replication_role = replica; \
+                 DELETE FROM once.entries WHERE key = '{key}'; NOTIFY once, ''; COMMIT"
+            ))
+            .await
+            .unwrap();
+        let got: i32 = waiter.await.unwrap().unwrap();
+        assert_eq!(got, 7, "[{}]", setup.name);
+        let took = notified.elapsed();
+        assert!(
+            took < Duration::from_secs(3),
+            "[{}] woken after {took:?}",
+            setup.name
+        );
+    }
+}
+
+/// F3: a result the server refuses (54000, larger than once.max_result_size) fails the
+/// key with the refusal: a caller waiting in another process gets `Failed` with the
+/// SQLSTATE and message instead of computing it again, and the computing caller gets the
+/// server's error. (Direct only: 17 MB once is enough.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_result_is_shared_not_recomputed() {
+    let setup = &setups()[0];
+    let key = fresh("too-large");
+    let (a, b) = (
+        setup.client("rust-refused-a", Options::default()).await,
+        setup.client("rust-refused-b", Options::default()).await,
+    );
+    let computing = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            a.get_or_compute(
+                &key,
+                || async {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    Ok::<_, std::io::Error>("x".repeat(17 << 20))
+                },
+                CallOptions::default(),
+            )
+            .await
+        })
+    };
+    setup.until_running(&key).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let waited = b
+        .get_or_compute(
+            &key,
+            move || async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, std::io::Error>("small".to_string())
+            },
+            CallOptions::default(),
+        )
+        .await;
+    match waited {
+        Err(Error::Failed { message, .. }) => assert!(message.starts_with("54000: "), "{message}"),
+        other => panic!("the waiter got {other:?}"),
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "the waiter computed the key again"
+    );
+    let own = computing.await.unwrap().unwrap_err();
+    assert_eq!(own.sqlstate(), Some("54000"), "{own}");
+}
+
+/// R3: a claim made just as the LISTEN connection died (its pid refused with 22023) is
+/// asked again with the new connection's pid, not returned to the caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_just_dead_owner_pid_is_replaced_not_returned() {
+    for setup in setups() {
+        let admin = setup.admin().await;
+        let client = setup.client("rust-dead-owner", Options::default()).await;
+        for round in 0..10 {
+            client.ready(Duration::from_secs(5)).await.unwrap();
+            let pid = client.owner_pid().expect("connected");
+            admin
+                .execute("SELECT pg_terminate_backend($1)", &[&pid])
+                .await
+                .unwrap();
+            let key = fresh("dead-owner");
+            let got = client
+                .get_or_compute(
+                    &key,
+                    move || async move { Ok::<_, std::io::Error>(round) },
+                    CallOptions::default(),
+                )
+                .await;
+            assert_eq!(got.unwrap(), round, "[{}] round {round}", setup.name);
+        }
+    }
+}
+
+/// N6: getting a pooled connection waits at most `connect_timeout`, even when every
+/// connection of the pool is taken (it used to wait for ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_pool_times_out() {
+    let setup = &setups()[0];
+    let options = Options {
+        pool_size: 1,
+        connect_timeout: Duration::from_millis(300),
+        listen: false,
+        ..Options::default()
+    };
+    let client = setup.client("rust-busy-pool", options).await;
+    let held = client.pool().get().await.unwrap();
+    let started = Instant::now();
+    let err = tokio::time::timeout(Duration::from_secs(5), client.invalidate(&fresh("busy")))
+        .await
+        .expect("waited past connect_timeout")
+        .unwrap_err();
+    assert!(matches!(err, Error::Pool(_)), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(held);
+    client.invalidate(&fresh("free")).await.unwrap();
+}
+
+/// V1/V3: a value that does not read back as its own type (a NaN, which JSON writes as
+/// null) is refused before it is stored: the computing caller gets `Serialize`, and the
+/// key is failed with the reason (V4), so another caller gets `Failed`, not a null.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_that_does_not_read_back_is_not_stored() {
+    let setup = &setups()[0];
+    let client = setup.client("rust-nan", Options::default()).await;
+    let key = fresh("nan");
+    let err = client
+        .get_or_compute(
+            &key,
+            || async { Ok::<_, std::io::Error>(f64::NAN) },
+            CallOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::NotSerializable { .. }), "{err}");
+    let other = setup.client("rust-nan-2", Options::default()).await;
+    let shared = other
+        .get_or_compute(
+            &key,
+            || async { Ok::<_, std::io::Error>(1.0) },
+            CallOptions::default(),
+        )
+        .await;
+    assert!(matches!(shared, Err(Error::Failed { .. })), "{shared:?}");
+}
+
+/// C7, K: a function wrapped with `cached_named` stores its result under the key rule K
+/// derives (what a Python or Node process calling `name(7, "eu")` would use), and its
+/// `invalidate` forgets that key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_named_uses_the_shared_default_key() {
+    for setup in setups() {
+        let client = setup.client("rust-cached-named", Options::default()).await;
+        let name = fresh("report");
+        let report =
+            client.cached_named(
+                &name,
+                |(n, region): (i32, String)| async move {
+                    Ok::<_, std::io::Error>(format!("{region}{n}"))
+                },
+                CallOptions::default(),
+            );
+        let args = (7, "eu".to_string());
+        let got: String = report.call(args.clone()).await.unwrap();
+        assert_eq!(got, "eu7");
+        let key = format!("{name}:[7,\"eu\"]");
+        assert_eq!(report.key(&args).unwrap(), key);
+        let admin = setup.admin().await;
+        let stored: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM once.entries WHERE key = $1 AND state = 'done'",
+                &[&key],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(stored, 1, "[{}]", setup.name);
+        assert!(report.invalidate(&args).await.unwrap(), "[{}]", setup.name);
+    }
+}
+
+/// N5: a LISTEN connection through PgBouncer in transaction mode (what a user who gives
+/// one DSN for everything gets) is refused with a configuration error naming
+/// listen_conninfo, rather than leaving every waiter to its 1 s recheck.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listen_connection_through_a_transaction_pooler_is_refused() {
+    let Some(bouncer) = setups().into_iter().find(|s| s.name == "pgbouncer") else {
+        eprintln!("PG_ONCE_BOUNCER_DSN is not set: skipped");
+        return;
+    };
+    let client = Client::connect(&bouncer.pool_dsn, Options::default())
+        .await
+        .unwrap();
+    let err = client.ready(Duration::from_secs(10)).await.unwrap_err();
+    assert!(matches!(err, Error::Configuration(_)), "{err:?}");
+    assert!(err.to_string().contains("listen_conninfo"), "{err}");
+    let call = client
+        .get_or_compute(
+            &fresh("pooled-listen"),
+            || async { Ok::<_, std::io::Error>(1) },
+            CallOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(call, Error::Configuration(_)), "{call:?}");
+}
+
+/// X2: when the only caller of a computation stops waiting (its future is dropped, here
+/// by a timeout of its own), the computation is abandoned and its claim released at once:
+/// the key is not left running for the rest of a 30 s computation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_leader_releases_its_claim() {
+    for setup in setups() {
+        let client = setup.client("rust-dropped", Options::default()).await;
+        let key = fresh("dropped");
+        let call = client.get_or_compute(
+            &key,
+            || async {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                Ok::<_, std::io::Error>(1)
+            },
+            CallOptions::default(),
+        );
+        let given_up = tokio::time::timeout(Duration::from_millis(500), async {
+            tokio::join!(call, setup.until_running(&key)).0
+        })
+        .await;
+        assert!(given_up.is_err(), "[{}] {given_up:?}", setup.name);
+        let admin = setup.admin().await;
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            let running: bool = admin
+                .query_one(
+                    "SELECT EXISTS (SELECT FROM once.entries WHERE key = $1 AND state = 'running')",
+                    &[&key],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if !running {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "[{}] the claim was kept",
+                setup.name
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Another caller computes it at once.
+        let v: i32 = client
+            .get_or_compute(
+                &key,
+                || async { Ok::<_, std::io::Error>(2) },
+                CallOptions::default(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(v, 2, "[{}]", setup.name);
+    }
+}
+
+/// O1: the outcome hook sees each call once, with how it was answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outcome_hook_sees_every_call() {
+    use pg_once_client::{Outcome, OutcomeHook};
+    let setup = &setups()[0];
+    let seen: Arc<std::sync::Mutex<Vec<(Outcome, String)>>> = Arc::default();
+    let hook = {
+        let seen = seen.clone();
+        OutcomeHook::new(move |e| seen.lock().unwrap().push((e.outcome, e.key.to_owned())))
+    };
+    let options = || Options {
+        on_outcome: Some(hook.clone()),
+        ..Options::default()
+    };
+    let (a, b) = (
+        setup.client("rust-hook-a", options()).await,
+        setup.client("rust-hook-b", options()).await,
+    );
+    let key = fresh("hook");
+    let slow = || async {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        Ok::<_, std::io::Error>(1)
+    };
+    let (first, second) = (
+        a.get_or_compute::<i32, _, _, _>(&key, slow, CallOptions::default()),
+        async {
+            setup.until_running(&key).await;
+            tokio::join!(
+                a.get_or_compute::<i32, _, _, _>(&key, slow, CallOptions::default()),
+                b.get_or_compute::<i32, _, _, _>(&key, slow, CallOptions::default())
+            )
+        },
+    );
+    let (first, (coalesced, waited)) = tokio::join!(first, second);
+    assert_eq!(
+        (first.unwrap(), coalesced.unwrap(), waited.unwrap()),
+        (1, 1, 1)
+    );
+    a.get_or_compute::<i32, _, _, _>(&key, slow, CallOptions::default())
+        .await
+        .unwrap();
+    let failing = fresh("hook-failed");
+    let _ = a
+        .get_or_compute::<i32, _, _, _>(
+            &failing,
+            || async { Err(std::io::Error::other("no")) },
+            CallOptions::default(),
+        )
+        .await;
+    let mut got: Vec<Outcome> = seen.lock().unwrap().iter().map(|(o, _)| *o).collect();
+    got.sort_by_key(|o| o.as_str());
+    let mut want = vec![
+        Outcome::Claimed,
+        Outcome::Coalesced,
+        Outcome::Waited,
+        Outcome::Hit,
+        Outcome::Failed,
+    ];
+    want.sort_by_key(|o| o.as_str());
+    assert_eq!(got, want);
+}
+
+/// X1: a call that joined another call's computation in this process stops waiting at
+/// its own `wait`, while the computation goes on for the first caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coalesced_caller_keeps_its_own_wait() {
+    let setup = &setups()[0];
+    let client = setup.client("rust-own-wait", Options::default()).await;
+    let key = fresh("own-wait");
+    let slow = || async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        Ok::<_, std::io::Error>(1)
+    };
+    let first = client.get_or_compute::<i32, _, _, _>(&key, slow, CallOptions::default());
+    let second = async {
+        setup.until_running(&key).await;
+        let started = Instant::now();
+        let short = CallOptions {
+            wait: Some(Duration::from_millis(300)),
+            ..CallOptions::default()
+        };
+        let r = client
+            .get_or_compute::<i32, _, _, _>(&key, slow, short)
+            .await;
+        (r, started.elapsed())
+    };
+    let (first, (second, took)) = tokio::join!(first, second);
+    assert!(matches!(second, Err(Error::Timeout { .. })), "{second:?}");
+    assert!(took < Duration::from_millis(1000), "{took:?}");
+    assert_eq!(first.unwrap(), 1);
+}
