@@ -15,6 +15,9 @@ const LEASE: Duration = Duration::from_secs(60);
 
 /// Claim `n` keys `{prefix}/{i}` of `pad` more bytes each, then complete them all in one
 /// transaction (one statement).
+/// Each claim may wait (10 s) for the locks of the other test's burst: with `wait => 0` a
+/// claim that meets the table's extension lock, held by a concurrent bulk insert, gives
+/// up at once and answers `wait`.
 async fn resolve_in_one_transaction(client: &Client, prefix: &str, n: i32, pad: i32) -> Result<()> {
     client
         .batch_execute(
@@ -24,7 +27,7 @@ async fn resolve_in_one_transaction(client: &Client, prefix: &str, n: i32, pad: 
     client
         .execute(
             "INSERT INTO burst
-             SELECT k, (once.claim_key(k, owner_pid => 0)).token
+             SELECT k, (once.claim_key(k, wait => '10 seconds', owner_pid => 0)).token
                FROM (SELECT $1 || '/' || i || repeat('x', $3) AS k FROM generate_series(1, $2) i) s",
             &[&prefix, &n, &pad],
         )
