@@ -82,6 +82,12 @@ pub fn pg_ctl(args: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// Taken by every test of a file that creates or drops namespaces while other tests of
+/// the same file claim keys: create_namespace locks once.entries against writes until it
+/// commits, and a claim with `wait => 0` that meets that lock answers `wait` at once
+/// rather than `claimed` (it never waits for a lock: docs/sql-reference.md).
+pub static NAMESPACE_TESTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Roles as an administrator makes them for applications, and what a refusal says.
 pub mod roles {
     use super::once;

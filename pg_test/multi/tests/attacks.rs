@@ -45,6 +45,7 @@ async fn complete(client: &Client, key: &str, result: Value) -> Result<()> {
 // privilege check planned the caller's query text, not the one that produced the result.
 #[tokio::test(flavor = "multi_thread")]
 async fn cached_rows_reach_only_roles_that_may_run_the_query_that_produced_them() -> Result<()> {
+    let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
     let admin = admin().await?;
     let id = fresh_id("cached");
     let app1 = app_role(&admin, &format!("app1_{id}")).await?;
@@ -137,6 +138,7 @@ async fn attacker(admin: &Client, role: &str) -> Result<Client> {
 // 2. Code owned by one role, running in another role's session, got that session's rights.
 #[tokio::test(flavor = "multi_thread")]
 async fn code_owned_by_one_role_is_judged_as_that_role_in_every_session() -> Result<()> {
+    let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
     let admin = admin().await?;
     let id = fresh_id("definer");
     let (role1, role2) = (format!("app1_{id}"), format!("app2_{id}"));
@@ -220,6 +222,7 @@ async fn code_owned_by_one_role_is_judged_as_that_role_in_every_session() -> Res
 // 3. A cheap leaky function in the WHERE clause saw every tenant's dead letters and queues.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_leaky_function_sees_nothing_the_views_hide() -> Result<()> {
+    let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
     let admin = admin().await?;
     let id = fresh_id("leak");
     let (role1, role2) = (format!("app1_{id}"), format!("app2_{id}"));
@@ -280,6 +283,7 @@ async fn a_leaky_function_sees_nothing_the_views_hide() -> Result<()> {
 // 4. A namespace member took over a shared queue, and any role rewrote its retry policy.
 #[tokio::test(flavor = "multi_thread")]
 async fn shared_queues_are_changed_only_by_administrators() -> Result<()> {
+    let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
     let admin = admin().await?;
     let id = fresh_id("queues");
     let (role1, role2) = (format!("app1_{id}"), format!("app2_{id}"));
@@ -342,6 +346,7 @@ async fn shared_queues_are_changed_only_by_administrators() -> Result<()> {
 // 5. A new namespace inherited what another role had planted under its prefix.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_new_namespace_inherits_nothing_planted_under_its_prefix() -> Result<()> {
+    let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
     let admin = admin().await?;
     let id = fresh_id("plant");
     let (role1, role3) = (format!("app1_{id}"), format!("app3_{id}"));
@@ -377,6 +382,7 @@ async fn a_new_namespace_inherits_nothing_planted_under_its_prefix() -> Result<(
 // claim for a year.
 #[tokio::test(flavor = "multi_thread")]
 async fn another_roles_claim_cannot_be_ended_with_its_token() -> Result<()> {
+    let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
     let admin = admin().await?;
     let id = fresh_id("tokens");
     let app1 = app_role(&admin, &format!("app1_{id}")).await?;
@@ -419,6 +425,7 @@ async fn another_roles_claim_cannot_be_ended_with_its_token() -> Result<()> {
 // enforced the new namespace nor hashed its announcements until its transaction ended.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_namespace_is_enforced_at_once_inside_open_transactions() -> Result<()> {
+    let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
     let admin = admin().await?;
     let id = fresh_id("open");
     let (role1, role2) = (format!("app1_{id}"), format!("app2_{id}"));
@@ -459,6 +466,7 @@ async fn a_namespace_is_enforced_at_once_inside_open_transactions() -> Result<()
 // on it queued behind every waiter, and every call behind the DDL.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_waiting_call_holds_no_lock_on_the_namespace_table() -> Result<()> {
+    let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
     let admin = admin().await?;
     let id = fresh_id("lock");
     let app1 = app_role(&admin, &format!("app1_{id}")).await?;

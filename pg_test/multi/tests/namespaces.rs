@@ -61,6 +61,7 @@ async fn computed(client: &Client, key: &str, result: Value) -> Result<i64> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_namespace_keeps_its_keys_from_other_roles() -> Result<()> {
+    let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
     let t = tenants("digest").await?;
     let secret = format!("{}secret", t.prefix);
     computed(&t.app2, &secret, json!({"ssn": "078-05-1120"})).await?;
@@ -129,6 +130,7 @@ async fn a_namespace_keeps_its_keys_from_other_roles() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_namespace_queue_is_its_members_only() -> Result<()> {
+    let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
     let t = tenants("digest").await?;
     let queue = format!("q{}", fresh_key("").replace(['/', '-'], "_"));
     t.admin
@@ -203,6 +205,7 @@ async fn a_namespace_queue_is_its_members_only() -> Result<()> {
 /// another session must reach it, whichever way the queue moves.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_queue_moved_into_a_namespace_is_refused_at_once_by_every_session() -> Result<()> {
+    let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
     let t = tenants("digest").await?;
     let queue = format!("q{}", fresh_key("").replace(['/', '-'], "_"));
     t.admin
@@ -248,6 +251,7 @@ async fn a_queue_moved_into_a_namespace_is_refused_at_once_by_every_session() ->
 
 #[tokio::test(flavor = "multi_thread")]
 async fn views_show_a_role_only_what_it_may_use() -> Result<()> {
+    let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
     let t = tenants("digest").await?;
     let queue = format!("q{}", fresh_key("").replace(['/', '-'], "_"));
     t.admin
@@ -305,6 +309,7 @@ async fn views_show_a_role_only_what_it_may_use() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_listener_without_rights_sees_no_key_of_a_namespace() -> Result<()> {
+    let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
     let t = tenants("digest").await?;
     // A role with no grant at all can still LISTEN: any role that can connect can.
     let nobody = format!("nobody_{}", t.app2_role);
@@ -372,6 +377,7 @@ async fn next_payload(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn only_administrators_define_namespaces_and_none_is_dropped_with_keys() -> Result<()> {
+    let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
     let t = tenants("digest").await?;
     for sql in [
         "SELECT once.create_namespace($1, current_user::regrole)::text",
