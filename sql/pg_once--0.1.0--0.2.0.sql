@@ -135,17 +135,6 @@ ALTER TABLE once.entries ADD COLUMN owner_role oid;
 COMMENT ON COLUMN once.entries.owner_role IS
     'The role that made the current or last claim: only it, or an administrator, may complete, fail, heartbeat or release the claim with its token. NULL for claims made before 0.2.0.';
 
--- The C functions run as their caller, their statements as the extension's owner
--- (functions.sql): the namespace checks judge the current user, as PostgreSQL does.
-ALTER FUNCTION once.owner_session() SECURITY INVOKER;
-ALTER FUNCTION once.fail_key(text, bigint, text, interval) SECURITY INVOKER;
-ALTER FUNCTION once.heartbeat_key(text, bigint, interval) SECURITY INVOKER;
-ALTER FUNCTION once.release_key(text, bigint) SECURITY INVOKER;
-ALTER FUNCTION once.invalidate_key(text) SECURITY INVOKER;
-ALTER FUNCTION once.reap_stale() SECURITY INVOKER;
-ALTER FUNCTION once.drop_queue(text) SECURITY INVOKER;
-ALTER FUNCTION once.invalidate_keys(text, text) SECURITY INVOKER;
-ALTER FUNCTION once_internal.backend_alive(integer, timestamptz) SECURITY INVOKER;
 
 CREATE OR REPLACE FUNCTION once_internal.record_attempt() RETURNS trigger
     LANGUAGE plpgsql
@@ -435,7 +424,9 @@ DROP FUNCTION once_internal.grant_again(aclitem[], oid, regclass, text);
 
 -- The C functions no longer pin search_path in their declarations: they pin it around
 -- each SQL statement they run (src/storage/statements.rs), so a call that runs none, a
--- cache hit, does not pay for it. Those kept from 0.1.0 drop the setting.
+-- cache hit, does not pay for it. Nor are they SECURITY DEFINER: they judge their caller
+-- as the current user and run only their statements with the owner's rights
+-- (docs/security.md). Those kept from 0.1.0 drop both.
 DO $reset$
 DECLARE
     f regprocedure;
@@ -446,8 +437,9 @@ BEGIN
                                    'once_internal'::pg_catalog.regnamespace::pg_catalog.oid])
                 AND p.prolang OPERATOR(pg_catalog.=) (SELECT l.oid FROM pg_catalog.pg_language l
                                                        WHERE l.lanname OPERATOR(pg_catalog.=) 'c')
-                AND p.proconfig IS NOT NULL LOOP
+                AND (p.proconfig IS NOT NULL OR p.prosecdef) LOOP
         EXECUTE pg_catalog.format('ALTER FUNCTION %s RESET search_path', f);
+        EXECUTE pg_catalog.format('ALTER FUNCTION %s SECURITY INVOKER', f);
     END LOOP;
 END
 $reset$;

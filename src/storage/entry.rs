@@ -287,13 +287,18 @@ pub fn extension_owner() -> Option<pg_sys::Oid> {
     if let Some(known) = RELATIONS.get() {
         return Some(known.owner);
     }
+    // Not through `relations()`, which also looks up the columns this library reads: the
+    // version check runs a statement before anything else, and must refuse (55000) a
+    // database whose once.entries is another version's, not fail on a missing column.
     // SAFETY: syscache lookups by name, without raising an error when missing.
-    let installed = unsafe {
+    unsafe {
         let namespace = pg_sys::get_namespace_oid(crate::schema::API.as_ptr(), true);
-        namespace != pg_sys::InvalidOid
-            && pg_sys::get_relname_relid(c"entries".as_ptr(), namespace) != pg_sys::InvalidOid
-    };
-    installed.then(|| relations().owner)
+        if namespace == pg_sys::InvalidOid {
+            return None;
+        }
+        let table = pg_sys::get_relname_relid(c"entries".as_ptr(), namespace);
+        (table != pg_sys::InvalidOid).then(|| relation_owner(table))
+    }
 }
 
 /// Lock once.entries against every write until this transaction ends (SHARE ROW
