@@ -1146,7 +1146,10 @@ async fn a_forged_cached_key_and_a_role_switch_inside_cached_get_nothing() -> Re
         )
         .await?
         .get(0);
-    assert_eq!(forged, w.cached_done, "the victim's key, known to the attacker");
+    assert_eq!(
+        forged, w.cached_done,
+        "the victim's key, known to the attacker"
+    );
     let (code, message) = refusal(
         w.attacker
             .query_one("SELECT result FROM once.claim_key($1)", &[&forged])
