@@ -152,7 +152,10 @@ async fn an_uncommitted_claim_holds_other_callers_no_longer_than_their_wait() ->
     holder.batch_execute("COMMIT").await?;
     let other = session().await?;
     let after = claim(&other, &key, 0, None).await?;
-    assert_eq!((after.outcome.as_str(), &after.owner), ("wait", &mine.owner));
+    assert_eq!(
+        (after.outcome.as_str(), &after.owner),
+        ("wait", &mine.owner)
+    );
     assert!(complete(&holder, &key, mine.token.unwrap()).await?);
     Ok(())
 }
@@ -463,7 +466,10 @@ async fn owner_pid_names_a_running_owner_session_or_nothing() -> Result<()> {
     assert_eq!(lease_only.as_deref(), Some("t"));
     once::terminate_backend(&admin, once::backend_pid(&claimer).await?).await?;
     let after = claim(&client, &key, 0, None).await?;
-    assert_eq!((after.outcome.as_str(), &after.owner), ("wait", &mine.owner));
+    assert_eq!(
+        (after.outcome.as_str(), &after.owner),
+        ("wait", &mine.owner)
+    );
     assert!(after.owner.is_some());
     Ok(())
 }
