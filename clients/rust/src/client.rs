@@ -424,9 +424,7 @@ impl Client {
                 None => {
                     let compute: Compute = Box::new(move || {
                         async move {
-                            let value = compute()
-                                .await
-                                .map_err(|e| ComputeError::Failed(e.into()))?;
+                            let value = compute().await.map_err(ComputeError::failed)?;
                             let value =
                                 serde_json::to_value(value).map_err(ComputeError::Serialize)?;
                             readback(&value).map_err(ComputeError::Serialize)?;
@@ -731,8 +729,48 @@ fn reads_back<T: DeserializeOwned>(value: &Value) -> serde_json::Result<()> {
 
 /// What a compute function can end with, before it is turned into an [`Error`].
 pub(crate) enum ComputeError {
-    Failed(Box<dyn std::error::Error + Send + Sync>),
+    /// The function's error, with the short name of its type (see [`failure_text`]).
+    Failed(&'static str, Box<dyn std::error::Error + Send + Sync>),
     Serialize(serde_json::Error),
+}
+
+impl ComputeError {
+    /// A compute function's error `e`, named after its type `E`.
+    pub(crate) fn failed<E>(e: E) -> Self
+    where
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        ComputeError::Failed(type_name_of::<E>(), e.into())
+    }
+}
+
+/// The short name of an error type for rule F2's `Type: message`: the last segment of its
+/// path, without generic arguments (`my_app::Upstream` is `Upstream`, `std::io::Error` is
+/// `Error`). A type that says nothing of the failure (`String`, `&str`, a `Box<dyn Error>`
+/// whose concrete type is gone) is `Error`, as Node writes every error.
+pub(crate) fn type_name_of<E>() -> &'static str {
+    let full = std::any::type_name::<E>();
+    let path = full.split('<').next().unwrap_or(full);
+    let short = path
+        .rsplit("::")
+        .next()
+        .unwrap_or(path)
+        .trim_start_matches('&');
+    match short {
+        "" | "str" | "String" | "Box" | "Arc" | "Cow" => "Error",
+        short => short,
+    }
+}
+
+/// The text `fail_key` stores for a compute function's error (rule F2): `Type: message`,
+/// or the type alone when the message is empty, as the Python and Node clients write it.
+pub(crate) fn failure_text(kind: &str, e: &(dyn std::error::Error + Send + Sync)) -> String {
+    let message = e.to_string();
+    if message.is_empty() {
+        kind.to_owned()
+    } else {
+        format!("{kind}: {message}")
+    }
 }
 
 pub(crate) type Compute =
@@ -947,7 +985,8 @@ pub(crate) async fn compute_with_heartbeat(
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "a panic".into());
             Err(ComputeError::Failed(
-                format!("compute panicked: {what}").into(),
+                "panic",
+                format!("the compute function panicked: {what}").into(),
             ))
         }
     });
@@ -1018,8 +1057,8 @@ pub(crate) async fn run_claimed(
                 }
             }
         }
-        Ran::Done(Err(ComputeError::Failed(source))) => {
-            let message = source.to_string();
+        Ran::Done(Err(ComputeError::Failed(kind, source))) => {
+            let message = failure_text(kind, &*source);
             let error = Error::Compute {
                 key: key.to_owned(),
                 source: Arc::from(source),
@@ -1059,8 +1098,44 @@ pub(crate) async fn run_claimed(
 
 #[cfg(test)]
 mod tests {
-    use super::as_stored;
+    use super::{as_stored, failure_text, type_name_of};
     use serde_json::json;
+
+    #[derive(Debug)]
+    struct Upstream;
+    impl std::fmt::Display for Upstream {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("the upstream said 503")
+        }
+    }
+    impl std::error::Error for Upstream {}
+
+    #[test]
+    fn a_compute_error_is_stored_as_type_colon_message() {
+        // F2: `Type: message`, the type named as a reader knows it.
+        let text =
+            |kind: &str, e: Box<dyn std::error::Error + Send + Sync>| failure_text(kind, &*e);
+        assert_eq!(
+            text(type_name_of::<Upstream>(), Box::new(Upstream)),
+            "Upstream: the upstream said 503"
+        );
+        assert_eq!(
+            text(
+                type_name_of::<std::io::Error>(),
+                std::io::Error::other("boom").into()
+            ),
+            "Error: boom"
+        );
+        assert_eq!(text(type_name_of::<&str>(), "boom".into()), "Error: boom");
+        assert_eq!(
+            text(type_name_of::<String>(), String::new().into()),
+            "Error"
+        );
+        assert_eq!(
+            type_name_of::<Box<dyn std::error::Error + Send + Sync>>(),
+            "Error"
+        );
+    }
 
     #[test]
     fn numbers_read_back_as_jsonb_writes_them() {

@@ -278,7 +278,7 @@ where
 {
     let work = handler(job.clone());
     let work = async move {
-        let value = work.await.map_err(|e| ComputeError::Failed(e.into()))?;
+        let value = work.await.map_err(ComputeError::failed)?;
         serde_json::to_value(value).map_err(ComputeError::Serialize)
     }
     .boxed();
@@ -295,7 +295,7 @@ where
         .map(|stored| if stored { End::Completed } else { End::Lost }),
         Ran::Done(Err(e)) => {
             let message = match e {
-                ComputeError::Failed(e) => e.to_string(),
+                ComputeError::Failed(kind, e) => crate::client::failure_text(kind, &*e),
                 ComputeError::Serialize(e) => format!("the result is not JSON-serialisable: {e}"),
             };
             with_conn!(inner, |c| raw::fail_key(

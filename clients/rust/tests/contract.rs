@@ -408,3 +408,54 @@ async fn a_coalesced_caller_keeps_its_own_wait() {
     assert!(took < Duration::from_millis(1000), "{took:?}");
     assert_eq!(first.unwrap(), 1);
 }
+
+/// An error type of the application's, named in the text its failure is stored with.
+#[derive(Debug)]
+struct Upstream;
+impl std::fmt::Display for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the upstream said 503")
+    }
+}
+impl std::error::Error for Upstream {}
+
+/// F2: a compute function's error is stored as `Type: message`, the form the Python and
+/// Node clients store, so that every caller elsewhere reads the same kind of text; the
+/// computing caller gets its own error back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compute_error_is_stored_as_type_colon_message() {
+    for setup in setups() {
+        let client = setup.client("rust-f2", Options::default()).await;
+        let key = fresh("f2");
+        let mine = client
+            .get_or_compute(
+                &key,
+                || async { Err::<i32, _>(Upstream) },
+                CallOptions::default(),
+            )
+            .await;
+        match mine {
+            Err(Error::Compute { source, .. }) => {
+                assert!(source.is::<Upstream>(), "[{}] {source:?}", setup.name)
+            }
+            other => panic!("[{}] {other:?}", setup.name),
+        }
+        let shared = client
+            .get_or_compute(
+                &key,
+                || async { Ok::<_, Upstream>(1) },
+                CallOptions::default(),
+            )
+            .await;
+        match shared {
+            Err(Error::Failed { message, .. }) => {
+                assert_eq!(
+                    message, "Upstream: the upstream said 503",
+                    "[{}]",
+                    setup.name
+                )
+            }
+            other => panic!("[{}] {other:?}", setup.name),
+        }
+    }
+}
