@@ -990,27 +990,38 @@ pub(crate) async fn compute_with_heartbeat(
             ))
         }
     });
-    let heartbeats = async {
-        let every = lease / 3;
-        // H2: after a failed beat, the next comes within a second, not a full third of the
-        // lease later, so that two blips in a row do not lose the claim.
-        let after_failure = every.min(Duration::from_secs(1)).min(lease / 6);
-        let mut next = every;
-        loop {
-            tokio::time::sleep(next).await;
-            match with_conn!(inner, |c| raw::heartbeat_key(c, key, token, lease)) {
-                Ok(Some(_)) => next = every,
-                Ok(None) => return,
-                Err(e) => {
-                    tracing::warn!(key, error = %e, "pg_once: a heartbeat failed; retrying");
-                    next = after_failure;
-                }
-            }
-        }
-    };
+    let heartbeats = heartbeat_until_lost(key, lease, || async move {
+        with_conn!(inner, |c| raw::heartbeat_key(c, key, token, lease)).map(|a| a.is_some())
+    });
     tokio::select! {
         done = work => Ran::Done(done),
         () = heartbeats => Ran::Lost,
+    }
+}
+
+/// Heartbeat a claim with `beat` (true: extended, false: the claim is lost) every
+/// `lease / 3` (H1) until a beat says it is lost (H3), the only way this returns.
+///
+/// H2: after a failed beat, the next comes within a second (`lease / 6` when shorter), not
+/// a full third of the lease later, so that two blips in a row do not lose the claim.
+pub(crate) async fn heartbeat_until_lost<F, Fut>(key: &str, lease: Duration, mut beat: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool>>,
+{
+    let every = lease / 3;
+    let after_failure = every.min(Duration::from_secs(1)).min(lease / 6);
+    let mut next = every;
+    loop {
+        tokio::time::sleep(next).await;
+        match beat().await {
+            Ok(true) => next = every,
+            Ok(false) => return,
+            Err(e) => {
+                tracing::warn!(key, error = %e, "pg_once: a heartbeat failed; retrying");
+                next = after_failure;
+            }
+        }
     }
 }
 
@@ -1147,5 +1158,32 @@ mod tests {
             as_stored(json!([1e-7, 2.5, 1.0, -3e2])),
             json!([0.0000001, 2.5, 1.0, -300.0])
         );
+    }
+
+    /// H2: with a lease of 30 s the first beat comes at 10 s; when it fails, the next comes
+    /// 1 s later, not at 20 s, and beats go back to every 10 s once one succeeds.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_heartbeat_is_retried_within_a_second() {
+        use std::sync::{Arc, Mutex};
+        use std::time::Duration;
+        let start = tokio::time::Instant::now();
+        let beats = Arc::new(Mutex::new(Vec::new()));
+        let seen = beats.clone();
+        super::heartbeat_until_lost("k", Duration::from_secs(30), move || {
+            let seen = seen.clone();
+            async move {
+                let mut seen = seen.lock().unwrap();
+                seen.push(start.elapsed());
+                match seen.len() {
+                    1 => Err(crate::Error::Listener("a blip".into())),
+                    2 | 3 => Ok(true),
+                    _ => Ok(false),
+                }
+            }
+        })
+        .await;
+        let beats = beats.lock().unwrap().clone();
+        let secs: Vec<u64> = beats.iter().map(|d| d.as_secs()).collect();
+        assert_eq!(secs, [10, 11, 21, 31], "{beats:?}");
     }
 }
