@@ -153,25 +153,52 @@ pub(crate) fn freshness(
 /// after a jittered 50 ms, then 100 ms (R2): every pg_once call is safe to repeat, and
 /// claims belong to the LISTEN connection, not to the pooled one. (A macro rather than a function taking an async closure: the
 /// closure's borrowed futures would not be provably `Send` for `tokio::spawn`.)
+///
+/// `with_conn!(inner, until deadline, |c| ...)` bounds the retries by a caller's `wait`
+/// (R2, N6): the first attempt is made as always (getting its connection waits at most
+/// `connect_timeout`), but a retry is made only if its pause ends before the deadline,
+/// and its wait for a connection stops there; the connection error is returned then. (A
+/// call with `wait` zero is tried once.) A statement already sent is never abandoned: a
+/// claim it made would be held by nobody.
 macro_rules! with_conn {
-    ($inner:expr, |$c:ident| $call:expr) => {{
+    ($inner:expr, |$c:ident| $call:expr) => {
+        with_conn!($inner, until None::<std::time::Instant>, |$c| $call)
+    };
+    ($inner:expr, until $deadline:expr, |$c:ident| $call:expr) => {{
         let inner: &$crate::client::Inner = &$inner;
+        let deadline: Option<std::time::Instant> = $deadline;
         let mut attempt: u32 = 0;
+        let mut failed: Option<$crate::Error> = None;
         loop {
             attempt += 1;
-            let result: $crate::Result<_> = match inner.pool.get().await {
+            let conn = match (deadline, failed.take()) {
+                (Some(deadline), Some(before)) => {
+                    match tokio::time::timeout_at(deadline.into(), inner.pool.get()).await {
+                        Ok(conn) => conn.map_err($crate::Error::from),
+                        Err(_) => break Err(before),
+                    }
+                }
+                _ => inner.pool.get().await.map_err($crate::Error::from),
+            };
+            let result: $crate::Result<_> = match conn {
                 Ok(conn) => {
                     let $c: &tokio_postgres::Client = &conn;
                     $call.await
                 }
-                Err(e) => Err(e.into()),
+                Err(e) => Err(e),
             };
             match result {
                 Err(e) if e.is_connection_error() && attempt < 4 => {
-                    if attempt > 1 {
-                        let pause = std::time::Duration::from_millis(50 << (attempt - 2));
-                        tokio::time::sleep($crate::jitter(pause)).await;
+                    let pause = if attempt > 1 {
+                        $crate::jitter(std::time::Duration::from_millis(50 << (attempt - 2)))
+                    } else {
+                        std::time::Duration::ZERO
+                    };
+                    if deadline.is_some_and(|d| std::time::Instant::now() + pause >= d) {
+                        break Err(e);
                     }
+                    tokio::time::sleep(pause).await;
+                    failed = Some(e);
                 }
                 other => break other,
             }
@@ -862,7 +889,7 @@ async fn resolve(
         let owner = inner
             .owner(deadline.saturating_duration_since(Instant::now()))
             .await?;
-        let claim = match with_conn!(inner, |c| claim(c, key, s, owner)) {
+        let claim = match with_conn!(inner, until Some(deadline), |c| claim(c, key, s, owner)) {
             Ok(claim) => claim,
             Err(e) => {
                 let left = deadline.saturating_duration_since(Instant::now());

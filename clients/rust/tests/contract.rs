@@ -459,3 +459,80 @@ async fn a_compute_error_is_stored_as_type_colon_message() {
         }
     }
 }
+
+/// A client whose pool connects to `port` on 127.0.0.1, without a LISTEN connection.
+async fn client_on(port: u16, connect_timeout: Duration) -> Client {
+    Client::connect(
+        &format!("host=127.0.0.1 port={port} user=postgres dbname=postgres"),
+        Options {
+            listen: false,
+            connect_timeout,
+            ..Options::default()
+        },
+    )
+    .await
+    .expect("client")
+}
+
+/// R2, N6: retries of a connection failure stop at the call's own `wait`. A server that
+/// closes every connection at once: with `wait` 20 ms the call is tried twice (the second
+/// at once; the third would come after a pause of at least 25 ms, past the wait) and
+/// returns the connection error, where the retries alone would try it 4 times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_retries_stop_at_the_calls_wait() {
+    let closing = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = closing.local_addr().unwrap().port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = accepted.clone();
+    let server = tokio::spawn(async move {
+        while let Ok((socket, _)) = closing.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
+            drop(socket);
+        }
+    });
+    let client = client_on(port, Duration::from_secs(10)).await;
+    let opts = CallOptions {
+        wait: Some(Duration::from_millis(20)),
+        ..CallOptions::default()
+    };
+    let got = client
+        .get_or_compute("r2", || async { Ok::<_, std::io::Error>(1) }, opts)
+        .await;
+    server.abort();
+    match got {
+        Err(e) => assert!(e.is_connection_error(), "{e:?}"),
+        Ok(v) => panic!("{v}"),
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+}
+
+/// R2, N6: a server that accepts connections and never answers. The first attempt waits
+/// its `connect_timeout` (1 s); no retry starts after the call's `wait` (300 ms) has run
+/// out, where 4 attempts would take 4 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_server_is_not_retried_past_the_wait() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let held = tokio::spawn(async move {
+        let mut sockets = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            sockets.push(socket); // held open, never answered
+        }
+    });
+    let client = client_on(port, Duration::from_secs(1)).await;
+    let opts = CallOptions {
+        wait: Some(Duration::from_millis(300)),
+        ..CallOptions::default()
+    };
+    let started = Instant::now();
+    let got = client
+        .get_or_compute("r2-silent", || async { Ok::<_, std::io::Error>(1) }, opts)
+        .await;
+    let took = started.elapsed();
+    held.abort();
+    match got {
+        Err(e) => assert!(e.is_connection_error(), "{e:?}"),
+        Ok(v) => panic!("{v}"),
+    }
+    assert!(took < Duration::from_millis(1900), "{took:?}");
+}
