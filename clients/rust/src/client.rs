@@ -842,13 +842,28 @@ impl Inner {
     }
 }
 
+/// Rule F7's refusal of `stale` and `beta` against a server older than 0.2.0.
+const NO_FRESHNESS_SERVER: &str = "stale and beta need pg_once 0.2.0 or later on the server \
+    (ALTER EXTENSION pg_once UPDATE)";
+
 /// `claim_key(key, lease, wait => 0, owner_pid => owner)`, with `serve_stale => true` when
 /// the call asks for stale or early-refreshed answers (`stale` or `beta`). Without them
 /// the call is the one pg_once 0.1 took, and is answered as it was: it waits for a refresh
 /// another caller runs rather than be served the old result.
+///
+/// F7: `stale` and `beta` need pg_once 0.2.0 on the server. An older one (no
+/// `owner_session()`, so claims owned by their connection, or no `serve_stale` argument:
+/// 42883) is a configuration error before anything is claimed.
 async fn claim(c: &tokio_postgres::Client, key: &str, s: &Resolved, owner: Owner) -> Result<Claim> {
     if s.freshness.stale.is_some() || s.freshness.beta.is_some() {
-        raw::claim_key_serving_stale(c, key, s.lease, Duration::ZERO, owner).await
+        let too_old = || Error::Configuration(NO_FRESHNESS_SERVER.into());
+        if owner == Owner::Connection {
+            return Err(too_old());
+        }
+        match raw::claim_key_serving_stale(c, key, s.lease, Duration::ZERO, owner).await {
+            Err(e) if e.sqlstate() == Some("42883") => Err(too_old()),
+            other => other,
+        }
     } else {
         raw::claim_key(c, key, s.lease, Duration::ZERO, owner).await
     }

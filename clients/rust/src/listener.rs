@@ -226,8 +226,9 @@ impl Listener {
 /// Connect, LISTEN, name the owner, relay notifications; on loss, start over.
 async fn run(config: Conninfo, registry: Arc<Registry>, state: watch::Sender<State>) {
     let mut backoff = Duration::from_millis(50);
+    let mut warned_legacy = false;
     loop {
-        match session(&config, &registry, &state).await {
+        match session(&config, &registry, &state, &mut warned_legacy).await {
             Ok(()) => backoff = Duration::from_millis(50),
             Err(e) => {
                 if matches!(e, Error::Configuration(_)) {
@@ -250,6 +251,11 @@ async fn run(config: Conninfo, registry: Arc<Registry>, state: watch::Sender<Sta
         backoff = (backoff * 2).min(Duration::from_secs(2));
     }
 }
+
+/// The warning for a server without `once.owner_session()` (rule F7).
+pub(crate) const LEGACY_SERVER: &str = "pg_once: the server has no once.owner_session() \
+    (pg_once before 0.2.0): claims belong to the pooled connection that made them, and a \
+    recycled connection loses them (ALTER EXTENSION pg_once UPDATE)";
 
 /// Why a LISTEN connection through a transaction pooler is refused (rule N5).
 const TRANSACTION_POOLER: &str = "the LISTEN connection goes through a transaction pooler \
@@ -306,6 +312,7 @@ async fn session(
     config: &Conninfo,
     registry: &Registry,
     state: &watch::Sender<State>,
+    warned_legacy: &mut bool,
 ) -> Result<()> {
     let (client, mut connection) = config.config().connect(config.connector()?).await?;
     let (tx, mut notifications) = mpsc::unbounded_channel();
@@ -327,7 +334,11 @@ async fn session(
             if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_FUNCTION) =>
         {
             // A server that predates owner_session(): claims fall back to belonging to
-            // the connection that makes them (owner_pid left out).
+            // the connection that makes them (owner_pid left out). F7: said once per
+            // client, not at every reconnection.
+            if !std::mem::replace(warned_legacy, true) {
+                tracing::warn!("{LEGACY_SERVER}");
+            }
             Owner::Connection
         }
         Err(e) => return Err(e),
