@@ -268,6 +268,14 @@ const TRANSACTION_POOLER: &str = "the LISTEN connection goes through a transacti
 /// arrives in milliseconds.
 const PROBE_PATIENCE: Duration = Duration::from_secs(2);
 
+/// How long the LISTEN connection may stay silent before it is checked with a query, and
+/// how long that query may take (rule N4, as in the Python and Node clients).
+pub(crate) const IDLE_CHECK: Duration = Duration::from_secs(5);
+
+/// How long connecting the LISTEN connection may take when the conninfo sets no
+/// `connect_timeout` (the pool's default, [`crate::Options::connect_timeout`]).
+const CONNECT_PATIENCE: Duration = Duration::from_secs(10);
+
 /// The first column of the first row of `sql`, an integer (simple query protocol: no
 /// statement is prepared).
 async fn first_int(client: &tokio_postgres::Client, sql: &str) -> Result<i32> {
@@ -314,7 +322,17 @@ async fn session(
     state: &watch::Sender<State>,
     warned_legacy: &mut bool,
 ) -> Result<()> {
-    let (client, mut connection) = config.config().connect(config.connector()?).await?;
+    // Bounded, as libpq's connect_timeout would be: a network that swallows every packet
+    // (what N4's check replaces a connection for) would otherwise hang the reconnection.
+    let patience = config
+        .config()
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(CONNECT_PATIENCE);
+    let (client, mut connection) =
+        tokio::time::timeout(patience, config.config().connect(config.connector()?))
+            .await
+            .map_err(|_| Error::Listener(format!("could not connect within {patience:?}")))??;
     let (tx, mut notifications) = mpsc::unbounded_channel();
     let _driver = AbortOnDrop(tokio::spawn(async move {
         let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
@@ -362,8 +380,28 @@ async fn session(
     });
     // Anything notified while we were away was missed: everyone looks again.
     registry.wake_all();
-    while let Some(key) = notifications.recv().await {
-        registry.wake(&key);
+    loop {
+        match tokio::time::timeout(IDLE_CHECK, notifications.recv()).await {
+            Ok(Some(key)) => registry.wake(&key),
+            Ok(None) => break, // the connection closed
+            Err(_idle) => {
+                // N4: a connection whose network went silent (no FIN, no RST) tells us
+                // nothing for minutes (TCP keepalive), and meanwhile every wake-up is lost
+                // without a word. A query every IDLE_CHECK of silence, answered within as
+                // much, or the connection is replaced.
+                let check = tokio::time::timeout(IDLE_CHECK, client.simple_query("SELECT 1"));
+                let failed = match check.await {
+                    Ok(Ok(_)) => continue,
+                    Ok(Err(e)) => e.to_string(),
+                    Err(_) => format!("no answer to a check within {IDLE_CHECK:?}"),
+                };
+                tracing::warn!(
+                    error = failed,
+                    "pg_once: the LISTEN connection failed, reconnecting"
+                );
+                break;
+            }
+        }
     }
     drop(client);
     Ok(())

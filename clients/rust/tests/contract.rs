@@ -536,3 +536,138 @@ async fn a_silent_server_is_not_retried_past_the_wait() {
     }
     assert!(took < Duration::from_millis(1900), "{took:?}");
 }
+
+/// `dsn` (libpq key/value) with `key` set to `value`.
+fn with_param(dsn: &str, key: &str, value: &str) -> String {
+    let mut out: Vec<String> = dsn
+        .split_whitespace()
+        .filter(|kv| !kv.starts_with(&format!("{key}=")))
+        .map(str::to_owned)
+        .collect();
+    out.push(format!("{key}={value}"));
+    out.join(" ")
+}
+
+/// A TCP proxy to `target` that can go silent (every byte dropped, both ways, nothing
+/// closed: a network that died without a FIN or RST) and close every connection.
+struct Proxy {
+    port: u16,
+    silent: Arc<std::sync::atomic::AtomicBool>,
+    links: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(target: String) -> Proxy {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let silent = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let links = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let accept = {
+            let (silent, links) = (silent.clone(), links.clone());
+            tokio::spawn(async move {
+                while let Ok((inbound, _)) = listener.accept().await {
+                    let Ok(outbound) = tokio::net::TcpStream::connect(&target).await else {
+                        continue;
+                    };
+                    let (ri, wi) = inbound.into_split();
+                    let (ro, wo) = outbound.into_split();
+                    for (mut from, mut to) in [(ri, wo), (ro, wi)].map(|(r, w)| {
+                        (
+                            Box::new(r) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
+                            w,
+                        )
+                    }) {
+                        let silent = silent.clone();
+                        links.lock().unwrap().push(tokio::spawn(async move {
+                            let mut buf = vec![0u8; 16384];
+                            while let Ok(n @ 1..) = from.read(&mut buf).await {
+                                if !silent.load(Ordering::SeqCst)
+                                    && to.write_all(&buf[..n]).await.is_err()
+                                {
+                                    break;
+                                }
+                            }
+                        }));
+                    }
+                }
+            })
+        };
+        Proxy {
+            port,
+            silent,
+            links,
+            accept,
+        }
+    }
+
+    fn silence(&self, on: bool) {
+        self.silent.store(on, Ordering::SeqCst);
+    }
+
+    /// Close every connection made so far (their sockets are dropped).
+    fn cut(&self) {
+        for link in self.links.lock().unwrap().drain(..) {
+            link.abort();
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.cut();
+        self.accept.abort();
+    }
+}
+
+/// N4: a LISTEN connection whose network goes silent (no FIN, no RST) is noticed by the
+/// check after 5 s of silence, answered within 5 s, and replaced by a new connection
+/// with a new owner pid; without the check nothing would notice for minutes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listen_connection_that_goes_silent_is_replaced() {
+    let setup = &setups()[0];
+    let dsn = &setup.direct_dsn;
+    let param = |key: &str| {
+        dsn.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
+            .map(str::to_owned)
+    };
+    let target = format!(
+        "{}:{}",
+        param("host").unwrap_or_else(|| "127.0.0.1".into()),
+        param("port").unwrap_or_else(|| "5432".into())
+    );
+    let proxy = Proxy::start(target).await;
+    let via = with_param(
+        &with_param(dsn, "host", "127.0.0.1"),
+        "port",
+        &proxy.port.to_string(),
+    );
+    let client = Client::connect(
+        dsn,
+        Options {
+            listen_conninfo: Some(via),
+            ..Options::default()
+        },
+    )
+    .await
+    .unwrap();
+    client.ready(Duration::from_secs(10)).await.unwrap();
+    let before = client.owner_pid().expect("connected");
+    proxy.silence(true);
+    let started = Instant::now();
+    while client.owner_pid() == Some(before) && started.elapsed() < Duration::from_secs(12) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let noticed = started.elapsed();
+    assert!(
+        noticed < Duration::from_secs(12),
+        "not noticed in {noticed:?}"
+    );
+    proxy.silence(false);
+    proxy.cut(); // the old connection (and any attempt made while silent) is gone
+    client.ready(Duration::from_secs(15)).await.unwrap();
+    let after = client.owner_pid().expect("reconnected");
+    assert_ne!(after, before, "noticed after {noticed:?}");
+}
