@@ -253,7 +253,7 @@ async fn run(config: Conninfo, registry: Arc<Registry>, state: watch::Sender<Sta
 }
 
 /// The warning for a server without `once.owner_session()` (rule F7).
-pub(crate) const LEGACY_SERVER: &str = "pg_once: the server has no once.owner_session() \
+const LEGACY_SERVER: &str = "pg_once: the server has no once.owner_session() \
     (pg_once before 0.2.0): claims belong to the pooled connection that made them, and a \
     recycled connection loses them (ALTER EXTENSION pg_once UPDATE)";
 
@@ -270,7 +270,7 @@ const PROBE_PATIENCE: Duration = Duration::from_secs(2);
 
 /// How long the LISTEN connection may stay silent before it is checked with a query, and
 /// how long that query may take (rule N4, as in the Python and Node clients).
-pub(crate) const IDLE_CHECK: Duration = Duration::from_secs(5);
+const IDLE_CHECK: Duration = Duration::from_secs(5);
 
 /// How long connecting the LISTEN connection may take when the conninfo sets no
 /// `connect_timeout` (the pool's default, [`crate::Options::connect_timeout`]).

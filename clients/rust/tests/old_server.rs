@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{connect, setups};
+use common::{connect, setups, with_param};
 use pg_once_client::{CallOptions, Client, Error, Options};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -40,17 +40,6 @@ impl tracing::Subscriber for Warnings {
     }
     fn enter(&self, _: &tracing::span::Id) {}
     fn exit(&self, _: &tracing::span::Id) {}
-}
-
-/// `dsn` (libpq key/value) with `key` set to `value`.
-fn with_param(dsn: &str, key: &str, value: &str) -> String {
-    let mut out: Vec<String> = dsn
-        .split_whitespace()
-        .filter(|kv| !kv.starts_with(&format!("{key}=")))
-        .map(str::to_owned)
-        .collect();
-    out.push(format!("{key}={value}"));
-    out.join(" ")
 }
 
 const DATABASE: &str = "pg_once_rust_old_server";
