@@ -153,25 +153,52 @@ pub(crate) fn freshness(
 /// after a jittered 50 ms, then 100 ms (R2): every pg_once call is safe to repeat, and
 /// claims belong to the LISTEN connection, not to the pooled one. (A macro rather than a function taking an async closure: the
 /// closure's borrowed futures would not be provably `Send` for `tokio::spawn`.)
+///
+/// `with_conn!(inner, until deadline, |c| ...)` bounds the retries by a caller's `wait`
+/// (R2, N6): the first attempt is made as always (getting its connection waits at most
+/// `connect_timeout`), but a retry is made only if its pause ends before the deadline,
+/// and its wait for a connection stops there; the connection error is returned then. (A
+/// call with `wait` zero is tried once.) A statement already sent is never abandoned: a
+/// claim it made would be held by nobody.
 macro_rules! with_conn {
-    ($inner:expr, |$c:ident| $call:expr) => {{
+    ($inner:expr, |$c:ident| $call:expr) => {
+        with_conn!($inner, until None::<std::time::Instant>, |$c| $call)
+    };
+    ($inner:expr, until $deadline:expr, |$c:ident| $call:expr) => {{
         let inner: &$crate::client::Inner = &$inner;
+        let deadline: Option<std::time::Instant> = $deadline;
         let mut attempt: u32 = 0;
+        let mut failed: Option<$crate::Error> = None;
         loop {
             attempt += 1;
-            let result: $crate::Result<_> = match inner.pool.get().await {
+            let conn = match (deadline, failed.take()) {
+                (Some(deadline), Some(before)) => {
+                    match tokio::time::timeout_at(deadline.into(), inner.pool.get()).await {
+                        Ok(conn) => conn.map_err($crate::Error::from),
+                        Err(_) => break Err(before),
+                    }
+                }
+                _ => inner.pool.get().await.map_err($crate::Error::from),
+            };
+            let result: $crate::Result<_> = match conn {
                 Ok(conn) => {
                     let $c: &tokio_postgres::Client = &conn;
                     $call.await
                 }
-                Err(e) => Err(e.into()),
+                Err(e) => Err(e),
             };
             match result {
                 Err(e) if e.is_connection_error() && attempt < 4 => {
-                    if attempt > 1 {
-                        let pause = std::time::Duration::from_millis(50 << (attempt - 2));
-                        tokio::time::sleep($crate::jitter(pause)).await;
+                    let pause = if attempt > 1 {
+                        $crate::jitter(std::time::Duration::from_millis(50 << (attempt - 2)))
+                    } else {
+                        std::time::Duration::ZERO
+                    };
+                    if deadline.is_some_and(|d| std::time::Instant::now() + pause >= d) {
+                        break Err(e);
                     }
+                    tokio::time::sleep(pause).await;
+                    failed = Some(e);
                 }
                 other => break other,
             }
@@ -424,9 +451,7 @@ impl Client {
                 None => {
                     let compute: Compute = Box::new(move || {
                         async move {
-                            let value = compute()
-                                .await
-                                .map_err(|e| ComputeError::Failed(e.into()))?;
+                            let value = compute().await.map_err(ComputeError::failed)?;
                             let value =
                                 serde_json::to_value(value).map_err(ComputeError::Serialize)?;
                             readback(&value).map_err(ComputeError::Serialize)?;
@@ -731,8 +756,48 @@ fn reads_back<T: DeserializeOwned>(value: &Value) -> serde_json::Result<()> {
 
 /// What a compute function can end with, before it is turned into an [`Error`].
 pub(crate) enum ComputeError {
-    Failed(Box<dyn std::error::Error + Send + Sync>),
+    /// The function's error, with the short name of its type (see [`failure_text`]).
+    Failed(&'static str, Box<dyn std::error::Error + Send + Sync>),
     Serialize(serde_json::Error),
+}
+
+impl ComputeError {
+    /// A compute function's error `e`, named after its type `E`.
+    pub(crate) fn failed<E>(e: E) -> Self
+    where
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        ComputeError::Failed(type_name_of::<E>(), e.into())
+    }
+}
+
+/// The short name of an error type for rule F2's `Type: message`: the last segment of its
+/// path, without generic arguments (`my_app::Upstream` is `Upstream`, `std::io::Error` is
+/// `Error`). A type that says nothing of the failure (`String`, `&str`, a `Box<dyn Error>`
+/// whose concrete type is gone) is `Error`, as Node writes every error.
+pub(crate) fn type_name_of<E>() -> &'static str {
+    let full = std::any::type_name::<E>();
+    let path = full.split('<').next().unwrap_or(full);
+    let short = path
+        .rsplit("::")
+        .next()
+        .unwrap_or(path)
+        .trim_start_matches('&');
+    match short {
+        "" | "str" | "String" | "Box" | "Arc" | "Cow" => "Error",
+        short => short,
+    }
+}
+
+/// The text `fail_key` stores for a compute function's error (rule F2): `Type: message`,
+/// or the type alone when the message is empty, as the Python and Node clients write it.
+pub(crate) fn failure_text(kind: &str, e: &(dyn std::error::Error + Send + Sync)) -> String {
+    let message = e.to_string();
+    if message.is_empty() {
+        kind.to_owned()
+    } else {
+        format!("{kind}: {message}")
+    }
 }
 
 pub(crate) type Compute =
@@ -777,13 +842,28 @@ impl Inner {
     }
 }
 
+/// Rule F7's refusal of `stale` and `beta` against a server older than 0.2.0.
+const NO_FRESHNESS_SERVER: &str = "stale and beta need pg_once 0.2.0 or later on the server \
+    (ALTER EXTENSION pg_once UPDATE)";
+
 /// `claim_key(key, lease, wait => 0, owner_pid => owner)`, with `serve_stale => true` when
 /// the call asks for stale or early-refreshed answers (`stale` or `beta`). Without them
 /// the call is the one pg_once 0.1 took, and is answered as it was: it waits for a refresh
 /// another caller runs rather than be served the old result.
+///
+/// F7: `stale` and `beta` need pg_once 0.2.0 on the server. An older one (no
+/// `owner_session()`, so claims owned by their connection, or no `serve_stale` argument:
+/// 42883) is a configuration error before anything is claimed.
 async fn claim(c: &tokio_postgres::Client, key: &str, s: &Resolved, owner: Owner) -> Result<Claim> {
     if s.freshness.stale.is_some() || s.freshness.beta.is_some() {
-        raw::claim_key_serving_stale(c, key, s.lease, Duration::ZERO, owner).await
+        let too_old = || Error::Configuration(NO_FRESHNESS_SERVER.into());
+        if owner == Owner::Connection {
+            return Err(too_old());
+        }
+        match raw::claim_key_serving_stale(c, key, s.lease, Duration::ZERO, owner).await {
+            Err(e) if e.sqlstate() == Some("42883") => Err(too_old()),
+            other => other,
+        }
     } else {
         raw::claim_key(c, key, s.lease, Duration::ZERO, owner).await
     }
@@ -824,7 +904,7 @@ async fn resolve(
         let owner = inner
             .owner(deadline.saturating_duration_since(Instant::now()))
             .await?;
-        let claim = match with_conn!(inner, |c| claim(c, key, s, owner)) {
+        let claim = match with_conn!(inner, until Some(deadline), |c| claim(c, key, s, owner)) {
             Ok(claim) => claim,
             Err(e) => {
                 let left = deadline.saturating_duration_since(Instant::now());
@@ -947,31 +1027,43 @@ pub(crate) async fn compute_with_heartbeat(
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "a panic".into());
             Err(ComputeError::Failed(
-                format!("compute panicked: {what}").into(),
+                "panic",
+                format!("the compute function panicked: {what}").into(),
             ))
         }
     });
-    let heartbeats = async {
-        let every = lease / 3;
-        // H2: after a failed beat, the next comes within a second, not a full third of the
-        // lease later, so that two blips in a row do not lose the claim.
-        let after_failure = every.min(Duration::from_secs(1)).min(lease / 6);
-        let mut next = every;
-        loop {
-            tokio::time::sleep(next).await;
-            match with_conn!(inner, |c| raw::heartbeat_key(c, key, token, lease)) {
-                Ok(Some(_)) => next = every,
-                Ok(None) => return,
-                Err(e) => {
-                    tracing::warn!(key, error = %e, "pg_once: a heartbeat failed; retrying");
-                    next = after_failure;
-                }
-            }
-        }
-    };
+    let heartbeats = heartbeat_until_lost(key, lease, || async move {
+        with_conn!(inner, |c| raw::heartbeat_key(c, key, token, lease)).map(|a| a.is_some())
+    });
     tokio::select! {
         done = work => Ran::Done(done),
         () = heartbeats => Ran::Lost,
+    }
+}
+
+/// Heartbeat a claim with `beat` (true: extended, false: the claim is lost) every
+/// `lease / 3` (H1) until a beat says it is lost (H3), the only way this returns.
+///
+/// H2: after a failed beat, the next comes within a second (`lease / 6` when shorter), not
+/// a full third of the lease later, so that two blips in a row do not lose the claim.
+pub(crate) async fn heartbeat_until_lost<F, Fut>(key: &str, lease: Duration, mut beat: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool>>,
+{
+    let every = lease / 3;
+    let after_failure = every.min(Duration::from_secs(1)).min(lease / 6);
+    let mut next = every;
+    loop {
+        tokio::time::sleep(next).await;
+        match beat().await {
+            Ok(true) => next = every,
+            Ok(false) => return,
+            Err(e) => {
+                tracing::warn!(key, error = %e, "pg_once: a heartbeat failed; retrying");
+                next = after_failure;
+            }
+        }
     }
 }
 
@@ -1018,8 +1110,8 @@ pub(crate) async fn run_claimed(
                 }
             }
         }
-        Ran::Done(Err(ComputeError::Failed(source))) => {
-            let message = source.to_string();
+        Ran::Done(Err(ComputeError::Failed(kind, source))) => {
+            let message = failure_text(kind, &*source);
             let error = Error::Compute {
                 key: key.to_owned(),
                 source: Arc::from(source),
@@ -1059,8 +1151,44 @@ pub(crate) async fn run_claimed(
 
 #[cfg(test)]
 mod tests {
-    use super::as_stored;
+    use super::{as_stored, failure_text, type_name_of};
     use serde_json::json;
+
+    #[derive(Debug)]
+    struct Upstream;
+    impl std::fmt::Display for Upstream {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("the upstream said 503")
+        }
+    }
+    impl std::error::Error for Upstream {}
+
+    #[test]
+    fn a_compute_error_is_stored_as_type_colon_message() {
+        // F2: `Type: message`, the type named as a reader knows it.
+        let text =
+            |kind: &str, e: Box<dyn std::error::Error + Send + Sync>| failure_text(kind, &*e);
+        assert_eq!(
+            text(type_name_of::<Upstream>(), Box::new(Upstream)),
+            "Upstream: the upstream said 503"
+        );
+        assert_eq!(
+            text(
+                type_name_of::<std::io::Error>(),
+                std::io::Error::other("boom").into()
+            ),
+            "Error: boom"
+        );
+        assert_eq!(text(type_name_of::<&str>(), "boom".into()), "Error: boom");
+        assert_eq!(
+            text(type_name_of::<String>(), String::new().into()),
+            "Error"
+        );
+        assert_eq!(
+            type_name_of::<Box<dyn std::error::Error + Send + Sync>>(),
+            "Error"
+        );
+    }
 
     #[test]
     fn numbers_read_back_as_jsonb_writes_them() {
@@ -1072,5 +1200,32 @@ mod tests {
             as_stored(json!([1e-7, 2.5, 1.0, -3e2])),
             json!([0.0000001, 2.5, 1.0, -300.0])
         );
+    }
+
+    /// H2: with a lease of 30 s the first beat comes at 10 s; when it fails, the next comes
+    /// 1 s later, not at 20 s, and beats go back to every 10 s once one succeeds.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_heartbeat_is_retried_within_a_second() {
+        use std::sync::{Arc, Mutex};
+        use std::time::Duration;
+        let start = tokio::time::Instant::now();
+        let beats = Arc::new(Mutex::new(Vec::new()));
+        let seen = beats.clone();
+        super::heartbeat_until_lost("k", Duration::from_secs(30), move || {
+            let seen = seen.clone();
+            async move {
+                let mut seen = seen.lock().unwrap();
+                seen.push(start.elapsed());
+                match seen.len() {
+                    1 => Err(crate::Error::Listener("a blip".into())),
+                    2 | 3 => Ok(true),
+                    _ => Ok(false),
+                }
+            }
+        })
+        .await;
+        let beats = beats.lock().unwrap().clone();
+        let secs: Vec<u64> = beats.iter().map(|d| d.as_secs()).collect();
+        assert_eq!(secs, [10, 11, 21, 31], "{beats:?}");
     }
 }

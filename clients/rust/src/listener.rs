@@ -226,8 +226,9 @@ impl Listener {
 /// Connect, LISTEN, name the owner, relay notifications; on loss, start over.
 async fn run(config: Conninfo, registry: Arc<Registry>, state: watch::Sender<State>) {
     let mut backoff = Duration::from_millis(50);
+    let mut warned_legacy = false;
     loop {
-        match session(&config, &registry, &state).await {
+        match session(&config, &registry, &state, &mut warned_legacy).await {
             Ok(()) => backoff = Duration::from_millis(50),
             Err(e) => {
                 if matches!(e, Error::Configuration(_)) {
@@ -251,6 +252,11 @@ async fn run(config: Conninfo, registry: Arc<Registry>, state: watch::Sender<Sta
     }
 }
 
+/// The warning for a server without `once.owner_session()` (rule F7).
+const LEGACY_SERVER: &str = "pg_once: the server has no once.owner_session() \
+    (pg_once before 0.2.0): claims belong to the pooled connection that made them, and a \
+    recycled connection loses them (ALTER EXTENSION pg_once UPDATE)";
+
 /// Why a LISTEN connection through a transaction pooler is refused (rule N5).
 const TRANSACTION_POOLER: &str = "the LISTEN connection goes through a transaction pooler \
     (PgBouncer in transaction mode?): notifications would never arrive. Set listen_conninfo \
@@ -261,6 +267,14 @@ const TRANSACTION_POOLER: &str = "the LISTEN connection goes through a transacti
 /// judged to be behind a transaction pooler. On a direct or session-pooled connection it
 /// arrives in milliseconds.
 const PROBE_PATIENCE: Duration = Duration::from_secs(2);
+
+/// How long the LISTEN connection may stay silent before it is checked with a query, and
+/// how long that query may take (rule N4, as in the Python and Node clients).
+const IDLE_CHECK: Duration = Duration::from_secs(5);
+
+/// How long connecting the LISTEN connection may take when the conninfo sets no
+/// `connect_timeout` (the pool's default, [`crate::Options::connect_timeout`]).
+const CONNECT_PATIENCE: Duration = Duration::from_secs(10);
 
 /// The first column of the first row of `sql`, an integer (simple query protocol: no
 /// statement is prepared).
@@ -306,8 +320,19 @@ async fn session(
     config: &Conninfo,
     registry: &Registry,
     state: &watch::Sender<State>,
+    warned_legacy: &mut bool,
 ) -> Result<()> {
-    let (client, mut connection) = config.config().connect(config.connector()?).await?;
+    // Bounded, as libpq's connect_timeout would be: a network that swallows every packet
+    // (what N4's check replaces a connection for) would otherwise hang the reconnection.
+    let patience = config
+        .config()
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(CONNECT_PATIENCE);
+    let (client, mut connection) =
+        tokio::time::timeout(patience, config.config().connect(config.connector()?))
+            .await
+            .map_err(|_| Error::Listener(format!("could not connect within {patience:?}")))??;
     let (tx, mut notifications) = mpsc::unbounded_channel();
     let _driver = AbortOnDrop(tokio::spawn(async move {
         let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
@@ -327,7 +352,11 @@ async fn session(
             if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_FUNCTION) =>
         {
             // A server that predates owner_session(): claims fall back to belonging to
-            // the connection that makes them (owner_pid left out).
+            // the connection that makes them (owner_pid left out). F7: said once per
+            // client, not at every reconnection.
+            if !std::mem::replace(warned_legacy, true) {
+                tracing::warn!("{LEGACY_SERVER}");
+            }
             Owner::Connection
         }
         Err(e) => return Err(e),
@@ -351,8 +380,28 @@ async fn session(
     });
     // Anything notified while we were away was missed: everyone looks again.
     registry.wake_all();
-    while let Some(key) = notifications.recv().await {
-        registry.wake(&key);
+    loop {
+        match tokio::time::timeout(IDLE_CHECK, notifications.recv()).await {
+            Ok(Some(key)) => registry.wake(&key),
+            Ok(None) => break, // the connection closed
+            Err(_idle) => {
+                // N4: a connection whose network went silent (no FIN, no RST) tells us
+                // nothing for minutes (TCP keepalive), and meanwhile every wake-up is lost
+                // without a word. A query every IDLE_CHECK of silence, answered within as
+                // much, or the connection is replaced.
+                let check = tokio::time::timeout(IDLE_CHECK, client.simple_query("SELECT 1"));
+                let failed = match check.await {
+                    Ok(Ok(_)) => continue,
+                    Ok(Err(e)) => e.to_string(),
+                    Err(_) => format!("no answer to a check within {IDLE_CHECK:?}"),
+                };
+                tracing::warn!(
+                    error = failed,
+                    "pg_once: the LISTEN connection failed, reconnecting"
+                );
+                break;
+            }
+        }
     }
     drop(client);
     Ok(())

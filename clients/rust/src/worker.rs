@@ -16,7 +16,7 @@ use tokio::task::JoinSet;
 #[derive(Debug, Clone)]
 pub struct WorkOptions {
     /// Jobs handled at once; `claim_next` is asked for as many as there are free slots.
-    /// Default 4.
+    /// Default 1 (rule W2: a handler need not be safe to run beside itself unless asked).
     pub concurrency: usize,
     /// Lease of each claimed job, heartbeated every `lease / 3`. Default 30 s.
     pub lease: Duration,
@@ -25,7 +25,8 @@ pub struct WorkOptions {
     pub idle_wait: Duration,
     /// When busy with free slots, how often to look for more work (jittered). Default 200 ms.
     pub poll: Duration,
-    /// The worker's name in `once.attempts`. Default None.
+    /// The worker's name in `once.attempts`. Default `host:pid` (rule W2), as the Python
+    /// and Node workers name themselves; None records no name.
     pub worker: Option<String>,
     /// How long results are cached (None: until invalidated). Default None.
     pub ttl: Option<Duration>,
@@ -33,23 +34,38 @@ pub struct WorkOptions {
     /// Default 0.
     pub retry_after: Duration,
     /// On shutdown, how long running jobs may take to finish before they are stopped and
-    /// their keys released (back to the queue, the attempt not counted). Default 10 s.
+    /// their keys released (back to the queue, the attempt not counted). Default 30 s
+    /// (rule W2's `grace`).
     pub drain: Duration,
 }
 
 impl Default for WorkOptions {
     fn default() -> Self {
         WorkOptions {
-            concurrency: 4,
+            concurrency: 1,
             lease: Duration::from_secs(30),
             idle_wait: Duration::from_secs(1),
             poll: Duration::from_millis(200),
-            worker: None,
+            worker: Some(worker_name()),
             ttl: None,
             retry_after: Duration::ZERO,
-            drain: Duration::from_secs(10),
+            drain: Duration::from_secs(30),
         }
     }
+}
+
+/// `host:pid`, the default worker name of every client (rule W2): the host as
+/// `socket.gethostname()` and `os.hostname()` give it (the kernel's node name), so that a
+/// Rust, Python and Node worker on one machine are told apart by their pid alone.
+fn worker_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .or_else(|| std::env::var("COMPUTERNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into());
+    format!("{host}:{}", std::process::id())
 }
 
 /// What a worker loop did, returned when it stops.
@@ -262,7 +278,7 @@ where
 {
     let work = handler(job.clone());
     let work = async move {
-        let value = work.await.map_err(|e| ComputeError::Failed(e.into()))?;
+        let value = work.await.map_err(ComputeError::failed)?;
         serde_json::to_value(value).map_err(ComputeError::Serialize)
     }
     .boxed();
@@ -279,7 +295,7 @@ where
         .map(|stored| if stored { End::Completed } else { End::Lost }),
         Ran::Done(Err(e)) => {
             let message = match e {
-                ComputeError::Failed(e) => e.to_string(),
+                ComputeError::Failed(kind, e) => crate::client::failure_text(kind, &*e),
                 ComputeError::Serialize(e) => format!("the result is not JSON-serialisable: {e}"),
             };
             with_conn!(inner, |c| raw::fail_key(
@@ -293,4 +309,27 @@ where
         }
     };
     outcome.unwrap_or(End::Error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WorkOptions;
+    use std::time::Duration;
+
+    #[test]
+    fn defaults_are_the_contracts() {
+        // W2: concurrency 1, lease 30 s, ttl none, retry_after 0, idle_wait 1 s, grace 30 s,
+        // name host:pid.
+        let o = WorkOptions::default();
+        assert_eq!(o.concurrency, 1);
+        assert_eq!(o.lease, Duration::from_secs(30));
+        assert_eq!(o.ttl, None);
+        assert_eq!(o.retry_after, Duration::ZERO);
+        assert_eq!(o.idle_wait, Duration::from_secs(1));
+        assert_eq!(o.drain, Duration::from_secs(30));
+        let name = o.worker.expect("a default name");
+        let (host, pid) = name.rsplit_once(':').expect("host:pid");
+        assert!(!host.is_empty(), "{name}");
+        assert_eq!(pid, std::process::id().to_string());
+    }
 }

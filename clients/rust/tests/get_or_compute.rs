@@ -309,7 +309,7 @@ async fn compute_error_is_shared_and_the_key_is_not_stuck() {
             Err(Error::Failed {
                 message, retry_at, ..
             }) => {
-                assert_eq!(message, "upstream returned 503");
+                assert_eq!(message, "Error: upstream returned 503"); // F2: io::Error
                 assert!(retry_at.is_some());
             }
             other => panic!(

@@ -118,3 +118,14 @@ pub fn fresh(name: &str) -> String {
         .as_nanos();
     format!("{name}-{nanos}-{}", COUNTER.fetch_add(1, Ordering::Relaxed))
 }
+
+/// `dsn` (libpq key/value) with `key` set to `value`.
+pub fn with_param(dsn: &str, key: &str, value: &str) -> String {
+    let mut out: Vec<String> = dsn
+        .split_whitespace()
+        .filter(|kv| !kv.starts_with(&format!("{key}=")))
+        .map(str::to_owned)
+        .collect();
+    out.push(format!("{key}={value}"));
+    out.join(" ")
+}
