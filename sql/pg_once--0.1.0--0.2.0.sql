@@ -171,6 +171,10 @@ CREATE TRIGGER entries_record_attempt
           AND (NEW.last_outcome IS NULL OR NEW.last_outcome OPERATOR(pg_catalog.<>) 'completed'))
     EXECUTE FUNCTION once_internal.record_attempt();
 
+-- reap_stale's purge probes a btree on finished_at, not a BRIN index (schema.sql).
+DROP INDEX once.attempts_finished_idx;
+CREATE INDEX attempts_finished_idx ON once.attempts (finished_at);
+
 -- New functions.
 CREATE FUNCTION once.create_namespace(
     prefix   text,

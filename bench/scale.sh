@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Scale: the background paths against a large once.attempts history (issue 25).
+#
+#   bench/scale.sh        HISTORY_ROWS (2,000,000) rows of history, on a throwaway cluster
+#
+# Prints, for an empty history and for HISTORY_ROWS rows:
+#   - a reap_stale round with nothing to purge (every row younger than the retention):
+#     median and max of ROUNDS (20) calls, in ms;
+#   - the purge: the same number of rows, all past the retention, deleted by reap_stale
+#     calls of their own transaction each, as the worker makes them: rows per call (the
+#     worker makes one call per once.reaper_naptime, 1 s by default), and rows/s while
+#     the calls run back to back.
+# The cluster is not preloaded: no worker reaps meanwhile. Uses the pg_once installed in
+# PG_ONCE_PG_BIN's PostgreSQL (scripts/lib.sh's install_extension).
+set -euo pipefail
+source "$(dirname "$0")/../scripts/lib.sh"
+HISTORY_ROWS=${HISTORY_ROWS:-2000000}
+ROUNDS=${ROUNDS:-20}
+PORT=${PG_ONCE_SCALE_PORT:-$((${PG_ONCE_TEST_PORT:-25400} + 5))}
+NAME=scale-bench
+trap 'cluster_stop $NAME' EXIT
+cluster_start $NAME "$PORT" >/dev/null
+q() { cluster_psql $NAME "$PORT" -qAt "$@"; }
+q -c "CREATE EXTENSION pg_once" -c "SET client_min_messages = warning" -c "
+CREATE FUNCTION reap_round_ms(rounds int, OUT median float8, OUT worst float8) LANGUAGE plpgsql AS \$\$
+DECLARE t timestamptz; ms float8[] := '{}';
+BEGIN
+    FOR i IN 1..rounds LOOP
+        t := clock_timestamp();
+        PERFORM * FROM once.reap_stale();
+        ms := ms || extract(epoch FROM clock_timestamp() - t) * 1000;
+    END LOOP;
+    SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY m), max(m) INTO median, worst FROM unnest(ms) m;
+END \$\$;
+CREATE PROCEDURE purge_all(INOUT rows bigint, INOUT calls int, INOUT secs float8) LANGUAGE plpgsql AS \$\$
+DECLARE t timestamptz := clock_timestamp(); n bigint;
+BEGIN
+    rows := 0; calls := 0;
+    LOOP
+        SELECT history INTO n FROM once.reap_stale();
+        COMMIT;
+        EXIT WHEN n = 0;
+        rows := rows + n; calls := calls + 1;
+    END LOOP;
+    secs := extract(epoch FROM clock_timestamp() - t);
+END \$\$;"
+
+fill() { # fill AGE: HISTORY_ROWS rows that finished over the hour before now() - AGE
+    q -c "TRUNCATE once.attempts" -c "
+INSERT INTO once.attempts (key_hash, key, queue, token, worker, started_at, finished_at, outcome)
+SELECT once.key_hash('job-' || i), 'job-' || i, 'default', i, 'w', f - interval '10 ms', f, 'completed'
+  FROM generate_series(1, $HISTORY_ROWS) i,
+       LATERAL (SELECT now() - interval '$1' - interval '1 hour' + i * interval '1 hour' / $HISTORY_ROWS AS f) x" \
+      -c "VACUUM ANALYZE once.attempts"
+}
+round() { q -F ' ' -c "SELECT round(median::numeric, 2), round(worst::numeric, 2) FROM reap_round_ms($ROUNDS)"; }
+
+echo "reap_stale round, nothing to purge, empty history (median, max ms): $(round)"
+fill '0'
+echo "reap_stale round, nothing to purge, $HISTORY_ROWS history rows (median, max ms): $(round)"
+echo "sizes: $(q -c "SELECT pg_size_pretty(pg_table_size('once.attempts')) || ' table, ' || pg_size_pretty(pg_indexes_size('once.attempts')) || ' indexes'")"
+fill '8 days'
+echo "purge of $HISTORY_ROWS rows past retention (rows, calls, rows per call, s, rows/s): $(q -F ' ' -c "CALL purge_all(0, 0, 0)" | awk '{printf "%d %d %.0f %.1f %.0f", $1, $2, $1 / $2, $3, $1 / $3}')"
