@@ -61,3 +61,33 @@ echo "reap_stale round, nothing to purge, $HISTORY_ROWS history rows (median, ma
 echo "sizes: $(q -c "SELECT pg_size_pretty(pg_table_size('once.attempts')) || ' table, ' || pg_size_pretty(pg_indexes_size('once.attempts')) || ' indexes'")"
 fill '8 days'
 echo "purge of $HISTORY_ROWS rows past retention (rows, calls, rows per call, s, rows/s): $(q -F ' ' -c "CALL purge_all(0, 0, 0)" | awk '{printf "%d %d %.0f %.1f %.0f", $1, $2, $1 / $2, $3, $1 / $3}')"
+
+# Monitoring: once.queue_stats and once.stats over KEYS (1,000,000) done keys in two queues,
+# plus 1,000 queued (half due tomorrow), 100 running and 100 failed: median of 5 reads, in
+# ms, against the view once.queue_stats had before issue 25 (a join of once.entries on the
+# queue, kept here as a query) in the same run.
+KEYS=${KEYS:-1000000}
+q -o /dev/null -c "TRUNCATE once.attempts" -c "SELECT once.create_queue('qa'), once.create_queue('qb')" -c "
+INSERT INTO once.entries (key_hash, key, state, token, result, queue, run_at, owner, owner_pid, lease_expires_at, claimed_at)
+SELECT once.key_hash('k' || i), 'k' || i, s::once.key_state, i, CASE WHEN s = 'done' THEN '1'::jsonb END,
+       CASE WHEN i % 2 = 0 THEN 'qa' ELSE 'qb' END,
+       CASE WHEN s = 'queued' AND i % 4 < 2 THEN now() + interval '1 day' ELSE now() END,
+       CASE WHEN s = 'running' THEN 'w' END, CASE WHEN s = 'running' THEN 1 END,
+       CASE WHEN s = 'running' THEN now() + interval '1 hour' END, CASE WHEN s = 'running' THEN now() END
+  FROM generate_series(1, $KEYS + 1200) i,
+       LATERAL (SELECT CASE WHEN i <= 1000 THEN 'queued' WHEN i <= 1100 THEN 'running'
+                            WHEN i <= 1200 THEN 'failed' ELSE 'done' END AS s) x" -c "VACUUM ANALYZE once.entries"
+time_ms() { # time_ms SQL: median of 5 runs in ms
+    q -c "DO \$\$ DECLARE t timestamptz; ms float8[] := '{}'; BEGIN
+        FOR i IN 1..5 LOOP t := clock_timestamp(); PERFORM * FROM ($1) s; ms := ms || extract(epoch FROM clock_timestamp() - t) * 1000; END LOOP;
+        RAISE NOTICE '%', (SELECT round(percentile_cont(0.5) WITHIN GROUP (ORDER BY m)::numeric, 1) FROM unnest(ms) m); END \$\$" 2>&1 | grep -o '[0-9.]*$'
+}
+old_queue_stats="SELECT q.name AS queue,
+       count(e.key) FILTER (WHERE e.state = 'queued') AS depth,
+       count(e.key) FILTER (WHERE e.state = 'queued' AND e.run_at <= clock_timestamp()) AS due,
+       count(e.key) FILTER (WHERE e.state = 'running') AS running,
+       count(e.key) FILTER (WHERE e.state = 'failed') AS dead
+  FROM once.queues q LEFT JOIN once.entries e ON e.queue = q.name AND once_internal.may_use_key(e.key)
+ WHERE q.namespace IS NULL OR once_internal.may_use_key(q.namespace) GROUP BY q.name"
+echo "once.queue_stats at $KEYS done keys (ms): $(time_ms 'SELECT * FROM once.queue_stats'); the view before issue 25: $(time_ms "$old_queue_stats")"
+echo "once.stats at $KEYS done keys (ms): $(time_ms 'SELECT * FROM once.stats')"

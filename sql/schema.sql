@@ -387,6 +387,10 @@ CREATE INDEX entries_running_idx ON once.entries (key_hash) WHERE state OPERATOR
 -- Results with a time to live, for purging once they expire.
 CREATE INDEX entries_expires_idx ON once.entries (expires_at) WHERE expires_at IS NOT NULL;
 
+-- Failed keys: what once.stats, once.queue_stats and once.dead_letters count or list,
+-- without reading the done ones.
+CREATE INDEX entries_failed_idx ON once.entries (queue) WHERE state OPERATOR(pg_catalog.=) 'failed';
+
 -- claim_next's order within a queue: fewest errors, then priority, then due time. Holds
 -- only queued keys, so workers never scan running, done or failed ones.
 CREATE INDEX entries_queue_idx ON once.entries (queue, errors, priority, run_at)
