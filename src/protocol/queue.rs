@@ -108,10 +108,17 @@ static ENQUEUE_RERUN: Statement = Statement::new(concat!(
 ));
 
 // once_internal.row_taken: see storage::entry::taken.
+//
+// The due bound is a scalar subquery, computed once (an InitPlan), so that it is an index
+// condition: entries_queue_idx holds run_at, and a job that is not due is passed over on
+// its index entry, without reading its row. Written `run_at <= clock_timestamp()`, a
+// volatile condition, it was a filter on the row: with 200,000 jobs due tomorrow, each
+// claim read all 200,000 rows (BENCHMARKS.md, "Scale"). The scan still walks the index
+// entries of jobs not due that sort before due ones ((errors, priority) lead the order).
 static CLAIM_NEXT: Statement = Statement::new(concat!(
     "WITH next AS (
          SELECT ctid FROM once.entries
-          WHERE state = 'queued' AND queue = $queue AND run_at <= clock_timestamp()
+          WHERE state = 'queued' AND queue = $queue AND run_at <= (SELECT clock_timestamp())
             AND NOT ",
     internal!("row_taken"),
     "(ctid)
@@ -522,8 +529,22 @@ pub fn claim_next_within(
     )
 }
 
+// The earliest run_at of a queue, read as the first index entry of each (errors, priority)
+// group of entries_queue_idx, one probe a group (a loose index scan): min(run_at) over the
+// queue read every queued key's row, since run_at is not the index's second column.
 static NEXT_DUE: Statement = Statement::new(
-    "SELECT min(run_at) FROM once.entries WHERE state = 'queued' AND queue = $queue",
+    "WITH RECURSIVE firsts AS (
+         (SELECT errors, priority, run_at FROM once.entries
+           WHERE state = 'queued' AND queue = $queue
+           ORDER BY errors, priority, run_at LIMIT 1)
+         UNION ALL
+         SELECT n.errors, n.priority, n.run_at
+           FROM firsts f,
+                LATERAL (SELECT errors, priority, run_at FROM once.entries
+                          WHERE state = 'queued' AND queue = $queue
+                            AND (errors, priority) > (f.errors, f.priority)
+                          ORDER BY errors, priority, run_at LIMIT 1) n)
+     SELECT min(run_at) FROM firsts",
 );
 
 /// When the earliest queued key of `queue` is due (None: nothing is queued), read in a
