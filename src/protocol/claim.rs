@@ -33,6 +33,7 @@ use crate::storage::statements::{self, params, Param, Statement};
 use crate::storage::subxact::{self, Blocked, LockBudget};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::prelude::*;
+use std::time::{Duration, Instant};
 
 /// What a claim attempt decided (the `outcome` of once.claim plus its details).
 pub enum Claim {
@@ -295,20 +296,40 @@ static REAP_GONE_OWNERS: Statement = Statement::new(concat!(
       WHERE e.key_hash = ANY (ARRAY(SELECT key_hash FROM gone)) AND e.key_hash = g.key_hash"
 ));
 
+// The oldest history rows past the retention, through the btree on finished_at: a probe
+// of its leftmost entries, whatever the history holds. The cutoff is a scalar subquery,
+// computed once before the scan (an InitPlan) and so usable as an index condition: written
+// `finished_at < clock_timestamp() - ...`, a volatile condition, it is a filter and the
+// planner scanned the whole table instead, 336 ms a round with 2,000,000 rows of history
+// and nothing to purge (BENCHMARKS.md, "Scale"). Not statement_timestamp() or now(): in
+// the worker, which receives no statements, they need not move.
+//
+// A call purges several batches in one transaction (PURGE_BUDGET): each starts at the last
+// finished_at the batch before it deleted ($after), or it would walk again, from the left
+// end, over every index entry its own transaction deleted (not yet dead to anyone: the
+// 2,000,000 rows took 4.6 s to purge that way, 2.8 s this way).
 static PURGE_HISTORY: Statement = Statement::new(
-    "DELETE FROM once.attempts
-      WHERE ctid = ANY (ARRAY(
-            SELECT ctid FROM once.attempts
-             WHERE finished_at < clock_timestamp() - make_interval(secs => $retention_s)
-             LIMIT $batch))",
+    "WITH purged AS (
+         DELETE FROM once.attempts
+          WHERE ctid = ANY (ARRAY(
+                SELECT ctid FROM once.attempts
+                 WHERE finished_at < (SELECT clock_timestamp() - make_interval(secs => $retention_s))
+                   AND finished_at >= coalesce($after, '-infinity')
+                 ORDER BY finished_at
+                 LIMIT $batch))
+         RETURNING finished_at)
+     SELECT count(*) AS purged, max(finished_at) AS last FROM purged",
 );
 
 // A result in its stale window is still served: it goes when the window does. (stale_until
-// is never before expires_at, so the index on expires_at still finds the candidates.)
+// is never before expires_at, so the index on expires_at still finds the candidates.) The
+// bound on expires_at is a scalar subquery, as in PURGE_HISTORY, so that it is an index
+// condition: a volatile one is a filter, and the scan read every result with a future
+// expiry before finding that none had expired.
 static PURGE_EXPIRED: Statement = Statement::new(
     "WITH expired AS (
          SELECT key_hash FROM once.entries
-          WHERE expires_at <= clock_timestamp() AND state = 'done'
+          WHERE expires_at <= (SELECT clock_timestamp()) AND state = 'done'
             AND (stale_until IS NULL OR stale_until <= clock_timestamp())
           ORDER BY expires_at
           LIMIT $batch
@@ -757,9 +778,18 @@ pub fn request_refresh(key: &Key, stale: Option<Interval>) -> Refreshed {
     }
 }
 
-/// Purge at most this many expired results, and as many history rows, per reap_stale
-/// call, to bound its transaction.
+/// Purge at most this many expired results, and as many history rows, per statement, to
+/// bound each statement's memory (the ctids or keys it collects).
 pub const PURGE_BATCH: i64 = 10_000;
+
+/// A reap_stale call purges history in batches until none is left past the retention or
+/// this much time has gone. Before, one batch a round capped the purge at 10,000 rows per
+/// once.reaper_naptime, and a faster queue grew its history without bound. 100 ms deletes
+/// about 80,000 rows here (BENCHMARKS.md, "Scale"), 18 times the 4,341 jobs/s 4 workers
+/// complete (section 5), and bounds what a round costs the worker, which relays no
+/// notification while it reaps: a backlog delays wake-ups by at most that much. (At
+/// steady state a round purges one naptime's completions, in a few ms.)
+pub const PURGE_BUDGET: Duration = Duration::from_millis(100);
 
 /// What one reap_stale call did.
 pub struct Reaped {
@@ -777,11 +807,28 @@ pub fn reap() -> Reaped {
         Ok(table.len() as i64)
     });
     let retention = crate::runtime::guc::HISTORY_RETENTION_S.get() as f64;
-    let history = statements::run(
-        &PURGE_HISTORY,
-        params![retention_s = retention, batch = PURGE_BATCH],
-        |table| Ok(table.len() as i64),
-    );
+    let started = Instant::now();
+    let mut history = 0;
+    let mut after: Option<TimestampWithTimeZone> = None;
+    loop {
+        let (purged, last) = statements::run(
+            &PURGE_HISTORY,
+            params![retention_s = retention, after = after, batch = PURGE_BATCH],
+            |table| {
+                let row = table.first();
+                Ok((
+                    row.get_by_name::<i64, _>("purged")?
+                        .expect("count(*) is not NULL"),
+                    row.get_by_name::<TimestampWithTimeZone, _>("last")?,
+                ))
+            },
+        );
+        history += purged;
+        after = last;
+        if purged < PURGE_BATCH || started.elapsed() >= PURGE_BUDGET {
+            break;
+        }
+    }
     shmem::count_n(Counter::Reaped, reclaimed as u64);
     shmem::count_n(Counter::Purged, expired as u64);
     Reaped {

@@ -109,16 +109,44 @@ static ENQUEUE_RERUN: Statement = Statement::new(concat!(
 ));
 
 // once_internal.row_taken: see storage::entry::taken.
+//
+// A claim reads only due jobs, whatever the queue holds. entries_queue_idx orders a queue
+// by (errors, priority, run_at), and jobs not due sort within each (errors, priority)
+// group after the due ones: so the claim walks the groups in order, one probe each for the
+// group's first entry (`groups`, a loose index scan), and in each takes the due jobs as a
+// range of run_at, up to n in all, locking them as it goes (SKIP LOCKED in the group's
+// scan: a locked job is passed over and the next taken, as in one scan). The outer LIMIT
+// stops it at n: a group after that is never read. The due bound is a scalar subquery,
+// computed once, so that it is an index condition: `run_at <= clock_timestamp()`, volatile,
+// was a filter on the row, and with 200,000 jobs due tomorrow each claim read all 200,000
+// rows (BENCHMARKS.md, "Scale").
 static CLAIM_NEXT: Statement = Statement::new(concat!(
-    "WITH next AS (
-         SELECT ctid FROM once.entries
-          WHERE state = 'queued' AND queue = $queue AND run_at <= clock_timestamp()
-            AND NOT ",
+    "WITH RECURSIVE groups AS (
+         (SELECT errors, priority FROM once.entries
+           WHERE state = 'queued' AND queue = $queue
+           ORDER BY errors, priority LIMIT 1)
+         UNION ALL
+         SELECT n.errors, n.priority
+           FROM groups g,
+                LATERAL (SELECT errors, priority FROM once.entries
+                          WHERE state = 'queued' AND queue = $queue
+                            AND (errors, priority) > (g.errors, g.priority)
+                          ORDER BY errors, priority LIMIT 1) n),
+     now AS (SELECT clock_timestamp() AS due),
+     next AS (
+         SELECT d.ctid
+           FROM groups g,
+                LATERAL (SELECT ctid FROM once.entries
+                          WHERE state = 'queued' AND queue = $queue
+                            AND errors = g.errors AND priority = g.priority
+                            AND run_at <= (SELECT due FROM now)
+                            AND NOT ",
     internal!("row_taken"),
     "(ctid)
-          ORDER BY errors, priority, run_at
-          LIMIT $n
-            FOR UPDATE SKIP LOCKED)
+                          ORDER BY run_at
+                          LIMIT $n
+                            FOR UPDATE SKIP LOCKED) d
+          LIMIT $n)
      UPDATE once.entries AS e
         SET (",
     claimant_columns!(),
@@ -544,8 +572,22 @@ pub fn claim_next_within(
     )
 }
 
+// The earliest run_at of a queue, read as the first index entry of each (errors, priority)
+// group of entries_queue_idx, one probe a group (a loose index scan): min(run_at) over the
+// queue read every queued key's row, since run_at is not the index's second column.
 static NEXT_DUE: Statement = Statement::new(
-    "SELECT min(run_at) FROM once.entries WHERE state = 'queued' AND queue = $queue",
+    "WITH RECURSIVE firsts AS (
+         (SELECT errors, priority, run_at FROM once.entries
+           WHERE state = 'queued' AND queue = $queue
+           ORDER BY errors, priority, run_at LIMIT 1)
+         UNION ALL
+         SELECT n.errors, n.priority, n.run_at
+           FROM firsts f,
+                LATERAL (SELECT errors, priority, run_at FROM once.entries
+                          WHERE state = 'queued' AND queue = $queue
+                            AND (errors, priority) > (f.errors, f.priority)
+                          ORDER BY errors, priority, run_at LIMIT 1) n)
+     SELECT min(run_at) FROM firsts",
 );
 
 /// When the earliest queued key of `queue` is due (None: nothing is queued), read in a

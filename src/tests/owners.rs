@@ -136,4 +136,83 @@ mod tests {
         let again = Spi::get_two::<i64, i64>("SELECT * FROM once.reap_stale()").unwrap();
         assert_eq!(again, (Some(0), Some(0)));
     }
+
+    /// Rows of `table` that scans of this transaction have read so far, by sequential
+    /// scans and through indexes.
+    fn rows_read(table: &str) -> i64 {
+        one::<i64>(&format!(
+            "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)
+               FROM pg_stat_xact_user_tables WHERE relid = '{table}'::regclass"
+        ))
+        .unwrap_or(0)
+    }
+
+    #[pg_test]
+    fn reap_stale_with_nothing_to_purge_only_probes_indexes() {
+        // History younger than the retention and results that expire tomorrow: a round
+        // finds that none is due through its indexes, without reading any row. (A volatile
+        // bound, `finished_at < clock_timestamp() - ...`, cannot be an index condition: the
+        // round read the whole history, 336 ms with 2,000,000 rows; BENCHMARKS.md, "Scale".)
+        Spi::run(
+            "INSERT INTO once.attempts (key_hash, key, queue, token, started_at, finished_at, outcome)
+             SELECT once.key_hash('h' || i), 'h' || i, 'default', i, now(), now() - i * interval '1 s', 'completed'
+               FROM generate_series(1, 5000) i",
+        )
+        .unwrap();
+        Spi::run(
+            "INSERT INTO once.entries (key_hash, key, state, token, result, expires_at)
+             SELECT once.key_hash('e' || i), 'e' || i, 'done', i, '1', now() + interval '1 day' + i * interval '1 s'
+               FROM generate_series(1, 5000) i",
+        )
+        .unwrap();
+        Spi::run("ANALYZE once.attempts, once.entries").unwrap();
+        let (history, entries) = (rows_read("once.attempts"), rows_read("once.entries"));
+        let (expired, purged) =
+            Spi::get_two::<i64, i64>("SELECT expired, history FROM once.reap_stale()").unwrap();
+        assert_eq!((expired, purged), (Some(0), Some(0)));
+        // Not exactly none: planning may read a row at an end of an index to estimate a
+        // range (get_actual_variable_range).
+        let read = (
+            rows_read("once.attempts") - history,
+            rows_read("once.entries") - entries,
+        );
+        assert!(
+            read.0 < 10 && read.1 < 10,
+            "rows read (history, entries): {read:?}"
+        );
+    }
+
+    #[pg_test]
+    fn reap_stale_purges_more_history_than_one_batch() {
+        // One call a once.reaper_naptime: a call that purged one batch (PURGE_BATCH) capped
+        // the purge below what a busy queue completes, and the history grew without bound.
+        let rows = crate::protocol::claim::PURGE_BATCH * 5 / 2;
+        Spi::run(&format!(
+            "INSERT INTO once.attempts (key_hash, key, queue, token, started_at, finished_at, outcome)
+             SELECT once.key_hash('h' || i), 'h' || i, 'default', i, now(), now() - interval '8 days' - i * interval '1 ms', 'completed'
+               FROM generate_series(1, {rows}) i
+             UNION ALL
+             SELECT once.key_hash('new'), 'new', 'default', 0, now(), now(), 'completed'"
+        ))
+        .unwrap();
+        // All of them unless the call ran out of its time (PURGE_BUDGET), after a batch
+        // at least: more than one batch either way.
+        let first = one::<i64>("SELECT history FROM once.reap_stale()").unwrap();
+        assert!(
+            first > crate::protocol::claim::PURGE_BATCH,
+            "one call purged {first} rows"
+        );
+        let mut purged = first;
+        while purged < rows {
+            let more = one::<i64>("SELECT history FROM once.reap_stale()").unwrap();
+            assert!(more > 0, "{purged} of {rows} purged, then nothing");
+            purged += more;
+        }
+        assert_eq!(purged, rows);
+        assert_eq!(
+            one::<String>("SELECT string_agg(key, ',') FROM once.attempts").as_deref(),
+            Some("new"),
+            "rows within the retention stay"
+        );
+    }
 }

@@ -316,4 +316,42 @@ mod tests {
             "2 1 1 1 1"
         );
     }
+
+    /// Rows of once.entries read so far in this transaction (sequential scans and index
+    /// scans' row fetches).
+    fn entries_read() -> i64 {
+        one::<i64>(
+            "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)
+               FROM pg_stat_xact_user_tables WHERE relid = 'once.entries'::regclass",
+        )
+        .unwrap_or(0)
+    }
+
+    #[pg_test]
+    fn claim_next_and_its_idle_look_read_no_job_that_is_not_due() {
+        // 2,000 jobs due tomorrow sort first (priority -1); one job due now after them.
+        Spi::run(
+            "SELECT once.enqueue_key('later-' || i, NULL, 'default', -1 - i % 3, now() + interval '1 day' + i * interval '1 s')
+               FROM generate_series(1, 2000) i",
+        )
+        .unwrap();
+        Spi::run("SELECT once.enqueue_key('now', priority => 5)").unwrap();
+        Spi::run("ANALYZE once.entries").unwrap();
+        let before = entries_read();
+        let claimed = claim_next("default", 1);
+        let read = entries_read() - before;
+        assert_eq!(claimed.len(), 1);
+        assert_eq!(claimed[0].0, "now");
+        // A volatile due bound was a filter on the row: every job not due was read.
+        assert!(read <= 10, "claim_next read {read} rows");
+        // Nothing due now: the idle look reads when the next job is due, one index probe
+        // per (errors, priority) group, not every queued row.
+        let before = entries_read();
+        assert!(claim_next("default", 1).is_empty());
+        let due =
+            one::<bool>("SELECT count(*) = 0 FROM once.claim_next(wait => '20 milliseconds')");
+        assert_eq!(due, Some(true));
+        let read = entries_read() - before;
+        assert!(read <= 20, "an idle claim_next read {read} rows");
+    }
 }
