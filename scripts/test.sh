@@ -248,7 +248,13 @@ run_server_tests() {
         else
             unset PG_ONCE_TLS_DSN PG_ONCE_TLS_URL
         fi
-        "$py_venv/bin/python" -m pytest -q -p no:cacheprovider clients/python/tests
+        # The Python suite runs each shared test with Client and with AsyncClient; once is
+        # enough for the server without pg_once preloaded (CI's time: each flavour takes
+        # about two minutes), both on the preloaded one, which also serves TLS.
+        local flavours="sync async"
+        [ "$name" = plain ] && flavours=sync
+        PG_ONCE_FLAVOURS=$flavours "$py_venv/bin/python" -m pytest -q -p no:cacheprovider \
+            clients/python/tests
         local node_log=$PG_ONCE_WORK/node-tests-$name.log
         if ! (cd clients/node &&
                 PG_ONCE_DSN="postgres://postgres@127.0.0.1:$port/postgres" \

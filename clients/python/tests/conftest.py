@@ -81,7 +81,13 @@ def setup(request, extension) -> Setup:
     return make_setup(request.param)
 
 
-@pytest.fixture(params=["sync", "async"])
+# Both flavours by default; PG_ONCE_FLAVOURS=sync runs the shared tests with Client only
+# (scripts/test.sh does so against the server without pg_once preloaded, to keep CI's time:
+# the preloaded server runs both).
+FLAVOURS = os.environ.get("PG_ONCE_FLAVOURS", "sync async").split()
+
+
+@pytest.fixture(params=FLAVOURS)
 def clients(setup, request):
     """Make clients of the test's setup, all closed after the test: Clients, and then, for
     the same tests, AsyncClients behind the sync API (BlockingAsyncClient), so that both
