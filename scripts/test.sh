@@ -271,7 +271,9 @@ run_server_tests() {
         say "7/9 monitoring, $name server: postgres_exporter and the Grafana dashboard"
         # The exporter reads as a role given exactly the README's grants ("Granting
         # access"), so that those stay enough for monitoring.
-        cluster_psql "$name" "$port" -q -c "CREATE ROLE once_monitor LOGIN" -c "$(
+        # pg_monitor too, as postgres_exporter's own documentation asks: once.stats shows
+        # last_token only to it and to administrators (docs/operations.md, "Monitoring").
+        cluster_psql "$name" "$port" -q -c "CREATE ROLE once_monitor LOGIN IN ROLE pg_monitor" -c "$(
             awk '/^### Granting access/ { s = 1 } s && /^```$/ { exit } s == 2 { print }
                  s && /^```sql$/ { s = 2 }' README.md | sed 's/ TO app;/ TO once_monitor;/')"
         exporter_start "$name-exporter" $((port + 20)) "$port" once_monitor

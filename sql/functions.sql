@@ -560,8 +560,10 @@ SELECT k.queued, k.running, k.done, k.failed, k.running_past_lease, k.expired_un
                min(claimed_at) FILTER (WHERE state OPERATOR(pg_catalog.=) 'running') AS oldest_claimed_at,
                coalesce(sum(errors), 0) AS errors,
                coalesce(sum(attempts), 0) AS attempts,
-               -- The sequence's value tells which tokens are in use: administrators only.
+               -- The sequence's value tells which tokens are in use: administrators and
+               -- monitoring roles (pg_monitor) only.
                CASE WHEN once_internal.caller_administers()
+                         OR pg_catalog.pg_has_role('pg_monitor', 'MEMBER')
                     THEN (SELECT last_value FROM once_internal.token_seq) END AS last_token
           FROM once.entries
          WHERE once_internal.may_use_key(key)) AS k,
@@ -588,7 +590,7 @@ COMMENT ON COLUMN once.stats.errors IS
 COMMENT ON COLUMN once.stats.attempts IS
     'Claims since each key''s last result, summed over the keys.';
 COMMENT ON COLUMN once.stats.last_token IS
-    'The fencing token most recently handed out (the token sequence''s value); NULL unless the reader administers pg_once (a superuser or a member of the extension''s owner), since it tells which tokens are in use.';
+    'The fencing token most recently handed out (the token sequence''s value); NULL unless the reader administers pg_once (a superuser or a member of the extension''s owner) or is a member of pg_monitor, since it tells which tokens are in use.';
 COMMENT ON COLUMN once.stats.shared_memory IS
     'true when pg_once is in shared_preload_libraries: waiters are woken at once, liveness is exact, and the counters below count.';
 COMMENT ON COLUMN once.stats.notify IS
