@@ -135,22 +135,56 @@ async fn attacker(admin: &Client, role: &str) -> Result<Client> {
     Ok(client)
 }
 
-// 2. Code owned by one role, running in another role's session, got that session's rights.
-#[tokio::test(flavor = "multi_thread")]
-async fn code_owned_by_one_role_is_judged_as_that_role_in_every_session() -> Result<()> {
-    let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
+/// An attacker (a granted role with a schema of its own) and a tenant whose namespace it
+/// goes after, made by an administrator.
+struct Victim {
+    admin: Client,
+    id: String,
+    attacker_role: String,
+    attacker: Client,
+    tenant_role: String,
+    tenant: Client,
+    /// The tenant's namespace.
+    prefix: String,
+}
+
+async fn victim(name: &str) -> Result<Victim> {
     let admin = admin().await?;
-    let id = fresh_id("definer");
-    let (role1, role2) = (format!("app1_{id}"), format!("app2_{id}"));
-    let app1 = attacker(&admin, &role1).await?;
-    let app2 = app_role(&admin, &role2).await?;
+    let id = fresh_id(name);
+    let (attacker_role, tenant_role) = (format!("app1_{id}"), format!("app2_{id}"));
+    let attacker = attacker(&admin, &attacker_role).await?;
+    let tenant = app_role(&admin, &tenant_role).await?;
     let prefix = format!("{id}/tenant2/");
     admin
         .execute(
             "SELECT once.create_namespace($1, $2::text::regrole)",
-            &[&prefix, &role2],
+            &[&prefix, &tenant_role],
         )
         .await?;
+    Ok(Victim {
+        admin,
+        id,
+        attacker_role,
+        attacker,
+        tenant_role,
+        tenant,
+        prefix,
+    })
+}
+
+// 2. Code owned by one role, running in another role's session, got that session's rights.
+#[tokio::test(flavor = "multi_thread")]
+async fn code_owned_by_one_role_is_judged_as_that_role_in_every_session() -> Result<()> {
+    let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
+    let Victim {
+        admin,
+        id,
+        attacker_role: role1,
+        attacker: app1,
+        tenant_role: role2,
+        tenant: app2,
+        prefix,
+    } = victim("definer").await?;
     let secret = format!("{prefix}secret");
     complete(&app2, &secret, json!({"ssn": "078-05-1120"})).await?;
 
@@ -223,18 +257,13 @@ async fn code_owned_by_one_role_is_judged_as_that_role_in_every_session() -> Res
 #[tokio::test(flavor = "multi_thread")]
 async fn a_leaky_function_sees_nothing_the_views_hide() -> Result<()> {
     let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
-    let admin = admin().await?;
-    let id = fresh_id("leak");
-    let (role1, role2) = (format!("app1_{id}"), format!("app2_{id}"));
-    let app1 = attacker(&admin, &role1).await?;
-    let app2 = app_role(&admin, &role2).await?;
-    let prefix = format!("{id}/tenant2/");
-    admin
-        .execute(
-            "SELECT once.create_namespace($1, $2::text::regrole)",
-            &[&prefix, &role2],
-        )
-        .await?;
+    let Victim {
+        id,
+        attacker: app1,
+        tenant: app2,
+        prefix,
+        ..
+    } = victim("leak").await?;
     let queue = format!("payments_{id}");
     app2.execute(
         "SELECT once.create_queue($1, max_attempts => 1, namespace => $2)",
