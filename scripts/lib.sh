@@ -156,6 +156,7 @@ cluster_start() {
         echo "listen_addresses = '127.0.0.1'"
         echo "unix_socket_directories = '$dir'"
         echo "max_connections = 300"
+        echo "max_prepared_transactions = 10"   # tests PREPARE TRANSACTION with pg_once calls
         echo "shared_buffers = 256MB"
         echo "fsync = off"                 # throwaway cluster: durability across OS crashes is not tested
         echo "full_page_writes = off"

@@ -48,6 +48,9 @@ pub extern "C-unwind" fn _PG_init() {
     // Every backend that loads pg_once: the transaction callbacks refuse to PREPARE a
     // transaction that announces keys (and, with shared memory, wake and relay at commit).
     runtime::notify::register_callbacks();
+    // Every backend that loads pg_once: pending key counts die with an aborted
+    // transaction (protocol::counts).
+    protocol::counts::register_callbacks();
     // Every backend that loads pg_once: a call PostgreSQL cannot match to a pg_once
     // function (`wait => 10`) gets a hint naming the argument and what to write.
     api::hints::install();

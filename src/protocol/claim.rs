@@ -829,6 +829,7 @@ pub fn reap() -> Reaped {
             break;
         }
     }
+    crate::protocol::counts::fold();
     shmem::count_n(Counter::Reaped, reclaimed as u64);
     shmem::count_n(Counter::Purged, expired as u64);
     Reaped {

@@ -5,6 +5,7 @@
 
 pub mod cached;
 pub mod claim;
+pub mod counts;
 pub mod freshness;
 pub mod namespace;
 pub mod queue;

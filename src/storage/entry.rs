@@ -544,7 +544,7 @@ thread_local! {
 }
 
 /// The label of a once.key_state value.
-unsafe fn state_label(datum: pg_sys::Datum) -> String {
+pub unsafe fn state_label(datum: pg_sys::Datum) -> String {
     if let Some(label) = STATE_LABELS.with_borrow(|labels| {
         labels
             .iter()

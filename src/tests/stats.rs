@@ -21,6 +21,41 @@ mod tests {
         assert_eq!(row.as_deref(), Some("0/1/1/1"));
     }
 
+    /// once.stats' counts by state, and a count of the keys themselves.
+    fn counts_and_keys() -> (String, String) {
+        (
+            text("SELECT format('%s/%s/%s/%s/%s/%s', queued, running, done, failed, errors, attempts) FROM once.stats"),
+            text("SELECT format('%s/%s/%s/%s/%s/%s', count(*) FILTER (WHERE state = 'queued'), count(*) FILTER (WHERE state = 'running'), count(*) FILTER (WHERE state = 'done'), count(*) FILTER (WHERE state = 'failed'), coalesce(sum(errors), 0), coalesce(sum(attempts), 0)) FROM once.entries"),
+        )
+    }
+
+    #[pg_test]
+    fn counts_follow_truncate_and_writes_without_triggers_after_a_recount() {
+        outcome_and_token("counted");
+        Spi::run("SELECT once.enqueue_key('counted-queued')").unwrap();
+        let (counts, keys) = counts_and_keys();
+        assert_eq!(counts, keys);
+        Spi::run("TRUNCATE once.entries").unwrap();
+        assert_eq!(
+            counts_and_keys(),
+            ("0/0/0/0/0/0".into(), "0/0/0/0/0/0".into())
+        );
+        // Rows written with triggers off (a replica's apply, pg_restore --disable-triggers)
+        // are not counted until recount_keys.
+        Spi::run("SET LOCAL session_replication_role = replica").unwrap();
+        Spi::run("INSERT INTO once.entries (key_hash, key, state, token, result) VALUES (once.key_hash('quiet'), 'quiet', 'done', 1, '1')").unwrap();
+        Spi::run("SET LOCAL session_replication_role = origin").unwrap();
+        assert_eq!(
+            counts_and_keys(),
+            ("0/0/0/0/0/0".into(), "0/0/1/0/0/0".into())
+        );
+        Spi::run("SELECT once_internal.recount_keys()").unwrap();
+        assert_eq!(
+            counts_and_keys(),
+            ("0/0/1/0/0/0".into(), "0/0/1/0/0/0".into())
+        );
+    }
+
     #[pg_test]
     fn preloaded_server_counts_calls_in_shared_memory() {
         // pg_test::postgresql_conf_options preloads pg_once. Other tests run at the same

@@ -22,6 +22,34 @@ pub async fn admin() -> Result<Client> {
     Ok(client)
 }
 
+/// How once.stats' counts by state (kept as keys change) differ from a count of the keys
+/// themselves, read in one snapshot; None when they agree. Read as an administrator, who
+/// sees every key.
+pub async fn stats_disagreement(client: &Client) -> Result<Option<String>> {
+    let row = client
+        .query_one(
+            "SELECT s.c = e.c, s.c, e.c
+               FROM (SELECT format('%s/%s/%s/%s/%s/%s', queued, running, done, failed, errors, attempts) AS c
+                       FROM once.stats) s,
+                    (SELECT format('%s/%s/%s/%s/%s/%s', count(*) FILTER (WHERE state = 'queued'),
+                            count(*) FILTER (WHERE state = 'running'), count(*) FILTER (WHERE state = 'done'),
+                            count(*) FILTER (WHERE state = 'failed'), coalesce(sum(errors), 0),
+                            coalesce(sum(attempts), 0)) AS c
+                       FROM once.entries) e",
+            &[],
+        )
+        .await?;
+    Ok(if row.get::<_, bool>(0) {
+        None
+    } else {
+        Some(format!(
+            "once.stats says {} (queued/running/done/failed/errors/attempts), the keys {}",
+            row.get::<_, String>(1),
+            row.get::<_, String>(2)
+        ))
+    })
+}
+
 /// Another plain connection to the test server.
 pub async fn session() -> Result<Client> {
     once::connect(&once::dsn_from_env()?).await
