@@ -213,7 +213,7 @@ run_server_tests() {
     if step 4; then
         say "4/9 multi-connection tests, $name server"
         cargo test -p pg_once_multi --quiet --test protocol --test wakeups --test queue --test pooling \
-            --test namespaces --test freshness --test announcements --test attacks --test sweep
+            --test namespaces --test freshness --test announcements --test attacks --test sweep --test counts
         if [ "$name" = preloaded ]; then
             say "4/9 hot standby of the $name server"
             standby_start "$name-standby" $((port + 1)) "$port"
