@@ -510,6 +510,28 @@ $$Whether the calling role administers pg_once here: a superuser or a member of 
 extension's owner, not running another role's code (SECURITY DEFINER, an index
 expression, a materialized view). once.stats shows last_token only to them.$$;
 
+CREATE FUNCTION once_internal.recount_keys()
+RETURNS void
+LANGUAGE c VOLATILE PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'recount_keys_wrapper';
+
+COMMENT ON FUNCTION once_internal.recount_keys() IS
+$$Count every key of once.entries again into once_internal.key_counts (what once.stats
+sums). Run by pg_once when the namespaces change; run it by hand, as an administrator,
+after writing once.entries with triggers disabled. Locks once.entries against writes
+until the transaction ends.$$;
+
+-- Not SECURITY DEFINER: it tells a session only about its own transaction.
+CREATE FUNCTION once_internal.pending_key_counts()
+RETURNS TABLE (namespace text, queued bigint, running bigint, done bigint, failed bigint,
+               errors bigint, attempts bigint)
+LANGUAGE c VOLATILE PARALLEL RESTRICTED
+AS 'MODULE_PATHNAME', 'pending_key_counts_wrapper';
+
+COMMENT ON FUNCTION once_internal.pending_key_counts() IS
+$$What this session's transaction changed in the counts of keys, not written to
+once_internal.key_counts until it commits: once.stats adds it.$$;
+
 CREATE FUNCTION once_internal.key_namespace(key text)
 RETURNS text
 LANGUAGE c STABLE CALLED ON NULL INPUT PARALLEL RESTRICTED
@@ -531,7 +553,8 @@ serving this database: 0 or 1), and the counters since server start, by once.sta
 column (NULL without shared memory). See once.stats.$$;
 
 -- Nothing here grows with the keys: the counts by state come from
--- once_internal.key_counts (kept by triggers, about one row per namespace; sql/schema.sql),
+-- once_internal.key_counts (kept by triggers, about one row per namespace; sql/schema.sql)
+-- and what the reader's own transaction changed, not written there until it commits,
 -- claims past their lease from the running keys (entries_running_idx) and expired
 -- results from those past their expiry (entries_expires_idx, the bound a scalar subquery
 -- so that it is an index condition). A scan of every key took 1.2 s at 1,000,000 keys.
@@ -565,10 +588,15 @@ SELECT k.queued, k.running, k.done, k.failed, l.running_past_lease, x.expired_un
                coalesce(sum(c.failed), 0)::bigint AS failed,
                coalesce(sum(c.errors), 0)::bigint AS errors,
                coalesce(sum(c.attempts), 0)::bigint AS attempts
-          FROM (SELECT namespace, sum(queued) AS queued, sum(running) AS running, sum(done) AS done,
-                       sum(failed) AS failed, sum(errors) AS errors, sum(attempts) AS attempts
-                  FROM once_internal.key_counts
-                 GROUP BY namespace) c
+          FROM (SELECT a.namespace, sum(a.queued) AS queued, sum(a.running) AS running,
+                       sum(a.done) AS done, sum(a.failed) AS failed, sum(a.errors) AS errors,
+                       sum(a.attempts) AS attempts
+                  FROM (SELECT namespace, queued, running, done, failed, errors, attempts
+                          FROM once_internal.key_counts
+                        UNION ALL
+                        SELECT namespace, queued, running, done, failed, errors, attempts
+                          FROM once_internal.pending_key_counts()) a
+                 GROUP BY a.namespace) c
          WHERE once_internal.may_use_key(c.namespace)) AS k,
        (SELECT count(*) FILTER (WHERE e.lease_expires_at OPERATOR(pg_catalog.<=) t.now) AS running_past_lease,
                min(e.claimed_at) AS oldest_claimed_at
@@ -824,3 +852,4 @@ GRANT EXECUTE ON FUNCTION once.key_hash(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION once_internal.may_use_key(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION once_internal.runtime() TO PUBLIC;
 GRANT EXECUTE ON FUNCTION once_internal.caller_administers() TO PUBLIC;
+GRANT EXECUTE ON FUNCTION once_internal.pending_key_counts() TO PUBLIC;

@@ -515,13 +515,13 @@ CREATE TRIGGER entries_record_cancelled_attempt
 -- Keys counted by namespace and state, so that once.stats reads a few rows, not every key
 -- (issue 25: a scan of 1,000,000 keys took 1.2 s, on every scrape). Kept exact by the
 -- triggers below, in the transaction that changes the keys: a row trigger adds each
--- change of state (and of errors and attempts) to this backend's pending counts, and a
--- statement trigger writes them when the statement ends, into the row of this backend's
--- slot (src/protocol/counts.rs). One slot per backend, so that concurrent writers never
--- wait for each other's counts; reap_stale folds the slots into slot -1 (nothing reads
--- more rows than there are namespaces and recently active backends). namespace is the
--- key's namespace's prefix when the change was counted ('' outside every namespace);
--- when the namespaces change, every key is counted again (recount_keys).
+-- change of state (and of errors and attempts) to this backend's pending counts, which
+-- are written when the transaction commits, into the rows of this backend's slot
+-- (src/protocol/counts.rs). One slot per backend, so that concurrent writers never wait
+-- for each other's counts; reap_stale folds the slots into slot -1 (nothing reads more
+-- rows than there are namespaces and recently active backends). namespace is the key's
+-- namespace's prefix when the change was counted ('' outside every namespace); when the
+-- namespaces change, every key is counted again (once_internal.recount_keys).
 CREATE TABLE once_internal.key_counts (
     slot      integer NOT NULL,   -- the writing backend's number; -1: folded by reap_stale
     namespace text NOT NULL,      -- the keys' namespace prefix, '' for none
@@ -547,7 +547,7 @@ CREATE FUNCTION once_internal.write_key_counts() RETURNS trigger
     LANGUAGE c
     AS 'MODULE_PATHNAME', 'write_key_counts_wrapper';
 COMMENT ON FUNCTION once_internal.write_key_counts() IS
-    'Trigger function: write the pending counts into once_internal.key_counts when a statement on once.entries ends (TRUNCATE: forget every count).';
+    'Trigger function: once.entries was truncated, count again (no key is left).';
 
 CREATE TRIGGER entries_count_inserted
     AFTER INSERT OR DELETE ON once.entries
@@ -558,38 +558,9 @@ CREATE TRIGGER entries_count_updated
     WHEN (OLD.state OPERATOR(pg_catalog.<>) NEW.state OR OLD.errors OPERATOR(pg_catalog.<>) NEW.errors
           OR OLD.attempts OPERATOR(pg_catalog.<>) NEW.attempts)
     EXECUTE FUNCTION once_internal.count_key();
-CREATE TRIGGER entries_counts_written
-    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON once.entries
+CREATE TRIGGER entries_truncated_count
+    AFTER TRUNCATE ON once.entries
     FOR EACH STATEMENT EXECUTE FUNCTION once_internal.write_key_counts();
-
--- Count every key again: after the namespaces change (a key's namespace is the one its
--- counts were written under), or after writes that fired no trigger
--- (session_replication_role = replica, pg_restore --disable-triggers). Reads every key,
--- with once.entries locked against writes until the transaction ends.
-CREATE FUNCTION once_internal.recount_keys() RETURNS void
-    LANGUAGE plpgsql
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-BEGIN
-    -- Writers of keys write counts too, and wait here; reap_stale, which folds counts,
-    -- skips its fold while the counts are locked (protocol::counts::fold).
-    LOCK TABLE once.entries IN SHARE ROW EXCLUSIVE MODE;
-    LOCK TABLE once_internal.key_counts IN EXCLUSIVE MODE;
-    DELETE FROM once_internal.key_counts;
-    INSERT INTO once_internal.key_counts (slot, namespace, queued, running, done, failed, errors, attempts)
-    SELECT -1, n.namespace,
-           count(*) FILTER (WHERE n.state OPERATOR(pg_catalog.=) 'queued'),
-           count(*) FILTER (WHERE n.state OPERATOR(pg_catalog.=) 'running'),
-           count(*) FILTER (WHERE n.state OPERATOR(pg_catalog.=) 'done'),
-           count(*) FILTER (WHERE n.state OPERATOR(pg_catalog.=) 'failed'),
-           sum(n.errors), sum(n.attempts)
-      FROM (SELECT coalesce(once_internal.key_namespace(e.key), '') AS namespace, e.state, e.errors, e.attempts
-              FROM once.entries e) n
-     GROUP BY n.namespace;
-END
-$$;
-COMMENT ON FUNCTION once_internal.recount_keys() IS
-    'Count every key of once.entries again into once_internal.key_counts (what once.stats sums). Run by pg_once when the namespaces change; run it by hand after writing once.entries with triggers disabled.';
 
 CREATE FUNCTION once_internal.namespaces_recount() RETURNS trigger
     LANGUAGE plpgsql

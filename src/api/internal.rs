@@ -104,3 +104,33 @@ fn runtime() -> (bool, String, Option<i32>, Option<pgrx::JsonB>) {
 fn library_version() -> &'static str {
     installed::LIBRARY_VERSION
 }
+
+/// Count every key again (protocol::counts::recount): after the namespaces change, or
+/// writes made with triggers disabled.
+#[pg_extern(sql = false)]
+fn recount_keys() {
+    crate::protocol::counts::recount();
+}
+
+/// What this session's transaction changed in the counts of keys, not written yet
+/// (protocol::counts): once.stats adds it to once_internal.key_counts.
+#[pg_extern(sql = false)]
+#[allow(clippy::type_complexity)]
+fn pending_key_counts() -> TableIterator<
+    'static,
+    (
+        name!(namespace, String),
+        name!(queued, i64),
+        name!(running, i64),
+        name!(done, i64),
+        name!(failed, i64),
+        name!(errors, i64),
+        name!(attempts, i64),
+    ),
+> {
+    TableIterator::new(
+        crate::protocol::counts::pending()
+            .into_iter()
+            .map(|(prefix, [q, r, d, f, e, a])| (prefix, q, r, d, f, e, a)),
+    )
+}

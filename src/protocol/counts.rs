@@ -2,11 +2,15 @@
 //! rows instead of every key (sql/schema.sql, once_internal.key_counts).
 //!
 //! A row trigger on once.entries (`count_key`) adds each change of a key's state, errors
-//! or attempts to this backend's pending counts; a statement trigger (`write_key_counts`)
-//! writes them, one row per namespace, into this backend's slot when the statement ends,
-//! in the statement's transaction: the counts commit and roll back with the keys, and are
-//! exact in every snapshot. Pending counts never outlive their statement; an error before
-//! they are written aborts the (sub)transaction, whose callback drops them.
+//! or attempts to this backend's pending counts, by (sub)transaction; when the
+//! transaction commits (or prepares), they are written, one row per namespace, into this
+//! backend's slot, in the transaction: the counts commit with the keys and are exact in
+//! every snapshot. A savepoint rolled back drops its pending counts, a committed one
+//! hands them to its parent, an aborted transaction drops them all. Until then, once.stats
+//! adds this backend's pending counts (`pending`), so a transaction sees its own changes.
+//! Written once per transaction, not per statement: a transaction that updates the same
+//! row again and again makes a chain of versions that every later update walks (a loop
+//! of 2,000 claims and completions in one transaction took 1 ms a cycle that way).
 //!
 //! Slots: each backend writes the rows of its own slot (its backend number), so two
 //! backends never wait for each other's counts. A prepared transaction keeps its row
@@ -35,6 +39,15 @@ struct Counts {
 }
 
 impl Counts {
+    fn merge(&mut self, other: &Counts) {
+        self.queued += other.queued;
+        self.running += other.running;
+        self.done += other.done;
+        self.failed += other.failed;
+        self.errors += other.errors;
+        self.attempts += other.attempts;
+    }
+
     /// Add (`sign` 1) or take away (-1) a row in `state` with `errors` and `attempts`.
     fn add(&mut self, sign: i64, state: &str, errors: i32, attempts: i32) {
         let count = match state {
@@ -54,8 +67,9 @@ impl Counts {
 }
 
 thread_local! {
-    /// Counts of the statement running now, by namespace prefix ('' for none).
-    static PENDING: RefCell<Vec<(String, Counts)>> = const { RefCell::new(Vec::new()) };
+    /// Counts not written yet, by the subtransaction that made them and namespace prefix
+    /// ('' for none).
+    static PENDING: RefCell<Vec<(pg_sys::SubTransactionId, String, Counts)>> = const { RefCell::new(Vec::new()) };
     /// Which of this backend's slots it writes (see SLOTS_PER_BACKEND).
     static SLOT_TURN: Cell<i32> = const { Cell::new(0) };
     /// Whether this transaction wrote counts (then a PREPARE moves to the next slot).
@@ -96,21 +110,51 @@ fn count_key<'a>(
                 change.add(sign, &state, errors, attempts);
             }
         }
-        PENDING.with_borrow_mut(
-            |pending| match pending.iter_mut().find(|(p, _)| *p == prefix) {
-                Some((_, counts)) => {
-                    counts.queued += change.queued;
-                    counts.running += change.running;
-                    counts.done += change.done;
-                    counts.failed += change.failed;
-                    counts.errors += change.errors;
-                    counts.attempts += change.attempts;
-                }
-                None => pending.push((prefix, change)),
-            },
-        );
+        let level = pg_sys::GetCurrentSubTransactionId();
+        PENDING.with_borrow_mut(|pending| add_pending(pending, level, prefix, change));
     }
     Ok(None)
+}
+
+fn add_pending(
+    pending: &mut Vec<(pg_sys::SubTransactionId, String, Counts)>,
+    level: pg_sys::SubTransactionId,
+    prefix: String,
+    change: Counts,
+) {
+    match pending
+        .iter_mut()
+        .find(|(l, p, _)| *l == level && *p == prefix)
+    {
+        Some((_, _, counts)) => counts.merge(&change),
+        None => pending.push((level, prefix, change)),
+    }
+}
+
+/// This backend's counts not written yet, summed by namespace: what its transaction
+/// changed so far (once.stats adds them, once_internal.pending_key_counts).
+pub fn pending() -> Vec<(String, [i64; 6])> {
+    summed(&PENDING.with_borrow(|p| p.clone()))
+        .into_iter()
+        .map(|(prefix, c)| {
+            (
+                prefix,
+                [c.queued, c.running, c.done, c.failed, c.errors, c.attempts],
+            )
+        })
+        .collect()
+}
+
+fn summed(pending: &[(pg_sys::SubTransactionId, String, Counts)]) -> Vec<(String, Counts)> {
+    let mut sums: Vec<(String, Counts)> = Vec::new();
+    for (_, prefix, counts) in pending {
+        match sums.iter_mut().find(|(p, _)| p == prefix) {
+            Some((_, sum)) => sum.merge(counts),
+            None => sums.push((prefix.clone(), *counts)),
+        }
+    }
+    sums.retain(|(_, counts)| !counts.is_zero());
+    sums
 }
 
 /// The (not NULL) value of column `name` of a once.entries row.
@@ -151,33 +195,23 @@ static WRITE: Statement = Statement::new(concat!(
             errors = c.errors + excluded.errors, attempts = c.attempts + excluded.attempts"
 ));
 
-static RECOUNT: Statement = Statement::new(concat!("SELECT ", internal!("recount_keys"), "()"));
-
-/// Trigger on once.entries, for each statement: write what its rows changed. After a
-/// TRUNCATE, count again (no key is left).
+/// Trigger on once.entries, for TRUNCATE: no key is left, count again.
 #[pg_trigger(sql = false)]
 fn write_key_counts<'a>(
-    trigger: &'a pgrx::PgTrigger<'a>,
+    _trigger: &'a pgrx::PgTrigger<'a>,
 ) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, PgHeapTupleError> {
-    if matches!(
-        trigger.op().unwrap_or_else(|e| error!("pg_once: {e}")),
-        PgTriggerOperation::Truncate
-    ) {
-        PENDING.take();
-        statements::run(&RECOUNT, params![], |_| Ok(()));
-        return Ok(None);
+    recount();
+    Ok(None)
+}
+
+/// Write `sums` into `slot`'s rows.
+fn write(slot: i32, sums: &[(String, Counts)], sign: i64) {
+    if sums.is_empty() {
+        return;
     }
-    let pending: Vec<(String, Counts)> = PENDING
-        .take()
-        .into_iter()
-        .filter(|(_, counts)| !counts.is_zero())
-        .collect();
-    if pending.is_empty() {
-        return Ok(None);
-    }
-    let column = |f: fn(&Counts) -> i64| pending.iter().map(|(_, c)| f(c)).collect::<Vec<i64>>();
-    let namespaces: Vec<String> = pending.iter().map(|(p, _)| p.clone()).collect();
-    let slot = pg_compat::my_proc_number() * SLOTS_PER_BACKEND + SLOT_TURN.get();
+    let column =
+        |f: fn(&Counts) -> i64| sums.iter().map(|(_, c)| sign * f(c)).collect::<Vec<i64>>();
+    let namespaces: Vec<String> = sums.iter().map(|(p, _)| p.clone()).collect();
     statements::run(
         &WRITE,
         params![
@@ -192,8 +226,59 @@ fn write_key_counts<'a>(
         ],
         |_| Ok(()),
     );
+}
+
+/// Write this transaction's pending counts into this backend's slot (at commit or
+/// prepare).
+fn write_pending() {
+    let sums = summed(&PENDING.take());
+    if sums.is_empty() {
+        return;
+    }
+    let slot = pg_compat::my_proc_number() * SLOTS_PER_BACKEND + SLOT_TURN.get();
+    // At commit no statement runs, so there is no snapshot for SPI to run in: give it one,
+    // as PostgreSQL does for the deferred triggers it fires at that point.
+    // SAFETY: pushed and popped around the write; an error aborts the transaction, whose
+    // cleanup drops the stack of active snapshots.
+    unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
+    write(slot, &sums, 1);
+    unsafe { pg_sys::PopActiveSnapshot() };
     WROTE.set(true);
-    Ok(None)
+}
+
+static LOCK_FOR_RECOUNT: Statement =
+    Statement::new("LOCK TABLE once.entries IN SHARE ROW EXCLUSIVE MODE");
+static LOCK_COUNTS: Statement = Statement::new(concat!(
+    "LOCK TABLE ",
+    internal!("key_counts"),
+    " IN EXCLUSIVE MODE"
+));
+static FORGET: Statement = Statement::new(concat!("DELETE FROM ", internal!("key_counts")));
+static COUNT_ALL: Statement = Statement::new(concat!(
+    "INSERT INTO ",
+    internal!("key_counts"),
+    " (slot, namespace, queued, running, done, failed, errors, attempts)
+     SELECT -1, n.namespace,
+            count(*) FILTER (WHERE n.state = 'queued'), count(*) FILTER (WHERE n.state = 'running'),
+            count(*) FILTER (WHERE n.state = 'done'), count(*) FILTER (WHERE n.state = 'failed'),
+            sum(n.errors), sum(n.attempts)
+       FROM (SELECT coalesce(",
+    internal!("key_namespace"),
+    "(e.key), '') AS namespace, e.state, e.errors, e.attempts FROM once.entries e) n
+      GROUP BY n.namespace"
+));
+
+/// Count every key again (once_internal.recount_keys; after the namespaces change, or a
+/// TRUNCATE). once.entries is locked against writes until the transaction ends, and the
+/// counts against reap_stale's fold. The count sees this transaction's own changes, which
+/// its pending counts will add again when it commits: so they are taken off here (if a
+/// savepoint around this is rolled back, both go).
+pub fn recount() {
+    statements::run(&LOCK_FOR_RECOUNT, params![], |_| Ok(()));
+    statements::run(&LOCK_COUNTS, params![], |_| Ok(()));
+    statements::run(&FORGET, params![], |_| Ok(()));
+    statements::run(&COUNT_ALL, params![], |_| Ok(()));
+    write(-1, &summed(&PENDING.with_borrow(|p| p.clone())), -1);
 }
 
 // Fold the slots that no transaction holds into slot -1, in one statement.
@@ -251,8 +336,12 @@ pub fn register_callbacks() {
 unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     use pg_sys::XactEvent::*;
     match event {
-        XACT_EVENT_PRE_PREPARE if WROTE.replace(false) => {
-            SLOT_TURN.set((SLOT_TURN.get() + 1) % SLOTS_PER_BACKEND);
+        XACT_EVENT_PRE_COMMIT => write_pending(),
+        XACT_EVENT_PRE_PREPARE => {
+            write_pending();
+            if WROTE.replace(false) {
+                SLOT_TURN.set((SLOT_TURN.get() + 1) % SLOTS_PER_BACKEND);
+            }
         }
         XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT => {
             PENDING.take();
@@ -266,11 +355,20 @@ unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut s
 #[pg_guard]
 unsafe extern "C-unwind" fn on_subxact(
     event: pg_sys::SubXactEvent::Type,
-    _mine: pg_sys::SubTransactionId,
-    _parent: pg_sys::SubTransactionId,
+    mine: pg_sys::SubTransactionId,
+    parent: pg_sys::SubTransactionId,
     _arg: *mut std::ffi::c_void,
 ) {
-    if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
-        PENDING.take();
+    use pg_sys::SubXactEvent::*;
+    match event {
+        SUBXACT_EVENT_ABORT_SUB => PENDING.with_borrow_mut(|p| p.retain(|(l, _, _)| *l != mine)),
+        SUBXACT_EVENT_COMMIT_SUB => PENDING.with_borrow_mut(|p| {
+            let handed: Vec<_> = p.iter().filter(|(l, _, _)| *l == mine).cloned().collect();
+            p.retain(|(l, _, _)| *l != mine);
+            for (_, prefix, counts) in handed {
+                add_pending(p, parent, prefix, counts);
+            }
+        }),
+        _ => {}
     }
 }
