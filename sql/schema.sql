@@ -521,22 +521,23 @@ CREATE TRIGGER entries_record_cancelled_attempt
 -- for each other's counts; reap_stale folds the slots into slot -1 (nothing reads more
 -- rows than there are namespaces and recently active backends). namespace is the key's
 -- namespace's prefix when the change was counted ('' outside every namespace); when the
--- namespaces change, every key is counted again (once_internal.recount_keys).
+-- namespaces change, every key is counted again (once_internal.recount_keys). Running keys
+-- are not counted here: once.stats counts them from the rows themselves, through their
+-- partial index, so that a claim of a new key (an insert) changes no count.
 CREATE TABLE once_internal.key_counts (
     slot      integer NOT NULL,   -- the writing backend's number; -1: folded by reap_stale
     namespace text NOT NULL,      -- the keys' namespace prefix, '' for none
     queued    bigint NOT NULL DEFAULT 0,
-    running   bigint NOT NULL DEFAULT 0,
     done      bigint NOT NULL DEFAULT 0,
     failed    bigint NOT NULL DEFAULT 0,
-    errors    bigint NOT NULL DEFAULT 0,  -- sum of once.entries.errors
-    attempts  bigint NOT NULL DEFAULT 0,  -- sum of once.entries.attempts
+    errors    bigint NOT NULL DEFAULT 0,  -- sum of once.entries.errors of these keys
+    attempts  bigint NOT NULL DEFAULT 0,  -- sum of once.entries.attempts of these keys
     PRIMARY KEY (slot, namespace)
 )
 -- Every write is an UPDATE of a counter: room for it on the same page (HOT).
 WITH (fillfactor = 50);
 COMMENT ON TABLE once_internal.key_counts IS
-    'Keys by namespace and state, and their errors and attempts, kept by triggers on once.entries: what once.stats sums. Exact in every snapshot; rebuilt by once_internal.recount_keys().';
+    'Keys that are not running, by namespace and state, and their errors and attempts, kept by triggers on once.entries: what once.stats sums. Exact in every snapshot; rebuilt by once_internal.recount_keys().';
 
 CREATE FUNCTION once_internal.count_key() RETURNS trigger
     LANGUAGE c
@@ -549,15 +550,12 @@ CREATE FUNCTION once_internal.write_key_counts() RETURNS trigger
 COMMENT ON FUNCTION once_internal.write_key_counts() IS
     'Trigger function: once.entries was truncated, count again (no key is left).';
 
-CREATE TRIGGER entries_count_inserted
-    AFTER INSERT OR DELETE ON once.entries
+-- No WHEN clause: PostgreSQL reads a trigger's WHEN from the catalog and compiles it again
+-- for every statement (it cost more than the trigger's calls); count_key passes over the
+-- updates that change no count itself.
+CREATE TRIGGER entries_count
+    AFTER INSERT OR UPDATE OR DELETE ON once.entries
     FOR EACH ROW EXECUTE FUNCTION once_internal.count_key();
-CREATE TRIGGER entries_count_updated
-    AFTER UPDATE ON once.entries
-    FOR EACH ROW
-    WHEN (OLD.state OPERATOR(pg_catalog.<>) NEW.state OR OLD.errors OPERATOR(pg_catalog.<>) NEW.errors
-          OR OLD.attempts OPERATOR(pg_catalog.<>) NEW.attempts)
-    EXECUTE FUNCTION once_internal.count_key();
 CREATE TRIGGER entries_truncated_count
     AFTER TRUNCATE ON once.entries
     FOR EACH STATEMENT EXECUTE FUNCTION once_internal.write_key_counts();

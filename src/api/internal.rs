@@ -121,7 +121,6 @@ fn pending_key_counts() -> TableIterator<
     (
         name!(namespace, String),
         name!(queued, i64),
-        name!(running, i64),
         name!(done, i64),
         name!(failed, i64),
         name!(errors, i64),
@@ -131,6 +130,6 @@ fn pending_key_counts() -> TableIterator<
     TableIterator::new(
         crate::protocol::counts::pending()
             .into_iter()
-            .map(|(prefix, [q, r, d, f, e, a])| (prefix, q, r, d, f, e, a)),
+            .map(|(prefix, [q, d, f, e, a])| (prefix, q, d, f, e, a)),
     )
 }

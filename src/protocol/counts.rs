@@ -31,7 +31,6 @@ use std::num::NonZeroUsize;
 #[derive(Default, Clone, Copy, PartialEq, Eq, Debug)]
 struct Counts {
     queued: i64,
-    running: i64,
     done: i64,
     failed: i64,
     errors: i64,
@@ -41,7 +40,6 @@ struct Counts {
 impl Counts {
     fn merge(&mut self, other: &Counts) {
         self.queued += other.queued;
-        self.running += other.running;
         self.done += other.done;
         self.failed += other.failed;
         self.errors += other.errors;
@@ -49,11 +47,14 @@ impl Counts {
     }
 
     /// Add (`sign` 1) or take away (-1) a row in `state` with `errors` and `attempts`.
+    /// Running rows are not counted here: once.stats counts them (and their errors and
+    /// attempts) from the running keys themselves, which their partial index keeps few.
+    /// So a claim of a new key, the commonest write after a hit, changes no count.
     fn add(&mut self, sign: i64, state: &str, errors: i32, attempts: i32) {
         let count = match state {
             "queued" => &mut self.queued,
-            "running" => &mut self.running,
             "done" => &mut self.done,
+            "running" => return,
             _ => &mut self.failed,
         };
         *count += sign;
@@ -81,8 +82,9 @@ thread_local! {
 /// at once, each of which wrote keys, waits for the oldest to be committed or rolled back.
 const SLOTS_PER_BACKEND: i32 = 4;
 
-/// Trigger on once.entries, for each row inserted or deleted, and each updated with a
-/// new state, errors or attempts (its WHEN clause).
+/// Trigger on once.entries, for each row inserted, updated or deleted. Updates that change
+/// no count are passed over here rather than by a WHEN clause, which PostgreSQL would read
+/// from the catalog and compile again for every UPDATE statement.
 #[pg_trigger(sql = false)]
 fn count_key<'a>(
     trigger: &'a pgrx::PgTrigger<'a>,
@@ -98,9 +100,6 @@ fn count_key<'a>(
             PgTriggerOperation::Delete => (data.tg_trigtuple, std::ptr::null_mut()),
             _ => (data.tg_trigtuple, data.tg_newtuple),
         };
-        let key_tuple = if old.is_null() { new } else { old };
-        let key = text_of(key_tuple, tupdesc, c"key");
-        let prefix = namespace::prefix_of(&key).unwrap_or_default();
         let mut change = Counts::default();
         for (tuple, sign) in [(old, -1), (new, 1)] {
             if !tuple.is_null() {
@@ -110,6 +109,13 @@ fn count_key<'a>(
                 change.add(sign, &state, errors, attempts);
             }
         }
+        // An update that changed none of them (a heartbeat, a refresh's bookkeeping).
+        if change.is_zero() {
+            return Ok(None);
+        }
+        let key_tuple = if old.is_null() { new } else { old };
+        let key = text_of(key_tuple, tupdesc, c"key");
+        let prefix = namespace::prefix_of(&key).unwrap_or_default();
         let level = pg_sys::GetCurrentSubTransactionId();
         PENDING.with_borrow_mut(|pending| add_pending(pending, level, prefix, change));
     }
@@ -133,15 +139,10 @@ fn add_pending(
 
 /// This backend's counts not written yet, summed by namespace: what its transaction
 /// changed so far (once.stats adds them, once_internal.pending_key_counts).
-pub fn pending() -> Vec<(String, [i64; 6])> {
+pub fn pending() -> Vec<(String, [i64; 5])> {
     summed(&PENDING.with_borrow(|p| p.clone()))
         .into_iter()
-        .map(|(prefix, c)| {
-            (
-                prefix,
-                [c.queued, c.running, c.done, c.failed, c.errors, c.attempts],
-            )
-        })
+        .map(|(prefix, c)| (prefix, [c.queued, c.done, c.failed, c.errors, c.attempts]))
         .collect()
 }
 
@@ -186,13 +187,22 @@ unsafe fn text_of(
 static WRITE: Statement = Statement::new(concat!(
     "INSERT INTO ",
     internal!("key_counts"),
-    " AS c (slot, namespace, queued, running, done, failed, errors, attempts)
-     SELECT $slot, d.* FROM unnest($namespaces, $queued, $running, $done, $failed, $errors, $attempts)
-         AS d (namespace, queued, running, done, failed, errors, attempts)
+    " AS c (slot, namespace, queued, done, failed, errors, attempts)
+     SELECT $slot, d.* FROM unnest($namespaces, $queued, $done, $failed, $errors, $attempts)
+         AS d (namespace, queued, done, failed, errors, attempts)
      ON CONFLICT (slot, namespace) DO UPDATE
-        SET queued = c.queued + excluded.queued, running = c.running + excluded.running,
+        SET queued = c.queued + excluded.queued,
             done = c.done + excluded.done, failed = c.failed + excluded.failed,
             errors = c.errors + excluded.errors, attempts = c.attempts + excluded.attempts"
+));
+
+// The common case: one namespace, whose row this slot has.
+static ADD: Statement = Statement::new(concat!(
+    "UPDATE ",
+    internal!("key_counts"),
+    " SET queued = queued + $queued, done = done + $done,
+          failed = failed + $failed, errors = errors + $errors, attempts = attempts + $attempts
+      WHERE slot = $slot AND namespace = $namespace"
 ));
 
 /// Trigger on once.entries, for TRUNCATE: no key is left, count again.
@@ -206,6 +216,24 @@ fn write_key_counts<'a>(
 
 /// Write `sums` into `slot`'s rows.
 fn write(slot: i32, sums: &[(String, Counts)], sign: i64) {
+    if let [(namespace, c)] = sums {
+        let updated = statements::run(
+            &ADD,
+            params![
+                queued = sign * c.queued,
+                done = sign * c.done,
+                failed = sign * c.failed,
+                errors = sign * c.errors,
+                attempts = sign * c.attempts,
+                slot = slot,
+                namespace = namespace.as_str(),
+            ],
+            |table| Ok(table.len()),
+        );
+        if updated == 1 {
+            return;
+        }
+    }
     if sums.is_empty() {
         return;
     }
@@ -218,7 +246,6 @@ fn write(slot: i32, sums: &[(String, Counts)], sign: i64) {
             slot = slot,
             namespaces = namespaces,
             queued = column(|c| c.queued),
-            running = column(|c| c.running),
             done = column(|c| c.done),
             failed = column(|c| c.failed),
             errors = column(|c| c.errors),
@@ -257,14 +284,15 @@ static FORGET: Statement = Statement::new(concat!("DELETE FROM ", internal!("key
 static COUNT_ALL: Statement = Statement::new(concat!(
     "INSERT INTO ",
     internal!("key_counts"),
-    " (slot, namespace, queued, running, done, failed, errors, attempts)
+    " (slot, namespace, queued, done, failed, errors, attempts)
      SELECT -1, n.namespace,
-            count(*) FILTER (WHERE n.state = 'queued'), count(*) FILTER (WHERE n.state = 'running'),
+            count(*) FILTER (WHERE n.state = 'queued'),
             count(*) FILTER (WHERE n.state = 'done'), count(*) FILTER (WHERE n.state = 'failed'),
             sum(n.errors), sum(n.attempts)
        FROM (SELECT coalesce(",
     internal!("key_namespace"),
-    "(e.key), '') AS namespace, e.state, e.errors, e.attempts FROM once.entries e) n
+    "(e.key), '') AS namespace, e.state, e.errors, e.attempts
+               FROM once.entries e WHERE e.state <> 'running') n
       GROUP BY n.namespace"
 ));
 
@@ -289,14 +317,14 @@ static FOLD: Statement = Statement::new(concat!(
     " WHERE ctid IN (SELECT ctid FROM ",
     internal!("key_counts"),
     " WHERE slot <> -1 FOR UPDATE SKIP LOCKED)
-         RETURNING namespace, queued, running, done, failed, errors, attempts)
+         RETURNING namespace, queued, done, failed, errors, attempts)
      INSERT INTO ",
     internal!("key_counts"),
-    " AS c (slot, namespace, queued, running, done, failed, errors, attempts)
-     SELECT -1, namespace, sum(queued), sum(running), sum(done), sum(failed), sum(errors), sum(attempts)
+    " AS c (slot, namespace, queued, done, failed, errors, attempts)
+     SELECT -1, namespace, sum(queued), sum(done), sum(failed), sum(errors), sum(attempts)
        FROM folded GROUP BY namespace
      ON CONFLICT (slot, namespace) DO UPDATE
-        SET queued = c.queued + excluded.queued, running = c.running + excluded.running,
+        SET queued = c.queued + excluded.queued,
             done = c.done + excluded.done, failed = c.failed + excluded.failed,
             errors = c.errors + excluded.errors, attempts = c.attempts + excluded.attempts"
 ));
