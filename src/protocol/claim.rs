@@ -452,6 +452,31 @@ pub fn attempt(
     }
 }
 
+/// once.get: the result claim_key would answer `hit` with, counted as a hit; None whenever
+/// claim_key would answer anything else (absent, running, failed, past its ttl even within
+/// its stale window, another transaction writing the key, or a fresh result whose read
+/// draws an early refresh), so that the caller asks claim_key instead. Writes nothing and
+/// claims nothing. A drawn early refresh is owed to this session's next claim
+/// (freshness::owe_early_refresh): drawn again there, a refresh would be taken with the
+/// square of its probability.
+pub fn get(key: &Key) -> Option<Jsonb> {
+    let entry = entry::read(key).ok()??;
+    if !entry.fresh() {
+        return None;
+    }
+    // As in `attempt`: a done key may draw an early refresh, unless it cannot be taken.
+    if entry.state == "done"
+        && !standby::active()
+        && freshness::draws_early_refresh(&entry)
+        && !entry::held_elsewhere(&entry)
+    {
+        freshness::owe_early_refresh(&entry);
+        return None;
+    }
+    shmem::count(Counter::Hits);
+    entry.result
+}
+
 /// A claim that kept `entry`'s result.
 fn refreshing(claimed: Claim, entry: Entry) -> Claim {
     shmem::count(Counter::Refreshes);
