@@ -85,6 +85,12 @@ thread_local! {
     static OWED: Cell<i64> = const { Cell::new(0) };
 }
 
+/// A uniform draw in [0, 1) for complete_key's jitter (SQL's random() draws the same
+/// range for complete_keys).
+pub fn jitter_draw() -> f64 {
+    1.0 - uniform()
+}
+
 /// Record that `entry`'s read drew an early refresh that the session's next claim takes.
 pub fn owe_early_refresh(entry: &Entry) {
     OWED.set(entry.token);
