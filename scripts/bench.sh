@@ -3,8 +3,9 @@
 # baselines side by side, and writes BENCHMARKS.md plus plots in bench/results/.
 #
 #   1. claim+complete cycles/s on distinct keys vs the hand-made protocol, at 1, 8 and 32
-#      clients (pgbench), and over TCP with RTT_US of added round trip; cache hits vs a
-#      primary-key SELECT and vs SELECT 1, and inside a namespace vs outside.
+#      clients (pgbench), and over TCP with RTT_US of added round trip; cache hits
+#      (claim_key, and get) vs a primary-key SELECT and vs SELECT 1, and inside a namespace
+#      vs outside.
 #   2. stampede: many callers on one cold key: computations, and time from the owner's
 #      complete_key to each caller's answer, by how callers wait.
 #   3. failover: time until a killed owner's key is claimed by a waiting caller, and the
@@ -520,6 +521,7 @@ for c in 1 8 32; do
     compare once_cycle handmade_cycle "$c" "claim+complete vs hand-made, $c clients, ${RTT_US} us RTT" rtt
 done
 compare once_hit pk_select 8 "claim_key hit vs primary-key SELECT, 8 clients"
+compare once_get pk_select 8 "get hit vs primary-key SELECT, 8 clients"
 compare once_hit select1 8 "claim_key hit vs SELECT 1, 8 clients"
 compare once_hit pk_select 8 "claim_key hit vs primary-key SELECT, 8 clients, ${RTT_US} us RTT" rtt
 # Namespaces: the same hit by an application role (not a superuser, which every check

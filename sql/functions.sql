@@ -39,6 +39,19 @@ alone if once.backend_liveness is off), 0 the lease alone, or the pid once.owner
 returned on a connection your process keeps open (for calls made through a pool).
 Call it in its own transaction: a claim is only visible to others once committed.$$;
 
+CREATE FUNCTION once.get(key text)
+RETURNS jsonb
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'get_wrapper';
+
+COMMENT ON FUNCTION once.get(text) IS
+$$The key's fresh cached result, or NULL: claim_key's hit alone, as cheap as a
+primary-key SELECT. NULL wherever claim_key would answer anything but hit (absent,
+running, failed, past its ttl even within its stale window, or a read that draws an early
+refresh, which this session's next claim_key then takes): then call claim_key. Claims
+nothing and writes nothing; a key of a namespace you may not use is refused as by
+claim_key.$$;
+
 CREATE FUNCTION once.owner_session()
 RETURNS integer
 LANGUAGE c VOLATILE PARALLEL UNSAFE

@@ -584,6 +584,12 @@ BEGIN
 END
 $reset$;
 
+-- claim_key's hit alone, as a scalar function (issue 25).
+CREATE FUNCTION once.get(key text)
+RETURNS jsonb
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+AS 'MODULE_PATHNAME', 'get_wrapper';
+
 CREATE FUNCTION once.refresh_key(key text, stale interval DEFAULT NULL)
 RETURNS text
 LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
@@ -1026,6 +1032,13 @@ COMMENT ON FUNCTION once.invalidate_key(text) IS
 $$Forget a key: drop its cached result or failure. A running key keeps its claim (a second
 computation never starts beside it): no result of it is served, and when its run ends
 the key is computed once more. Returns false if the key was absent.$$;
+COMMENT ON FUNCTION once.get(text) IS
+$$The key's fresh cached result, or NULL: claim_key's hit alone, as cheap as a
+primary-key SELECT. NULL wherever claim_key would answer anything but hit (absent,
+running, failed, past its ttl even within its stale window, or a read that draws an early
+refresh, which this session's next claim_key then takes): then call claim_key. Claims
+nothing and writes nothing; a key of a namespace you may not use is refused as by
+claim_key.$$;
 COMMENT ON FUNCTION once.refresh_key(text, interval) IS
 $$Have a key computed again, its current result served as stale for stale meanwhile
 (NULL: not served). Returns expired (its result expires now; a queued key goes back to

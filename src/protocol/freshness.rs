@@ -73,8 +73,35 @@ fn uniform() -> f64 {
     })
 }
 
-/// Does this read of a fresh result draw an early refresh?
+thread_local! {
+    /// The token of a result whose read by once.get drew an early refresh, owed to this
+    /// session's next look at a fresh result (0: none). get cannot claim (it writes
+    /// nothing), so it answers NULL and the caller asks claim_key, which takes the refresh
+    /// if the result is still the one that drew it. Drawing again instead would refresh
+    /// with probability p * p: get then claim_key would behave as a smaller beta. A token
+    /// names one result of one key (tokens come from one sequence), and the debt goes with
+    /// the session's next draw whichever key it reads: honoured at most once, and only
+    /// while that result is still the key's and fresh.
+    static OWED: Cell<i64> = const { Cell::new(0) };
+}
+
+/// A uniform draw in [0, 1) for complete_key's jitter (SQL's random() draws the same
+/// range for complete_keys).
+pub fn jitter_draw() -> f64 {
+    1.0 - uniform()
+}
+
+/// Record that `entry`'s read drew an early refresh that the session's next claim takes.
+pub fn owe_early_refresh(entry: &Entry) {
+    OWED.set(entry.token);
+}
+
+/// Does this read of a fresh result draw an early refresh? (Also when a get of this very
+/// result drew one just before: `OWED`.)
 pub fn draws_early_refresh(entry: &Entry) -> bool {
+    if OWED.replace(0) == entry.token {
+        return true;
+    }
     let (Some(beta), Some(delta), Some(expires_at)) =
         (entry.beta, entry.compute_time, entry.expires_at)
     else {

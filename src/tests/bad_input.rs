@@ -9,6 +9,7 @@ mod tests {
     #[pg_test]
     fn bad_keys_are_refused() {
         let long = format!("SELECT once.claim_key(repeat('x', {}))", 7501);
+        let long_get = format!("SELECT once.get(repeat('x', {}))", 7501);
         let cases: &[(&str, &str, &str)] = &[
             (
                 "SELECT once.claim_key(NULL)",
@@ -21,6 +22,9 @@ mod tests {
                 "key must not be empty",
             ),
             (&long, "22001", "the limit is 7500 bytes"),
+            ("SELECT once.get(NULL)", "22004", "key must not be NULL"),
+            ("SELECT once.get('')", "22023", "key must not be empty"),
+            (&long_get, "22001", "the limit is 7500 bytes"),
             (
                 "SELECT once.complete_key(NULL, 1, '1')",
                 "22004",

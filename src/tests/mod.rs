@@ -10,6 +10,7 @@ mod bad_input;
 mod claims;
 mod compat;
 mod freshness;
+mod get;
 mod keys;
 mod owners;
 mod queue;

@@ -72,6 +72,7 @@ async fn a_namespace_keeps_its_keys_from_other_roles() -> Result<()> {
     // Read, claim and every owner call with the owner's own token: refused, nothing changed.
     let key_calls = [
         "SELECT outcome FROM once.claim_key($1)",
+        "SELECT once.get($1)::text",
         "SELECT once.invalidate_key($1)::text",
         "SELECT once.refresh_key($1)",
         "SELECT once.enqueue_key($1)",
@@ -109,6 +110,12 @@ async fn a_namespace_keeps_its_keys_from_other_roles() -> Result<()> {
     let hit = once::claim_key(&t.app2, &secret, Duration::from_secs(30), Duration::ZERO).await?;
     assert!(hit.is("hit"));
     assert_eq!(hit.result, Some(json!({"ssn": "078-05-1120"})));
+    let got: Option<Value> = t
+        .app2
+        .query_one("SELECT once.get($1)", &[&secret])
+        .await?
+        .get(0);
+    assert_eq!(got, Some(json!({"ssn": "078-05-1120"})));
     assert!(once::complete_key(&t.app2, &running, token, &json!(2), None).await?);
 
     // Keys outside every namespace stay shared, as before.

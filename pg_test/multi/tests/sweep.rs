@@ -452,6 +452,7 @@ fn expected(routine: &Routine, target: Target) -> Option<Expect> {
     use Target::*;
     let keyed = [
         "claim_key",
+        "get",
         "complete_key",
         "fail_key",
         "heartbeat_key",
@@ -477,6 +478,8 @@ fn expected(routine: &Routine, target: Target) -> Option<Expect> {
         // Shared keys are shared: a claim is answered 'wait' (no token), a guessed token
         // changes nothing.
         ("claim_key", SharedTokens) => Nothing,
+        // A running key has no result to give: NULL.
+        ("get", SharedTokens) => Nothing,
         (
             "complete_key" | "fail_key" | "heartbeat_key" | "release_key" | "complete_keys",
             SharedTokens,

@@ -16,6 +16,8 @@ SELECT once.complete_key('https://example.com/a', token, '{"title": "A"}', ttl =
   FROM once.entries WHERE key = 'https://example.com/a';
 -- claim_key: a hit
 SELECT outcome, result, expires_at > now() AS expires FROM once.claim_key('https://example.com/a');
+-- get: the hit alone, and NULL for a key claim_key would not answer hit
+SELECT once.get('https://example.com/a') AS hit, once.get('https://example.com/none') AS absent;
 -- complete_key: a stale token changes nothing
 SELECT once.complete_key('https://example.com/a', 1, '{"title": "stale"}');
 -- fail_key
