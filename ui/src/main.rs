@@ -29,6 +29,10 @@ struct Args {
     /// Ask browsers for this user and password (user:pass).
     #[arg(long, env = "PG_ONCE_UI_BASIC_AUTH", hide_env_values = true)]
     basic_auth: Option<String>,
+    /// The secret the CSRF tokens are made with (random at each start when unset): give
+    /// replicas behind one address the same one.
+    #[arg(long, env = "PG_ONCE_UI_CSRF_SECRET", hide_env_values = true)]
+    csrf_secret: Option<String>,
     /// Connections for queries and actions (the LISTEN connection is one more).
     #[arg(long, default_value_t = 4)]
     pool_size: usize,
@@ -95,8 +99,13 @@ async fn run(args: Args) -> Result<(), String> {
         }
     };
     let rng = ring::rand::SystemRandom::new();
-    let csrf_key = ring::hmac::Key::generate(ring::hmac::HMAC_SHA256, &rng)
-        .map_err(|_| "no randomness for the CSRF secret")?;
+    let csrf_key = match args.csrf_secret.as_deref() {
+        Some(secret) if !secret.is_empty() => {
+            ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret.as_bytes())
+        }
+        _ => ring::hmac::Key::generate(ring::hmac::HMAC_SHA256, &rng)
+            .map_err(|_| "no randomness for the CSRF secret")?,
+    };
     let auth_key =
         ring::hmac::Key::generate(ring::hmac::HMAC_SHA256, &rng).map_err(|_| "no randomness")?;
     let pool = db::pool(&conninfo, args.pool_size)?;

@@ -29,6 +29,7 @@ PORT = int(os.environ.get("PG_ONCE_UI_PORT", "26590"))
 SHOTS = os.environ.get("PG_ONCE_UI_SCREENSHOTS")
 CHROMIUM = os.environ.get("PG_ONCE_CHROMIUM", "/usr/bin/chromium")
 AUTH = ("ops", "s3cret-pass")
+CSRF_SECRET = "ui-tests-" + base64.b64encode(os.urandom(12)).decode()
 
 
 def psql(sql, dsn=DSN):
@@ -48,6 +49,9 @@ class Dashboard:
         self.proc = subprocess.Popen(
             [UI, "--dsn", dsn, "--bind", f"127.0.0.1:{port}", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            # One CSRF secret for every dashboard of the tests: a token taken from one
+            # is valid for the others, so that --read-only is seen refusing a valid one.
+            env={**os.environ, "PG_ONCE_UI_CSRF_SECRET": CSRF_SECRET},
         )
         deadline = time.monotonic() + 20
         while True:
@@ -222,19 +226,27 @@ def test_an_action_needs_the_token_and_a_confirmation(admin, page):
     assert psql("SELECT state || ' ' || payload FROM once.entries WHERE key = 'ui/job/dead/1'") == 'queued {"x": 1}'
 
 
-def test_read_only_refuses_every_action(seeded, browser):
+def test_read_only_refuses_every_action(admin, page, browser):
+    # A valid token, from the dashboard that allows actions (same CSRF secret).
+    page.goto(admin.url + "/keys?prefix=ui/site/page/")
+    token = page.locator("input[name=csrf]").first.get_attribute("value")
     d = Dashboard(PORT + 1, DSN, "--read-only")
     try:
         ctx = browser.new_context()
-        page = ctx.new_page()
-        page.goto(d.url + "/keys?prefix=ui/site/page/")
-        expect(page.locator("tbody tr").first).to_be_visible()
-        assert page.locator("input[name=key], button[name=action], input[name=csrf]").count() == 0
-        r = page.request.post(d.url + "/action", form={
-            "action": "invalidate", "key": "ui/site/page/3", "confirmed": "yes", "csrf": "x"})
-        assert r.status == 403
-        assert "read-only" in r.text()
+        ro = ctx.new_page()
+        ro.goto(d.url + "/keys?prefix=ui/site/page/")
+        expect(ro.locator("tbody tr").first).to_be_visible()
+        assert ro.locator("input[name=key], button[name=action], input[name=csrf]").count() == 0
+        for confirmed in ("", "yes"):
+            r = ro.request.post(d.url + "/action", form={
+                "action": "invalidate", "key": "ui/site/page/3", "confirmed": confirmed, "csrf": token})
+            assert r.status == 403
+            assert "This dashboard is read-only" in r.text()
         assert psql("SELECT state FROM once.entries WHERE key = 'ui/site/page/3'") == "done"
+        # The same token and form on the other dashboard: a confirmation page.
+        r = page.request.post(admin.url + "/action", form={
+            "action": "invalidate", "key": "ui/site/page/3", "csrf": token})
+        assert r.status == 200 and "Confirm: invalidate" in r.text()
         ctx.close()
     finally:
         d.stop()
