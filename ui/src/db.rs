@@ -166,8 +166,8 @@ pub struct Page {
 }
 
 const KEY_COLUMNS: &str = "encode(key_hash, 'hex') AS hash, key, state::text AS state, queue, owner,
-       (extract(epoch FROM lease_expires_at) - extract(epoch FROM clock_timestamp()))::float8 AS lease_left_s,
-       (extract(epoch FROM clock_timestamp()) - extract(epoch FROM claimed_at))::float8 AS claim_age_s,
+       CASE WHEN state = 'running' THEN (extract(epoch FROM lease_expires_at) - extract(epoch FROM clock_timestamp()))::float8 END AS lease_left_s,
+       CASE WHEN state = 'running' THEN (extract(epoch FROM clock_timestamp()) - extract(epoch FROM claimed_at))::float8 END AS claim_age_s,
        left(error, 300) AS error,
        (extract(epoch FROM retry_at) - extract(epoch FROM clock_timestamp()))::float8 AS retry_in_s,
        (extract(epoch FROM expires_at) - extract(epoch FROM clock_timestamp()))::float8 AS expires_in_s,

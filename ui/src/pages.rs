@@ -171,7 +171,9 @@ fn overview(app: &App, j: &Value) -> Markup {
                 h2 { "Rates (per second, since this dashboard started watching)" }
                 table.kv {
                     @for name in ["claims", "hits", "completions", "failures", "takeovers", "reaped"] {
-                        tr { th { (name) } td { (text(&j["rates"][name])) } }
+                        tr { th { (name) } td data-rate=(name) {
+                            @if j["rates"][name].is_null() { "…" } @else { (text(&j["rates"][name])) }
+                        } }
                     }
                 }
                 @if s["claims"].is_null() {
@@ -258,6 +260,42 @@ fn keys_table(app: &App, f: &KeyFilter, j: &Value, dead: bool) -> Markup {
     }
 }
 
+/// The fields of one key, in the order a person looks for them (empty ones are left out).
+const ROW_ORDER: &[&str] = &[
+    "key",
+    "state",
+    "queue",
+    "owner",
+    "owner_role",
+    "owner_pid",
+    "owner_gone",
+    "lease_only",
+    "lease_left_s",
+    "lease_expires_at",
+    "claim_age_s",
+    "claimed_at",
+    "error",
+    "retry_in_s",
+    "retry_at",
+    "failed_at",
+    "attempts",
+    "errors",
+    "last_outcome",
+    "result_bytes",
+    "result",
+    "expires_in_s",
+    "expires_at",
+    "stale_until",
+    "completed_at",
+    "rerun",
+    "payload",
+    "priority",
+    "run_at",
+    "enqueued_at",
+    "created_at",
+    "updated_at",
+];
+
 fn key_detail(j: &Value) -> Markup {
     let attempts = j["attempts"].as_array().cloned().unwrap_or_default();
     html! {
@@ -265,8 +303,8 @@ fn key_detail(j: &Value) -> Markup {
         @match j["row"].as_object() {
             None => p #absent { "No such key visible to this role (in " code { (text(&j["source"])) } ")." },
             Some(row) => table.kv #row {
-                @for (k, v) in row {
-                    @if k != "hash" {
+                @for k in ROW_ORDER {
+                    @if let Some(v) = row.get(*k).filter(|v| !v.is_null()) {
                         tr { th { (k) } td data-field=(k) {
                             @if k.ends_with("_s") { (secs(v)) } @else { (text(v)) }
                         } }

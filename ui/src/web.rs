@@ -227,7 +227,7 @@ async fn key(State(app): State<App>, Path(key): Path<String>) -> Response {
     };
     let caps = app.hub.caps.lock().unwrap().clone();
     let mut actions = vec![Action::Invalidate, Action::Refresh];
-    if caps.entries {
+    if caps.entries && s.json["row"]["state"] == "running" {
         actions.push(Action::Release);
     }
     if s.json["row"]["queue"].is_string() && s.json["row"]["state"] == "failed" {

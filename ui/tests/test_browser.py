@@ -225,6 +225,13 @@ def test_an_action_needs_the_token_and_a_confirmation(admin, page):
     expect(page.locator("#results")).to_contain_text("requeued")
     assert psql("SELECT state || ' ' || payload FROM once.entries WHERE key = 'ui/job/dead/1'") == 'queued {"x": 1}'
 
+    # Reap the claims of gone owners (once.reap_stale), from the overview.
+    page.goto(admin.url + "/")
+    page.locator("button[value=reap]").click()
+    expect(page.locator("h1")).to_have_text("Confirm: reap")
+    page.locator("#confirm").click()
+    expect(page.locator("#results")).to_contain_text(re.compile(r"reclaimed \d+, expired \d+, history \d+"))
+
 
 def test_read_only_refuses_every_action(admin, page, browser):
     # A valid token, from the dashboard that allows actions (same CSRF secret).
