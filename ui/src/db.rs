@@ -290,7 +290,7 @@ pub async fn dead_letters(pool: &Pool, f: &KeyFilter) -> Result<Page, String> {
     let mut rows = query(
         pool,
         "SELECT key, 'failed' AS state, queue, left(payload::text, 300) AS payload, attempts, errors,
-                left(error, 300) AS error, failed_at::text AS failed_at
+                left(error, 300) AS error, failed_at::text AS failed_at, failed_at::text AS updated_at
            FROM once.dead_letters
           WHERE key > $1 AND ($2::text IS NULL OR starts_with(key, $2))
             AND ($3::text IS NULL OR queue = $3)

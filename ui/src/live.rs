@@ -21,6 +21,11 @@ pub const MIN_INTERVAL: Duration = Duration::from_millis(250);
 /// A view's queries take at most 1/SLOWDOWN of the time (a view that takes 100 ms, as
 /// once.stats does on a million keys, is asked at most every 400 ms).
 const SLOWDOWN: u32 = 4;
+/// once.stats scans every key (about a second at a million keys): the overview reads it
+/// again only after STATS_SLOWDOWN times its last query time, so that watching the
+/// overview costs at most a tenth of one backend, and its other parts (the queues)
+/// follow notifications at MIN_INTERVAL meanwhile.
+const STATS_SLOWDOWN: u32 = 10;
 /// Claims and leases change without a notification: a watched view is asked again after
 /// this long even when nothing was announced.
 pub const FALLBACK: Duration = Duration::from_secs(5);
@@ -81,6 +86,8 @@ struct ViewState {
     cache: tokio::sync::Mutex<Option<Arc<Snapshot>>>,
     tx: watch::Sender<Option<Arc<Snapshot>>>,
     used: Mutex<Instant>,
+    /// When its last query failed: the refresher waits FALLBACK before trying again.
+    failed: Mutex<Option<Instant>>,
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
@@ -103,6 +110,10 @@ pub struct Hub {
     /// Queries the dashboard ran (not counting actions), for the overview.
     pub queries: AtomicU64,
     samples: Mutex<VecDeque<(Instant, Value)>>,
+    /// once.stats' last answer: when it was read, how long that took.
+    stats: Mutex<Option<(Instant, Duration, Value)>>,
+    /// A query of once.stats is under way.
+    stats_running: AtomicBool,
 }
 
 impl Hub {
@@ -114,6 +125,7 @@ impl Hub {
                 cache: tokio::sync::Mutex::new(None),
                 tx: watch::channel(None).0,
                 used: Mutex::new(Instant::now()),
+                failed: Mutex::new(None),
             })
         });
         *st.used.lock().unwrap() = Instant::now();
@@ -126,6 +138,17 @@ impl Hub {
             l.notifications += 1;
             l.last_at = Some(Instant::now());
         }
+        self.mark(payload);
+    }
+
+    fn mark_view(&self, view: &View) {
+        if let Some(st) = self.views.lock().unwrap().get(view) {
+            st.dirty.store(true, Ordering::Release);
+        }
+    }
+
+    /// Marks the views a notification with `payload` may change ('': all of them).
+    fn mark(&self, payload: &str) {
         for (view, st) in self.views.lock().unwrap().iter() {
             if view.touched_by(payload) {
                 st.dirty.store(true, Ordering::Release);
@@ -141,10 +164,11 @@ impl Hub {
 
     /// Per-second rates of the counters named, over the overview's samples of the last
     /// half minute.
-    fn rates(&self, stats: &Value) -> Value {
+    fn rates(&self, now: Instant, stats: &Value) -> Value {
         let mut samples = self.samples.lock().unwrap();
-        let now = Instant::now();
-        samples.push_back((now, stats.clone()));
+        if samples.back().is_none_or(|(t, _)| *t < now) {
+            samples.push_back((now, stats.clone()));
+        }
         while samples.len() > 2
             && samples
                 .front()
@@ -194,7 +218,14 @@ pub async fn get(app: &App, view: &View) -> Result<Arc<Snapshot>, String> {
     }
     st.dirty.store(false, Ordering::Release);
     let started = Instant::now();
-    let (json, html) = compute(app, view).await?;
+    let (json, html) = match compute(app, view).await {
+        Ok(v) => v,
+        Err(e) => {
+            *st.failed.lock().unwrap() = Some(Instant::now());
+            return Err(e);
+        }
+    };
+    *st.failed.lock().unwrap() = None;
     let snap = Arc::new(Snapshot {
         seq: app.hub.seq.fetch_add(1, Ordering::Relaxed) + 1,
         json,
@@ -212,14 +243,14 @@ async fn compute(app: &App, view: &View) -> Result<(Value, String), String> {
     let q = |n: u64| app.hub.queries.fetch_add(n, Ordering::Relaxed);
     let json = match view {
         View::Overview => {
-            let (stats, queues) = tokio::try_join!(db::stats(&app.pool), db::queues(&app.pool))?;
-            q(2);
-            let stats = Value::Object(stats);
-            let rates = app.hub.rates(&stats);
+            let ((read_at, stats), queues) = tokio::try_join!(stats(app), db::queues(&app.pool))?;
+            q(1);
+            let rates = app.hub.rates(read_at, &stats);
             serde_json::json!({
                 "role": caps.role,
                 "caps": caps,
                 "stats": stats,
+                "stats_age_s": read_at.elapsed().as_secs_f64(),
                 "rates": rates,
                 "queues": queues,
                 "listener": app.hub.listen_status(),
@@ -245,6 +276,39 @@ async fn compute(app: &App, view: &View) -> Result<(Value, String), String> {
     };
     let html = crate::pages::fragment(app, view, &json).into_string();
     Ok((json, html))
+}
+
+/// once.stats for the overview: read when first asked for; then, once STATS_SLOWDOWN times
+/// its last query time has passed (and MIN_INTERVAL at least), read again in the
+/// background while the overview goes on with the last answer, and marked as changed
+/// when the new one is in.
+async fn stats(app: &App) -> Result<(Instant, Value), String> {
+    let cached = app.hub.stats.lock().unwrap().clone();
+    if let Some((at, took, v)) = cached {
+        if at.elapsed() >= MIN_INTERVAL.max(took * STATS_SLOWDOWN)
+            && !app.hub.stats_running.swap(true, Ordering::AcqRel)
+        {
+            let app = app.clone();
+            tokio::spawn(async move {
+                match read_stats(&app).await {
+                    Ok(_) => app.hub.mark_view(&View::Overview),
+                    Err(e) => eprintln!("pg-once-ui: once.stats: {e}"),
+                }
+                app.hub.stats_running.store(false, Ordering::Release);
+            });
+        }
+        return Ok((at, v));
+    }
+    read_stats(app).await
+}
+
+async fn read_stats(app: &App) -> Result<(Instant, Value), String> {
+    let started = Instant::now();
+    let v = Value::Object(db::stats(&app.pool).await?);
+    app.hub.queries.fetch_add(1, Ordering::Relaxed);
+    let at = Instant::now();
+    *app.hub.stats.lock().unwrap() = Some((at, at - started, v.clone()));
+    Ok((at, v))
 }
 
 /// A stream of the view's snapshots for one viewer, starting with any later than `seen`.
@@ -277,6 +341,12 @@ pub async fn refresher(app: App) {
             views
                 .iter()
                 .filter(|(_, st)| st.tx.receiver_count() > 0)
+                .filter(|(_, st)| {
+                    !st.failed
+                        .lock()
+                        .unwrap()
+                        .is_some_and(|t| t.elapsed() < FALLBACK)
+                })
                 .filter(|(_, st)| {
                     let Ok(cache) = st.cache.try_lock() else {
                         return false; // being queried now
@@ -359,7 +429,7 @@ async fn listen_once(app: &App, conninfo: &pg_once_client::Conninfo) -> Result<(
         l.connected = true;
         l.last_error = None;
     }
-    app.hub.notify("");
+    app.hub.mark("");
     while let Some(payload) = rx.recv().await {
         app.hub.notify(&payload);
     }

@@ -298,6 +298,16 @@ async fn events(State(app): State<App>, Query(q): Query<EventsQuery>) -> Respons
     if q.page == "dead" {
         filter.state = None;
     }
+    if filter
+        .state
+        .as_deref()
+        .is_some_and(|s| !db::STATES.contains(&s))
+    {
+        return api_error(
+            StatusCode::BAD_REQUEST,
+            "state must be queued, running, done or failed",
+        );
+    }
     let Some(view) = View::parse(&q.page, filter, q.key) else {
         return api_error(
             StatusCode::BAD_REQUEST,

@@ -22,10 +22,11 @@ SELECT once.fail_key('ui/site/broken', (once.claim_key('ui/site/broken', owner_p
 SELECT once.create_queue('ui-emails');
 SELECT once.enqueue_key(format('ui/email/%s', i), jsonb_build_object('to', i), 'ui-emails')
   FROM generate_series(1, 5) i;
--- a dead letter in a shared queue: one attempt, failed
+-- dead letters in a shared queue: one attempt each, failed
 SELECT once.create_queue('ui-fragile', max_attempts => 1);
 SELECT once.enqueue_key('ui/job/dead/1', '{"x": 1}', 'ui-fragile');
-SELECT once.fail_key(key, token, 'division by zero') FROM once.claim_next('ui-fragile', owner_pid => 0);
+SELECT once.enqueue_key('ui/job/dead/2', '{"x": 2}', 'ui-fragile');
+SELECT once.fail_key(key, token, 'division by zero') FROM once.claim_next('ui-fragile', owner_pid => 0, n => 2);
 -- the tenant's keys: a dead letter in its own queue, and a result
 SET ROLE ui_tenant_a;
 SELECT once.create_queue('ui-tenant-a-jobs', max_attempts => 1, namespace => 'ui-tenant-a/');

@@ -265,17 +265,21 @@ def test_a_namespaced_key_is_invisible_outside_it(seeded, browser):
     try:
         ctx = browser.new_context()
         page = ctx.new_page()
+        page.goto(b.url + "/dead-letters")
+        expect(page.locator('tr[data-key="ui/job/dead/2"]')).to_be_visible()   # shared: seen
+        expect(page.locator("#keys")).not_to_contain_text("ui-tenant-a/")
         page.goto(b.url + "/keys")
         # once.entries is not readable by application roles: the page says so and lists
         # what the role may read, once.dead_letters.
         expect(page.locator(".notice")).to_contain_text("may not SELECT once.entries")
-        expect(page.locator("#keys")).not_to_contain_text("ui-tenant-a/")
-        page.goto(b.url + "/dead-letters")
+        expect(page.locator('tr[data-key="ui/job/dead/2"]')).to_be_visible()
         expect(page.locator("#keys")).not_to_contain_text("ui-tenant-a/")
         shot(page, "keys-unprivileged")
         assert page.request.get(b.url + "/api/keys/ui-tenant-a%2Fsecret%2F1").json()["row"] is None
-        assert not any(r["key"].startswith("ui-tenant-a/") for r in
-                       page.request.get(b.url + "/api/dead-letters").json()["rows"])
+        dead = [r["key"] for r in page.request.get(b.url + "/api/dead-letters").json()["rows"]]
+        assert "ui/job/dead/2" in dead and not any(k.startswith("ui-tenant-a/") for k in dead)
+        overview = page.request.get(b.url + "/api/overview").json()
+        assert overview["role"] == "ui_tenant_b" and overview["caps"]["entries"] is False
         assert not any(q["queue"] == "ui-tenant-a-jobs" for q in
                        page.request.get(b.url + "/api/queues").json()["queues"])
         # Acting on it through the dashboard: pg_once refuses the role (42501).
