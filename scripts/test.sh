@@ -285,7 +285,8 @@ run_server_tests() {
         exporter_stop "$name-exporter"
         if [ "$name" = preloaded ] && [ "$PG_MAJOR" = 15 ]; then
             say "7/9 the dashboard, $name server: pg-once-ui in Debian's Chromium (Playwright)"
-            cargo build --quiet -p pg_once_ui
+            cargo test --quiet -p pg_once_ui          # its unit tests
+            cargo build --quiet -p pg_once_ui         # the binary the browser tests run
             local ui_venv=$PG_ONCE_WORK/ui-venv target
             [ -x "$ui_venv/bin/python" ] || python3 -m venv "$ui_venv"
             # Playwright drives /usr/bin/chromium: no `playwright install` of its own browsers.

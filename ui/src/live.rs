@@ -436,3 +436,33 @@ async fn listen_once(app: &App, conninfo: &pg_once_client::Conninfo) -> Result<(
     drop(client);
     driver.await.map_err(|e| e.to_string())?
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_digest_is_the_hex_sha256_pg_once_announces() {
+        // encode(once.key_hash('abc'), 'hex')
+        assert_eq!(
+            digest("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn a_key_page_is_touched_only_by_its_key_its_digest_or_everything() {
+        let view = View::Key("a/b".into());
+        assert!(view.touched_by("a/b"));
+        assert!(view.touched_by(&digest("a/b")));
+        assert!(view.touched_by(""));
+        assert!(!view.touched_by("a/c"));
+        assert!(View::Overview.touched_by("anything"));
+    }
+
+    #[test]
+    fn slow_views_are_asked_less_often() {
+        assert_eq!(min_interval(Duration::from_millis(10)), MIN_INTERVAL);
+        assert_eq!(min_interval(Duration::from_secs(1)), Duration::from_secs(4));
+    }
+}

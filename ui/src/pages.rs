@@ -409,3 +409,31 @@ pub fn error_page(app: &App, status: u16, message: &str) -> Markup {
 
 pub const STYLE: &str = include_str!("style.css");
 pub const SCRIPT: &str = include_str!("live.js");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_people_say_them() {
+        assert_eq!(secs(&Value::from(3.25)), "3.2 s");
+        assert_eq!(secs(&Value::from(-45.0)), "45 s ago");
+        assert_eq!(secs(&Value::from(3590.0)), "60 min");
+        assert_eq!(secs(&Value::from(90000.0)), "25.0 h");
+        assert_eq!(secs(&Value::Null), "");
+    }
+
+    #[test]
+    fn keys_are_encoded_whole_in_links() {
+        assert_eq!(key_href("a/b c?&'\"<"), "/keys/a%2Fb%20c%3F%26%27%22%3C");
+        let f = KeyFilter {
+            state: Some("running".into()),
+            prefix: Some("x&y".into()),
+            ..KeyFilter::default()
+        };
+        assert_eq!(
+            events_url(&View::Keys(f), 7),
+            "/events?page=keys&seq=7&state=running&prefix=x%26y"
+        );
+    }
+}
