@@ -27,10 +27,11 @@ SELECT once.create_queue('ui-fragile', max_attempts => 1);
 SELECT once.enqueue_key('ui/job/dead/1', '{"x": 1}', 'ui-fragile');
 SELECT once.enqueue_key('ui/job/dead/2', '{"x": 2}', 'ui-fragile');
 SELECT once.fail_key(key, token, 'division by zero') FROM once.claim_next('ui-fragile', owner_pid => 0, n => 2);
--- the tenant's keys: a dead letter in its own queue, and a result
+-- the tenant's keys: a dead letter in its own queue, a result, a running key
 SET ROLE ui_tenant_a;
 SELECT once.create_queue('ui-tenant-a-jobs', max_attempts => 1, namespace => 'ui-tenant-a/');
 SELECT once.enqueue_key('ui-tenant-a/secret/1', '{"patient": 7}', 'ui-tenant-a-jobs');
 SELECT once.fail_key(key, token, 'tenant a failure') FROM once.claim_next('ui-tenant-a-jobs', owner_pid => 0);
 SELECT once.complete_key('ui-tenant-a/result', (once.claim_key('ui-tenant-a/result')).token, '{}');
+SELECT outcome FROM once.claim_key('ui-tenant-a/live', lease => '1 hour', owner_pid => 0);
 RESET ROLE;

@@ -192,10 +192,23 @@ def test_a_completion_appears_live_without_reload(admin, page):
     print(f"completion shown after {time.monotonic() - started:.3f} s")
     assert page.evaluate("window.notReloaded") is True
 
+    # A key of a namespace is announced by its digest: its page follows that too.
+    other.goto(admin.url + "/keys/ui-tenant-a/live")
+    expect(other.locator("body")).to_have_attribute("data-live", "connected")
+    expect(other.locator("#row [data-field=state]")).to_have_text("running")
+    psql("SELECT once.complete_key('ui-tenant-a/live', token, '{}') "
+         "FROM once.entries WHERE key = 'ui-tenant-a/live'")
+    expect(other.locator("#row [data-field=state]")).to_have_text("done", timeout=1000)
+
 
 def test_an_action_needs_the_token_and_a_confirmation(admin, page):
     assert psql("SELECT state FROM once.entries WHERE key = 'ui/site/page/1'") == "done"
     page.goto(admin.url + "/keys?prefix=ui/site/page/")
+    # Bulk selection: "select all" ticks every key of the page.
+    page.locator("#all").check()
+    assert page.locator("input[name=key]:checked").count() == 12
+    page.locator("#all").uncheck()
+    assert page.locator("input[name=key]:checked").count() == 0
     page.locator('tr[data-key="ui/site/page/1"] input[name=key]').check()
     page.locator('tr[data-key="ui/site/page/2"] input[name=key]').check()
     page.locator("button[value=invalidate]").click()
@@ -224,6 +237,13 @@ def test_an_action_needs_the_token_and_a_confirmation(admin, page):
     page.locator("#confirm").click()
     expect(page.locator("#results")).to_contain_text("requeued")
     assert psql("SELECT state || ' ' || payload FROM once.entries WHERE key = 'ui/job/dead/1'") == 'queued {"x": 1}'
+
+    # Release gives back only a claim whose owner is gone: this one's lease runs for an hour.
+    page.goto(admin.url + "/keys/ui/site/slow/report")
+    page.locator("button[value=release]").click()
+    page.locator("#confirm").click()
+    expect(page.locator("#results")).to_contain_text("not released")
+    assert psql("SELECT state FROM once.entries WHERE key = 'ui/site/slow/report'") == "running"
 
     # Reap the claims of gone owners (once.reap_stale), from the overview.
     page.goto(admin.url + "/")
