@@ -285,6 +285,9 @@ run_server_tests() {
         exporter_stop "$name-exporter"
         if [ "$name" = preloaded ] && [ "$PG_MAJOR" = 15 ]; then
             say "7/9 the dashboard, $name server: pg-once-ui in Debian's Chromium (Playwright)"
+            # TLS as in step 6 (which made it, unless it did not run): role once_tls only
+            # over TLS verified against a private CA.
+            [ -n "${PG_ONCE_TLS_DSN:-}" ] || cluster_tls "$name" "$port" once_tls
             cargo test --quiet -p pg_once_ui          # its unit tests
             cargo build --quiet -p pg_once_ui         # the binary the browser tests run
             local ui_venv=$PG_ONCE_WORK/ui-venv target

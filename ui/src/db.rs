@@ -48,7 +48,7 @@ pub struct Caps {
 }
 
 pub async fn caps(pool: &Pool) -> Result<Caps, String> {
-    let c = pool.get().await.map_err(|e| e.to_string())?;
+    let c = pool.get().await.map_err(describe_pool)?;
     let r = c
         .query_one(
             "SELECT current_user::text,
@@ -75,11 +75,20 @@ pub async fn caps(pool: &Pool) -> Result<Caps, String> {
 pub fn describe(e: tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => e.to_string(),
+        None => {
+            // "error performing TLS handshake: <why>", and so on down the chain.
+            let mut s = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(cause) = source {
+                s = format!("{s}: {cause}");
+                source = cause.source();
+            }
+            s
+        }
     }
 }
 
-fn describe_pool(e: deadpool_postgres::PoolError) -> String {
+pub fn describe_pool(e: deadpool_postgres::PoolError) -> String {
     match e {
         deadpool_postgres::PoolError::Backend(e) => describe(e),
         other => other.to_string(),

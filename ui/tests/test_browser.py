@@ -10,6 +10,7 @@ PG_ONCE_UI_SCREENSHOTS=docs/dashboard also writes a screenshot of each page ther
 """
 
 import base64
+import json
 import os
 import pathlib
 import re
@@ -277,6 +278,25 @@ def test_read_only_refuses_every_action(admin, page, browser):
         ctx.close()
     finally:
         d.stop()
+
+
+@pytest.mark.skipif(not os.environ.get("PG_ONCE_TLS_DSN"), reason="no TLS server (PG_ONCE_TLS_DSN)")
+def test_tls_as_the_rust_client_does_it(seeded):
+    # A role that may connect only over TLS, verified against a private CA (lib.sh's
+    # cluster_tls): pages and the LISTEN connection both get through.
+    tls = os.environ["PG_ONCE_TLS_DSN"]
+    d = Dashboard(PORT + 4, tls)
+    try:
+        overview = json.load(urllib.request.urlopen(d.url + "/api/overview"))
+        assert overview["role"] == "once_tls"
+        assert overview["listener"]["connected"] is True
+    finally:
+        d.stop()
+    # Without TLS the server refuses the role, and the dashboard says why and exits.
+    plain = re.sub(r"sslmode=\S+", "sslmode=disable", tls)
+    out = subprocess.run([UI, "--dsn", plain, "--bind", f"127.0.0.1:{PORT + 4}"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1 and "pg_hba.conf" in out.stderr, out.stderr
 
 
 def test_a_namespaced_key_is_invisible_outside_it(seeded, browser):
