@@ -61,7 +61,7 @@ run() { # run LABEL NVIEWERS [PAGE]: statements and time of the dashboard over S
     # Keys completing (each its own transaction, so each is announced) at about RATE/s.
     PGAPPNAME=uiload-writer q -c "DO \$\$ BEGIN FOR i IN 1..$((RATE * SECONDS_)) LOOP
             PERFORM once.complete_key('new-$tag-' || i, (once.claim_key('new-$tag-' || i)).token, '1');
-            COMMIT; PERFORM pg_sleep(1.0 / $RATE); END LOOP; END \$\$" &
+            COMMIT; PERFORM pg_sleep(1.0 / $RATE); END LOOP; END \$\$" 2>/dev/null &
     local writer=$!
     sleep "$SECONDS_"
     # (killing psql would leave its DO block running in the server)
