@@ -21,7 +21,8 @@ pub const MIN_INTERVAL: Duration = Duration::from_millis(250);
 /// A view's queries take at most 1/SLOWDOWN of the time (a view that takes 100 ms, as
 /// once.stats does on a million keys, is asked at most every 400 ms).
 const SLOWDOWN: u32 = 4;
-/// once.stats scans every key (about a second at a million keys): the overview reads it
+/// once.stats reads kept counts (about a millisecond), but scanned every key before them
+/// (a second at a million keys), and what it reads may grow again: the overview reads it
 /// again only after STATS_SLOWDOWN times its last query time, so that watching the
 /// overview costs at most a tenth of one backend, and its other parts (the queues)
 /// follow notifications at MIN_INTERVAL meanwhile.

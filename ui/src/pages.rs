@@ -143,7 +143,7 @@ fn overview(app: &App, j: &Value) -> Markup {
     let s = &j["stats"];
     let l = &j["listener"];
     html! {
-        p.note { "Counts from once.stats, read " (secs(&j["stats_age_s"])) " ago (a scan of every key: read again after ten times its last query time, and at least every 5 s while watched)." }
+        p.note { "Counts from once.stats, read " (secs(&j["stats_age_s"])) " ago." }
         section.cards {
             @for state in STATES {
                 a.card href={ "/keys?state=" (state) } data-count=(state) {
