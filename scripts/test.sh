@@ -34,7 +34,9 @@
 #                                   monitoring/postgres_exporter.yml: the documented
 #                                   metrics, moving with use; the Grafana dashboard and
 #                                   alerting rules ask only for them, parse, and the rules
-#                                   pass their promtool tests (scripts/check-monitoring.py)
+#                                   pass their promtool tests (scripts/check-monitoring.py); on 15's
+#                                   preloaded server the dashboard (ui/, pg-once-ui) in
+#                                   Debian's Chromium driven by Playwright (ui/tests)
 #   8. packaging                    scripts/package.sh: the Debian package (debug build)
 #                                   installed into the system PostgreSQL 15 with dpkg, a
 #                                   clean preloaded cluster of it, pg_regress against it,
@@ -57,7 +59,8 @@
 # tests of pooled clients (PG_ONCE_BOUNCER_DSN). The ports are below Linux's ephemeral
 # range (32768-60999), so that no client socket of an earlier test can hold them. For step
 # 4 the preloaded server also gets a hot standby (pg_basebackup -R) on the port after it
-# (PG_ONCE_STANDBY_DSN); for step 7 each server gets a postgres_exporter 20 ports higher.
+# (PG_ONCE_STANDBY_DSN); for step 7 each server gets a postgres_exporter 20 ports higher,
+# and the preloaded one dashboards (pg-once-ui) on the four ports 30 above it.
 # Step 8 runs once the servers of steps 3 to 7 (which load the build `cargo pgrx install`
 # put in place) are stopped: the package replaces those files. Its cluster listens on the
 # port 5 above $PG_ONCE_TEST_PORT; step 9's on the port 4 above it (and its PgBouncer 10
@@ -280,6 +283,24 @@ run_server_tests() {
         python3 scripts/check-monitoring.py "http://127.0.0.1:$((port + 20))/metrics" \
             "$PG_BIN/psql" "$PG_ONCE_DSN"
         exporter_stop "$name-exporter"
+        if [ "$name" = preloaded ] && [ "$PG_MAJOR" = 15 ]; then
+            say "7/9 the dashboard, $name server: pg-once-ui in Debian's Chromium (Playwright)"
+            # TLS as in step 6 (which made it, unless it did not run): role once_tls only
+            # over TLS verified against a private CA.
+            [ -n "${PG_ONCE_TLS_DSN:-}" ] || cluster_tls "$name" "$port" once_tls
+            cargo test --quiet -p pg_once_ui          # its unit tests
+            cargo build --quiet -p pg_once_ui         # the binary the browser tests run
+            local ui_venv=$PG_ONCE_WORK/ui-venv target
+            [ -x "$ui_venv/bin/python" ] || python3 -m venv "$ui_venv"
+            # Playwright drives /usr/bin/chromium: no `playwright install` of its own browsers.
+            "$ui_venv/bin/pip" install --quiet --disable-pip-version-check 'playwright>=1.40,<2' 'pytest>=7,<9'
+            target=$(cargo metadata --format-version 1 --no-deps |
+                python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+            # PG_ONCE_UI_SCREENSHOTS=docs/dashboard (from the caller) rewrites the screenshots.
+            PG_ONCE_PSQL=$PG_BIN/psql PG_ONCE_UI_BIN=$target/debug/pg-once-ui \
+                PG_ONCE_UI_PORT=$((port + 30)) \
+                "$ui_venv/bin/python" -m pytest -q -p no:cacheprovider ui/tests
+        fi
     fi
     pgbouncer_stop "$name-bouncer"
     cluster_stop "$name"
