@@ -24,7 +24,7 @@ pub fn pool(conninfo: &pg_once_client::Conninfo, size: usize) -> Result<Pool, St
     config.application_name("pg-once-ui");
     let manager = Manager::from_config(
         config,
-        crate::tls::connector(conninfo)?,
+        conninfo.connector().map_err(|e| e.to_string())?,
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },

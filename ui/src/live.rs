@@ -399,7 +399,7 @@ async fn listen_once(app: &App, conninfo: &pg_once_client::Conninfo) -> Result<(
     let mut config = conninfo.config().clone();
     config.application_name("pg-once-ui listener");
     let (client, mut connection) = config
-        .connect(crate::tls::connector(conninfo)?)
+        .connect(conninfo.connector().map_err(|e| e.to_string())?)
         .await
         .map_err(db::describe)?;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();

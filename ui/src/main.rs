@@ -5,7 +5,6 @@
 mod db;
 mod live;
 mod pages;
-mod tls;
 mod web;
 
 use clap::Parser;

@@ -142,8 +142,10 @@ impl Conninfo {
         self.root_certs.as_ref()
     }
 
-    /// What connections made from this conninfo secure themselves with.
-    pub(crate) fn connector(&self) -> Result<crate::tls::Connector> {
+    /// What connections made from this conninfo secure themselves with (TLS as `sslmode`
+    /// and `sslrootcert` say): for connections the client does not make itself, e.g. one
+    /// that must read its notifications (`connect` drops them) or a pool of another crate.
+    pub fn connector(&self) -> Result<crate::tls::Connector> {
         crate::tls::connector(self.ssl_mode, self.root_certs.as_ref())
     }
 

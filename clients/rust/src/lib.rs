@@ -56,6 +56,7 @@ pub use key::KeySet;
 pub use listener::CHANNEL;
 pub use outcome::{Outcome, OutcomeEvent, OutcomeHook};
 pub use raw::{CachedSql, Claim, Freshness, Job, Owner, Reaped};
+pub use tls::Connector;
 pub use worker::{WorkOptions, WorkReport};
 
 /// `d` scaled by a random factor in [0.5, 1.0]: spreads out processes that would

@@ -7,9 +7,9 @@ use crate::conninfo::{RootCerts, SslMode};
 use crate::error::{Error, Result};
 
 #[cfg(feature = "tls")]
-pub(crate) type Connector = tokio_postgres_rustls::MakeRustlsConnect;
+pub type Connector = tokio_postgres_rustls::MakeRustlsConnect;
 #[cfg(not(feature = "tls"))]
-pub(crate) type Connector = tokio_postgres::NoTls;
+pub type Connector = tokio_postgres::NoTls;
 
 #[cfg(not(feature = "tls"))]
 pub(crate) fn connector(mode: SslMode, _roots: Option<&RootCerts>) -> Result<Connector> {
