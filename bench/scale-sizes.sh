@@ -14,7 +14,10 @@
 #   - reap_ms: a reap_stale round with nothing to purge (median of 20), with HISTORY rows
 #     of history (added at the last size only, HISTORY_ROWS);
 #   - stats_ms, queue_stats_ms: a read of once.stats, once.queue_stats (median of 5);
-#   - idle_claim_next_ms: claim_next(wait => 0) with FUTURE_JOBS jobs due tomorrow;
+#   - idle_claim_next_ms: claim_next(wait => 0) on a queue with nothing due: FUTURE_JOBS
+#     jobs due tomorrow at the last size, none before;
+#   - besides the N done keys the table holds BACKLOG (80,000) queued jobs for the queue
+#     row, refilled at each size, and the keys the cycle row added;
 #   - entries_mb, entries_indexes_mb, attempts_mb: sizes.
 # Not preloaded: no worker reaps meanwhile. Uses the pg_once installed in PG_ONCE_PG_BIN's
 # PostgreSQL (scripts/lib.sh's install_extension).
@@ -25,6 +28,7 @@ SECS=${SECS:-10}
 CLIENTS=${CLIENTS:-2}
 HISTORY_ROWS=${HISTORY_ROWS:-20000000}
 FUTURE_JOBS=${FUTURE_JOBS:-1000000}
+BACKLOG=${BACKLOG:-80000}
 PORT=${PG_ONCE_SCALE_PORT:-$((${PG_ONCE_TEST_PORT:-25400} + 6))}
 NAME=scale-sizes
 WORK=$PG_ONCE_WORK/$NAME-files
@@ -61,7 +65,7 @@ EOF
 
 # latencies FILE...: p50 and p99 (ms) of pgbench per-transaction logs.
 latencies() {
-    cat "$@" | awk '{print $3 / 1000}' | sort -n | awk '{a[NR] = $1} END {printf "%.3f %.3f", a[int(NR * 0.5)], a[int(NR * 0.99)]}'
+    cat "$@" | awk '{print $3 / 1000}' | sort -n | awk '{a[NR] = $1} END {printf "%.3f %.3f\n", a[int(NR * 0.5)], a[int(NR * 0.99)]}'
 }
 bench() { # bench SCRIPT [-D n=N]: p50 p99
     rm -f "$WORK"/log.*
@@ -87,13 +91,16 @@ for size in $SIZES; do
                      LATERAL (SELECT now() - interval '1 hour' + i * interval '1 hour' / $HISTORY_ROWS AS f) x" >/dev/null
         history=$HISTORY_ROWS
     fi
-    # A backlog for the queue (refilled at each size) and jobs not due, in their queues.
+    # A backlog for the queue (refilled at each size: BACKLOG jobs), and, at the last size,
+    # FUTURE_JOBS jobs due tomorrow in a queue of their own.
+    future=0
+    [ "$size" = "$last" ] && future=$FUTURE_JOBS
     q -c "DELETE FROM once.entries WHERE queue IN ('qs', 'qf')" \
       -c "INSERT INTO once.entries (key_hash, key, state, token, queue, run_at, enqueued_at)
-          SELECT once.key_hash('j' || i), 'j' || i, 'queued', i, 'qs', now(), now() FROM generate_series(1, 200000) i" \
+          SELECT once.key_hash('j' || i), 'j' || i, 'queued', i, 'qs', now(), now() FROM generate_series(1, $BACKLOG) i" \
       -c "INSERT INTO once.entries (key_hash, key, state, token, queue, priority, run_at, enqueued_at)
           SELECT once.key_hash('f' || i), 'f' || i, 'queued', i, 'qf', i % 3, now() + interval '1 day', now()
-            FROM generate_series(1, $FUTURE_JOBS) i" \
+            FROM generate_series(1, $future) i" \
       -c "VACUUM ANALYZE once.entries" -c "VACUUM ANALYZE once.attempts" -c "CHECKPOINT" >/dev/null
     read -r hit50 hit99 < <(bench hit.sql -D n="$size")
     read -r cyc50 cyc99 < <(bench cycle.sql)
@@ -105,6 +112,6 @@ for size in $SIZES; do
     sizes=$(q -F ' ' -c "SELECT pg_table_size('once.entries') / 1048576, pg_indexes_size('once.entries') / 1048576,
                                 pg_total_relation_size('once.attempts') / 1048576")
     read -r emb imb amb <<<"$sizes"
-    printf '{"keys":%s,"history":%s,"hit_p50_ms":%s,"hit_p99_ms":%s,"cycle_p50_ms":%s,"cycle_p99_ms":%s,"queue_p50_ms":%s,"queue_p99_ms":%s,"reap_ms":%s,"stats_ms":%s,"queue_stats_ms":%s,"idle_claim_next_ms":%s,"entries_mb":%s,"entries_indexes_mb":%s,"attempts_mb":%s}\n' \
-        "$size" "$history" "$hit50" "$hit99" "$cyc50" "$cyc99" "$que50" "$que99" "$reap" "$stats" "$qstats" "$idle" "$emb" "$imb" "$amb"
+    printf '{"keys":%s,"history":%s,"future_jobs":%s,"hit_p50_ms":%s,"hit_p99_ms":%s,"cycle_p50_ms":%s,"cycle_p99_ms":%s,"queue_p50_ms":%s,"queue_p99_ms":%s,"reap_ms":%s,"stats_ms":%s,"queue_stats_ms":%s,"idle_claim_next_ms":%s,"entries_mb":%s,"entries_indexes_mb":%s,"attempts_mb":%s}\n' \
+        "$size" "$history" "$future" "$hit50" "$hit99" "$cyc50" "$cyc99" "$que50" "$que99" "$reap" "$stats" "$qstats" "$idle" "$emb" "$imb" "$amb"
 done
