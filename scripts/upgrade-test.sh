@@ -64,7 +64,9 @@ upgrade_install() {
 }
 
 # upgrade_build_release: the release's files, built once per commit, toolchain and
-# PostgreSQL version, and kept in $PG_ONCE_WORK/releases/ (a stale key means a rebuild).
+# PostgreSQL installation (its version and where it is: a package's files name the paths
+# of the pg_config they were built with, and a copy of PostgreSQL has its own), and kept
+# in $PG_ONCE_WORK/releases/ (a stale key means a rebuild).
 upgrade_build_release() {
     local commit=$UPGRADE_COMMIT
     if ! git -C "$REPO_ROOT" cat-file -e "$commit^{commit}" 2>/dev/null; then
@@ -77,7 +79,8 @@ upgrade_build_release() {
         exit 1
     fi
     local key
-    key=$(printf '%s\n' "$commit" "$(rustc --version)" "$("$PG_CONFIG" --version)" "$PGRX_VERSION" |
+    key=$(printf '%s\n' "$commit" "$(rustc --version)" "$("$PG_CONFIG" --version)" "$PGRX_VERSION" \
+        "$(realpath "$PG_CONFIG")" |
         sha256sum | cut -c1-16)
     release_files=$PG_ONCE_WORK/releases/pg_once-$UPGRADE_FROM-$key
     if [ ! -f "$release_files.done" ]; then

@@ -1235,5 +1235,40 @@ COMMENT ON COLUMN once.namespaces.created_at IS
 COMMENT ON COLUMN once.namespaces.member IS
     'Whether the role reading this may use the namespace.';
 
+-- New functions that are another form of one 0.1.0 had go to the roles that were granted
+-- that one, so that an application keeps every call it had: get, a hit of claim_key's.
+-- (After the $owner_only$ block above, which leaves new objects to their owner.)
+DO $siblings$
+DECLARE
+    g record;
+    initial pg_catalog.aclitem[];
+BEGIN
+    FOR g IN
+        SELECT DISTINCT v.new, CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                                    ELSE pg_catalog.quote_ident(a.grantee::pg_catalog.regrole::pg_catalog.text) END AS role
+          FROM (VALUES ('once.claim_key(text, interval, interval, integer, boolean)'::pg_catalog.regprocedure,
+                        'once.get(text)')) AS v(old, new),
+               pg_catalog.pg_proc p,
+               pg_catalog.aclexplode(p.proacl) a
+         WHERE p.oid OPERATOR(pg_catalog.=) v.old
+           AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
+           AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
+    LOOP
+        -- Granted by the administrator, as after a fresh install: the extension's initial
+        -- privileges stay a fresh install's (a grant in an extension script records
+        -- itself as one of them).
+        initial := (SELECT i.initprivs FROM pg_catalog.pg_init_privs i
+                     WHERE i.objoid OPERATOR(pg_catalog.=) g.new::pg_catalog.regprocedure::pg_catalog.oid
+                       AND i.classoid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+                       AND i.objsubid OPERATOR(pg_catalog.=) 0);
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', g.new, g.role);
+        UPDATE pg_catalog.pg_init_privs SET initprivs = initial
+         WHERE objoid OPERATOR(pg_catalog.=) g.new::pg_catalog.regprocedure::pg_catalog.oid
+           AND classoid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+           AND objsubid OPERATOR(pg_catalog.=) 0;
+    END LOOP;
+END
+$siblings$;
+
 -- Count the keys there are (the triggers above count every change from now on).
 SELECT once_internal.recount_keys();
