@@ -225,6 +225,28 @@ queued (it was absent), requeued (it had failed, its result expired, or refresh 
 and it had a result, which is served until the new one lands), duplicate (already queued
 or being computed: nothing changed) or cached (it has a fresh result: nothing changed).$$;
 
+-- plan_cache_mode: see claim_next.
+CREATE FUNCTION once.enqueue_keys(
+    keys         text[],
+    payloads     jsonb[] DEFAULT NULL,
+    queue        text DEFAULT 'default',
+    priority     integer DEFAULT 0,
+    run_at       timestamptz DEFAULT NULL,
+    refresh      boolean DEFAULT false,
+    max_attempts integer DEFAULT NULL)
+RETURNS TABLE (key text, outcome text)
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+SET plan_cache_mode = force_generic_plan
+AS 'MODULE_PATHNAME', 'enqueue_keys_wrapper';
+
+COMMENT ON FUNCTION once.enqueue_keys(text[], jsonb[], text, integer, timestamptz, boolean, integer) IS
+$$enqueue_key for many keys in one statement: payloads[i] (NULL: none) goes with keys[i],
+the other arguments apply to every key. Returns each key with its outcome, as enqueue_key
+would answer it, in the order given. At most 1000 distinct keys (22023 for more, or for a
+key given twice); every key is checked first, and one the caller may not use refuses the
+whole batch (42501). Locks, then inserts, keys in key_hash order, so it cannot deadlock
+with another batch.$$;
+
 -- plan_cache_mode: claim_next's statement has LIMIT n and complete_keys' takes arrays, and
 -- for such parameters a generic plan is always estimated dearer than a custom one, so
 -- PostgreSQL would plan them again on every call (9% of all CPU in the queue benchmark).
