@@ -481,7 +481,7 @@ RETURNS text
 LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'refresh_key_wrapper';
 
--- enqueue_key for many keys (plan_cache_mode: see claim_next in functions.sql).
+-- enqueue_key for many keys (plan_cache_mode and enable_seqscan: see functions.sql).
 CREATE FUNCTION once.enqueue_keys(
     keys         text[],
     payloads     jsonb[] DEFAULT NULL,
@@ -493,6 +493,7 @@ CREATE FUNCTION once.enqueue_keys(
 RETURNS TABLE (key text, outcome text)
 LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS 'MODULE_PATHNAME', 'enqueue_keys_wrapper';
 
 -- The key once.cached keeps a query's rows under: bound to the query, the role and the

@@ -118,7 +118,9 @@ static ENQUEUE_RERUN: Statement = Statement::new(concat!(
 // each other in a cycle (the module's comment, "Deadlocks"). A key found by neither (not
 // in the snapshot, and inserted meanwhile by a transaction that committed while the INSERT
 // waited for it) has outcome NULL: enqueue_many runs the statement again for those keys
-// alone (`$pending`; NULL: every key), with a snapshot that sees them.
+// alone (`$pending`; NULL: every key), with a snapshot that sees them. Its generic plan
+// must look keys up in the primary key however few rows the table had when it was made:
+// enqueue_keys is declared with enable_seqscan off (sql/functions.sql says why).
 static ENQUEUE_MANY: Statement = Statement::new(concat!(
     "WITH input AS (
          SELECT i.* FROM unnest($key_hashes::bytea[], $keys::text[], $payloads::jsonb[])
