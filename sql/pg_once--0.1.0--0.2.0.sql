@@ -595,6 +595,21 @@ RETURNS text
 LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'refresh_key_wrapper';
 
+-- enqueue_key for many keys (plan_cache_mode and enable_seqscan: see functions.sql).
+CREATE FUNCTION once.enqueue_keys(
+    keys         text[],
+    payloads     jsonb[] DEFAULT NULL,
+    queue        text DEFAULT 'default',
+    priority     integer DEFAULT 0,
+    run_at       timestamptz DEFAULT NULL,
+    refresh      boolean DEFAULT false,
+    max_attempts integer DEFAULT NULL)
+RETURNS TABLE (key text, outcome text)
+LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+AS 'MODULE_PATHNAME', 'enqueue_keys_wrapper';
+
 -- The key once.cached keeps a query's rows under: bound to the query, the role and the
 -- search_path (src/protocol/cached.rs), and usable by that role only.
 CREATE FUNCTION once.cached_key(key text, query text)
@@ -771,6 +786,7 @@ REVOKE ALL ON FUNCTION once_internal.library_version(), once.create_namespace(te
     once_internal.may_use_key(text), once_internal.caller_administers(),
     once_internal.namespaces_changed(),
     once_internal.next_token(), once.refresh_key(text, interval), once.cached_key(text, text),
+    once.enqueue_keys(text[], jsonb[], text, integer, timestamptz, boolean, integer),
     once.cached(text, text, interval, interval, double precision, double precision, interval, interval)
     FROM PUBLIC;
 REVOKE ALL ON PROCEDURE once.cached(text, text, jsonb, interval, interval, double precision,
@@ -1083,6 +1099,13 @@ priority runs first; max_attempts overrides the queue's. Idempotent per key. Ret
 queued (it was absent), requeued (it had failed, its result expired, or refresh => true
 and it had a result, which is served until the new one lands), duplicate (already queued
 or being computed: nothing changed) or cached (it has a fresh result: nothing changed).$$;
+COMMENT ON FUNCTION once.enqueue_keys(text[], jsonb[], text, integer, timestamptz, boolean, integer) IS
+$$enqueue_key for many keys in one statement: payloads[i] (NULL: none) goes with keys[i],
+the other arguments apply to every key. Returns each key with its outcome, as enqueue_key
+would answer it, in the order given. At most 1000 distinct keys (22023 for more, or for a
+key given twice); every key is checked first, and one the caller may not use refuses the
+whole batch (42501). Locks, then inserts, keys in key_hash order, so it cannot deadlock
+with another batch.$$;
 COMMENT ON FUNCTION once.claim_next(text, interval, text, integer, interval, integer) IS
 $$Claim up to n due keys of a queue, fewest errors first, then smallest priority, then
 oldest due time, with FOR UPDATE SKIP LOCKED: workers never wait for each other and never

@@ -214,6 +214,11 @@ export declare class OnceClient {
   refresh(key: string, options?: { stale?: number | null }): Promise<'expired' | 'rerun' | 'pending' | 'absent'>;
   /** once.enqueue_key: have a queue's workers compute it. */
   enqueue(key: string, options?: EnqueueOptions): Promise<'queued' | 'requeued' | 'duplicate' | 'cached'>;
+  /**
+   * once.enqueue_keys: enqueue for many keys in one statement; each key's outcome, in the
+   * order given. At most 1,000 distinct keys.
+   */
+  enqueueMany(jobs: Iterable<string | { key: string; payload?: Json }>, options?: Omit<EnqueueOptions, 'payload'>): Promise<Map<string, 'queued' | 'requeued' | 'duplicate' | 'cached'>>;
   /** Work a queue until stopped; the handler's result completes the job, a throw fails it. */
   work<P = Json>(queue: string, handler: (job: Job<P>) => unknown, options?: WorkOptions): Worker;
   /**

@@ -23,18 +23,23 @@ const YEAR: i128 = 360 * DAY;
 
 /// A cache key: not empty, at most MAX_KEY_BYTES.
 pub fn key(key: Option<&str>) -> &str {
+    named_key(key, "key")
+}
+
+/// A key that errors call `name` (an element of an array: `keys[3]`).
+pub fn named_key<'a>(key: Option<&'a str>, name: &str) -> &'a str {
     let Some(text) = key else {
-        errors::null_argument("key", "Pass the cache key as text, e.g. a URL.");
+        errors::null_argument(name, "Pass the cache key as text, e.g. a URL.");
     };
     if text.is_empty() {
         errors::invalid_argument(
-            "key must not be empty".into(),
+            format!("{name} must not be empty"),
             "Use a non-empty string that names what is being computed.",
         );
     }
     if text.len() > MAX_KEY_BYTES {
         errors::too_long(
-            format!("key is {} bytes long; the limit is {MAX_KEY_BYTES} bytes", text.len()),
+            format!("{name} is {} bytes long; the limit is {MAX_KEY_BYTES} bytes", text.len()),
             "Keys are sent as NOTIFY payloads. Use a digest of long input as the key, e.g. encode(sha256(convert_to(url, 'UTF8')), 'hex').",
         );
     }
@@ -189,6 +194,8 @@ pub fn result_size(size: usize, what: &str) {
     );
 }
 
+const PAYLOAD_SIZE_HINT: &str = "Pass a smaller payload (a reference to where large input is kept, e.g. an object's URL), or ask an administrator to raise once.max_payload_size.";
+
 /// A payload no larger than once.max_payload_size.
 pub fn payload_size(payload: Option<Jsonb>) {
     if let Some(payload) = payload {
@@ -197,9 +204,21 @@ pub fn payload_size(payload: Option<Jsonb>) {
             "payload",
             "once.max_payload_size",
             &guc::MAX_PAYLOAD_SIZE_KB,
-            "Pass a smaller payload (a reference to where large input is kept, e.g. an object's URL), or ask an administrator to raise once.max_payload_size.",
+            PAYLOAD_SIZE_HINT,
         );
     }
+}
+
+/// The largest of enqueue_keys' payloads (`largest` bytes) no larger than
+/// once.max_payload_size.
+pub fn payloads_size(largest: usize) {
+    within_limit(
+        largest,
+        "a payload",
+        "once.max_payload_size",
+        &guc::MAX_PAYLOAD_SIZE_KB,
+        PAYLOAD_SIZE_HINT,
+    );
 }
 
 /// An error no longer than once.max_error_size.
@@ -302,6 +321,10 @@ pub fn batch_size(n: Option<i32>) -> i32 {
     }
     n
 }
+
+/// How many keys one enqueue_keys call may enqueue: at most 1000, as claim_next's `n`, so
+/// that one call's statement, its locks and its answer stay small.
+pub const MAX_ENQUEUE_BATCH: usize = 1000;
 
 /// A worker's name, as recorded with its claims and attempts: at most 256 bytes.
 pub fn worker(worker: Option<&str>) -> Option<&str> {

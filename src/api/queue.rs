@@ -1,4 +1,5 @@
-//! The queue functions: queues, enqueue_key, claim_next and the batch operations.
+//! The queue functions: queues, enqueue_key, claim_next and the batch operations
+//! (enqueue_keys, complete_keys, invalidate_keys).
 
 use super::args;
 use super::{body, claim_owner, refuse_wait_under_snapshot_isolation, usable_key};
@@ -8,6 +9,7 @@ use crate::protocol::{queue, waiting};
 use crate::storage::jsonb::{Jsonb, JsonbArray};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::prelude::*;
+use std::collections::HashMap;
 
 /// Named for the release of its signature: 0.2.0 added `namespace` to 0.1.0's
 /// create_queue (symbol create_queue_wrapper), which must never reach this code with one
@@ -73,12 +75,106 @@ fn enqueue_key(
             "refresh",
             "Pass true to recompute a key that has a fresh result, else false.",
         );
-        match queue::enqueue(&job, refresh) {
-            queue::Enqueued::Queued => "queued",
-            queue::Enqueued::Requeued => "requeued",
-            queue::Enqueued::Duplicate => "duplicate",
-            queue::Enqueued::Cached => "cached",
+        outcome(queue::enqueue(&job, refresh))
+    })
+}
+
+/// What a call of enqueue_keys answers for one key.
+fn outcome(enqueued: queue::Enqueued) -> &'static str {
+    match enqueued {
+        queue::Enqueued::Queued => "queued",
+        queue::Enqueued::Requeued => "requeued",
+        queue::Enqueued::Duplicate => "duplicate",
+        queue::Enqueued::Cached => "cached",
+    }
+}
+
+/// enqueue_key for many keys in one statement. Every argument is checked, every key
+/// against the caller's rights, before anything is written: a batch is refused whole.
+#[pg_extern(sql = false)]
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+fn enqueue_keys(
+    keys: Option<Vec<Option<String>>>,
+    payloads: Option<JsonbArray>,
+    queue: Option<&str>,
+    priority: Option<i32>,
+    run_at: Option<TimestampWithTimeZone>,
+    refresh: Option<bool>,
+    max_attempts: Option<i32>,
+) -> TableIterator<'static, (name!(key, String), name!(outcome, &'static str))> {
+    body(|| {
+        let hint = "Pass an array of keys, and optionally an array of as many payloads, the i-th for the i-th key.";
+        let keys = args::required(keys, "keys", hint);
+        if keys.len() > args::MAX_ENQUEUE_BATCH {
+            errors::invalid_argument(
+                format!(
+                    "keys has {} elements; enqueue_keys takes at most {}",
+                    keys.len(),
+                    args::MAX_ENQUEUE_BATCH
+                ),
+                "Split the keys into batches of at most 1000.",
+            );
         }
+        let keys: Vec<String> = keys
+            .into_iter()
+            .enumerate()
+            .map(|(i, k)| args::named_key(k.as_deref(), &format!("keys[{}]", i + 1)).to_owned())
+            .collect();
+        if let Some(payloads) = payloads {
+            let shape = payloads.shape();
+            if shape.length != keys.len() {
+                errors::invalid_argument(
+                    format!(
+                        "keys and payloads have {} and {} elements",
+                        keys.len(),
+                        shape.length
+                    ),
+                    "Pass one payload per key (NULL for none), or payloads => NULL.",
+                );
+            }
+            args::payloads_size(shape.largest);
+        }
+        let mut seen: HashMap<&str, usize> = HashMap::with_capacity(keys.len());
+        for (i, key) in keys.iter().enumerate() {
+            if let Some(first) = seen.insert(key, i + 1) {
+                errors::invalid_argument(
+                    format!("keys[{first}] and keys[{}] are both \"{key}\"", i + 1),
+                    "Pass each key once: a key is enqueued once, with one payload.",
+                );
+            }
+        }
+        let queue = queue::require(args::queue(queue), "enqueue_keys");
+        let priority = args::required(
+            priority,
+            "priority",
+            "Pass an integer; smaller runs first, default 0.",
+        );
+        let run_at = args::run_at(run_at);
+        let max_attempts = args::max_attempts(max_attempts);
+        let refresh = args::required(
+            refresh,
+            "refresh",
+            "Pass true to recompute keys that have a fresh result, else false.",
+        );
+        let checked: Vec<Key> = keys
+            .iter()
+            .map(|k| usable_key(Some(k.as_str()), "enqueue_keys"))
+            .collect();
+        let batch = queue::Batch {
+            keys: &checked,
+            payloads,
+            queue: &queue,
+            priority,
+            run_at,
+            max_attempts,
+        };
+        let outcomes = queue::enqueue_many(&batch, refresh);
+        TableIterator::new(
+            keys.into_iter()
+                .zip(outcomes)
+                .map(|(key, enqueued)| (key, outcome(enqueued)))
+                .collect::<Vec<_>>(),
+        )
     })
 }
 

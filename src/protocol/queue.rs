@@ -108,6 +108,75 @@ static ENQUEUE_RERUN: Statement = Statement::new(concat!(
       WHERE key_hash = $key_hash AND state = 'running' AND $refresh"
 ));
 
+// enqueue_keys: ENQUEUE_NEW, ENQUEUE_AGAIN, ENQUEUE_RERUN and KEY_STATE for a whole batch,
+// in one statement, each key with its own payload. `locked` locks the keys that exist in
+// key_hash order and reads the latest version of each (FOR UPDATE in READ COMMITTED), and
+// what becomes of a key is decided on that version (l.), not on the statement's snapshot,
+// which a commit since may have outdated. The keys it did not find are then inserted, in
+// key_hash order too: a row passes `NOT IN (... locked)` only once every key is locked, so
+// each call locks, then inserts, each in key_hash order, and two batches cannot wait for
+// each other in a cycle (the module's comment, "Deadlocks"). A key found by neither (not
+// in the snapshot, and inserted meanwhile by a transaction that committed while the INSERT
+// waited for it) has outcome NULL: enqueue_many runs the statement again for those keys
+// alone (`$pending`; NULL: every key), with a snapshot that sees them. Its generic plan
+// must look keys up in the primary key however few rows the table had when it was made:
+// enqueue_keys is declared with enable_seqscan off (sql/functions.sql says why).
+static ENQUEUE_MANY: Statement = Statement::new(concat!(
+    "WITH input AS (
+         SELECT i.* FROM unnest($key_hashes::bytea[], $keys::text[], $payloads::jsonb[])
+                             WITH ORDINALITY AS i(key_hash, key, payload, ord)
+          WHERE $pending::bigint[] IS NULL OR i.ord = ANY ($pending)),
+     locked AS (
+         SELECT key_hash, state, expires_at FROM once.entries
+          WHERE key_hash = ANY ($pending_hashes::bytea[])
+          ORDER BY key_hash
+            FOR UPDATE),
+     again AS (
+         UPDATE once.entries AS e
+            SET state = 'queued', queue = $queue, payload = i.payload, priority = $priority,
+                run_at = coalesce($run_at, clock_timestamp()), max_attempts = $max_attempts,
+                enqueued_at = clock_timestamp(), attempts = 0, retry_at = NULL,
+                updated_at = clock_timestamp()
+           FROM input i, locked l
+          WHERE e.key_hash = ANY ($pending_hashes) AND e.key_hash = l.key_hash
+            AND e.key_hash = i.key_hash
+            AND (l.state = 'failed'
+                 OR (l.state = 'done' AND ($refresh OR l.expires_at <= clock_timestamp())))
+         RETURNING e.key_hash),
+     rerun AS (
+         UPDATE once.entries AS e
+            SET queue = $queue, payload = i.payload, priority = $priority,
+                max_attempts = $max_attempts, ",
+    rerun_requested!("'keep'", "NULL::interval"),
+    "
+           FROM input i, locked l
+          WHERE e.key_hash = ANY ($pending_hashes) AND e.key_hash = l.key_hash
+            AND e.key_hash = i.key_hash AND l.state = 'running' AND $refresh
+         RETURNING e.key_hash),
+     new AS (
+         INSERT INTO once.entries (key_hash, key, state, token, queue, payload, priority,
+                                   run_at, max_attempts, enqueued_at)
+         SELECT i.key_hash, i.key, 'queued', 0, $queue, i.payload, $priority,
+                coalesce($run_at, clock_timestamp()), $max_attempts, clock_timestamp()
+           FROM input i
+          WHERE i.key_hash NOT IN (SELECT key_hash FROM locked)
+          ORDER BY i.key_hash
+         ON CONFLICT (key_hash) DO NOTHING
+         RETURNING key_hash)
+     SELECT i.ord,
+            CASE WHEN n.key_hash IS NOT NULL THEN 'queued'
+                 WHEN a.key_hash IS NOT NULL OR r.key_hash IS NOT NULL THEN 'requeued'
+                 WHEN l.state = 'done' THEN 'cached'
+                 WHEN l.key_hash IS NOT NULL THEN 'duplicate'
+            END AS outcome,
+            n.key_hash IS NOT NULL OR a.key_hash IS NOT NULL AS due
+       FROM input i
+       LEFT JOIN new n ON n.key_hash = i.key_hash
+       LEFT JOIN again a ON a.key_hash = i.key_hash
+       LEFT JOIN rerun r ON r.key_hash = i.key_hash
+       LEFT JOIN locked l ON l.key_hash = i.key_hash"
+));
+
 // once_internal.row_taken: see storage::entry::taken.
 //
 // A claim reads only due jobs, whatever the queue holds. entries_queue_idx orders a queue
@@ -445,21 +514,25 @@ impl Job<'_> {
     }
 }
 
-pub fn enqueue(job: &Job, refresh: bool) -> Enqueued {
-    standby::refuse_writes("enqueue_key");
-    // A key of a namespace goes only into a queue of the same namespace: a shared queue's
-    // workers could be any role, and would get its payload.
-    if let Some(prefix) = namespace::prefix_of(job.key.text) {
-        if job.queue.namespace.as_deref() != Some(prefix.as_str()) {
+/// A key of a namespace goes only into a queue of the same namespace (42501): a shared
+/// queue's workers could be any role, and would get its payload.
+fn require_queue_of_key(key: &Key, queue: &Queue) {
+    if let Some(prefix) = namespace::prefix_of(key.text) {
+        if queue.namespace.as_deref() != Some(prefix.as_str()) {
             errors::insufficient_privilege(
                 format!(
                     "key \"{}\" belongs to namespace \"{prefix}\", queue \"{}\" does not",
-                    job.key.text, job.queue.name
+                    key.text, queue.name
                 ),
                 "Enqueue a namespace's keys into a queue of the same namespace: once.create_queue(name, namespace => ...).",
             );
         }
     }
+}
+
+pub fn enqueue(job: &Job, refresh: bool) -> Enqueued {
+    standby::refuse_writes("enqueue_key");
+    require_queue_of_key(job.key, job.queue);
     let new = job
         .params()
         .into_iter()
@@ -499,6 +572,110 @@ pub fn enqueue(job: &Job, refresh: bool) -> Enqueued {
         Some("done") => Enqueued::Cached,
         _ => Enqueued::Duplicate,
     }
+}
+
+/// What enqueue_keys writes besides each key and its payload: enqueue_key's arguments.
+pub struct Batch<'a> {
+    pub keys: &'a [Key<'a>],
+    /// One per key (NULL elements: no payload); None: no payloads.
+    pub payloads: Option<JsonbArray>,
+    pub queue: &'a Queue<'a>,
+    pub priority: i32,
+    pub run_at: Option<TimestampWithTimeZone>,
+    pub max_attempts: Option<i32>,
+}
+
+/// How many times enqueue_many runs its statement for keys another transaction inserted
+/// meanwhile before it gives up. Each round waits for those transactions, so a second
+/// round sees their keys; a third is needed only if yet others wrote the same keys again.
+const ENQUEUE_ROUNDS: usize = 8;
+
+/// enqueue for every key of `batch` (distinct keys, each one the caller may use) in one
+/// statement; the outcomes in the order of the keys.
+pub fn enqueue_many(batch: &Batch, refresh: bool) -> Vec<Enqueued> {
+    standby::refuse_writes("enqueue_keys");
+    for key in batch.keys {
+        require_queue_of_key(key, batch.queue);
+    }
+    let mut outcomes: Vec<Option<Enqueued>> = batch.keys.iter().map(|_| None).collect();
+    if batch.keys.is_empty() {
+        return Vec::new();
+    }
+    let key_hashes: Vec<Vec<u8>> = batch.keys.iter().map(Key::digest).collect();
+    let keys: Vec<String> = batch.keys.iter().map(|k| k.text.to_owned()).collect();
+    let mut pending: Option<Vec<i64>> = None;
+    let mut due = false;
+    for _ in 0..ENQUEUE_ROUNDS {
+        let pending_hashes: Vec<Vec<u8>> = match &pending {
+            None => key_hashes.clone(),
+            Some(ords) => ords
+                .iter()
+                .map(|&o| key_hashes[o as usize - 1].clone())
+                .collect(),
+        };
+        let args = params![
+            key_hashes = key_hashes.clone(),
+            keys = keys.clone(),
+            payloads = batch.payloads,
+            pending = pending.clone(),
+            pending_hashes = pending_hashes,
+            queue = batch.queue.name,
+            priority = batch.priority,
+            run_at = batch.run_at,
+            max_attempts = batch.max_attempts,
+            refresh = refresh,
+        ];
+        let rows: Vec<(i64, Option<String>, bool)> =
+            statements::run(&ENQUEUE_MANY, args, |table| {
+                table
+                    .map(|row| {
+                        Ok((
+                            row.get::<i64>(1)?.expect("ord is NOT NULL"),
+                            row.get::<String>(2)?,
+                            row.get::<bool>(3)?.unwrap_or(false),
+                        ))
+                    })
+                    .collect()
+            });
+        let mut left = Vec::new();
+        for (ord, outcome, woke) in rows {
+            let i = ord as usize - 1;
+            due |= woke;
+            outcomes[i] = match outcome.as_deref() {
+                Some("queued") => {
+                    namespace::recheck_key(batch.keys[i].text, "enqueue_keys");
+                    Some(Enqueued::Queued)
+                }
+                Some("requeued") => Some(Enqueued::Requeued),
+                Some("cached") => Some(Enqueued::Cached),
+                Some("duplicate") => Some(Enqueued::Duplicate),
+                Some(other) => error!("pg_once: enqueue_keys' statement answered {other}"),
+                None => {
+                    left.push(ord);
+                    None
+                }
+            };
+        }
+        if left.is_empty() {
+            break;
+        }
+        pending = Some(left);
+    }
+    if due {
+        has_work(batch.queue.name);
+    }
+    outcomes
+        .into_iter()
+        .map(|o| {
+            o.unwrap_or_else(|| {
+                errors::raise(
+                    pgrx::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+                    format!("enqueue_keys: other transactions kept writing some of its keys ({ENQUEUE_ROUNDS} tries)"),
+                    "Call enqueue_keys again: every key's outcome is decided anew.",
+                )
+            })
+        })
+        .collect()
 }
 
 /// A key handed to a worker by claim_next.

@@ -409,6 +409,112 @@ mod tests {
     }
 
     #[pg_test]
+    fn bad_batch_enqueue_input_is_refused() {
+        // Keys that exist, so that a batch written in part would show.
+        Spi::run("SELECT once.enqueue_key('old')").unwrap();
+        Spi::run("SET LOCAL once.max_payload_size = '1kB'").unwrap();
+        let long = format!(
+            "SELECT * FROM once.enqueue_keys(ARRAY['fresh', repeat('x', {})])",
+            7501
+        );
+        let cases: &[(&str, &str, &str)] = &[
+            (
+                "SELECT * FROM once.enqueue_keys(NULL)",
+                "22004",
+                "keys must not be NULL",
+            ),
+            (
+                "SELECT * FROM once.enqueue_keys(ARRAY['fresh', NULL])",
+                "22004",
+                "keys[2] must not be NULL",
+            ),
+            (
+                "SELECT * FROM once.enqueue_keys(ARRAY['fresh', ''])",
+                "22023",
+                "keys[2] must not be empty",
+            ),
+            (&long, "22001", "keys[2] is 7501 bytes long"),
+            (
+                "SELECT * FROM once.enqueue_keys(ARRAY['fresh', 'old'], ARRAY['1']::jsonb[])",
+                "22023",
+                "keys and payloads have 2 and 1 elements",
+            ),
+            (
+                "SELECT * FROM once.enqueue_keys(ARRAY['fresh'], ARRAY['1', '2']::jsonb[])",
+                "22023",
+                "keys and payloads have 1 and 2 elements",
+            ),
+            (
+                "SELECT * FROM once.enqueue_keys(ARRAY['fresh', 'old', 'fresh'])",
+                "22023",
+                "keys[1] and keys[3] are both \"fresh\"",
+            ),
+            (
+                "SELECT * FROM once.enqueue_keys(
+                     ARRAY(SELECT 'k' || i FROM generate_series(1, 1001) i))",
+                "22023",
+                "keys has 1001 elements; enqueue_keys takes at most 1000",
+            ),
+            (
+                "SELECT * FROM once.enqueue_keys(ARRAY['fresh', 'old'],
+                     ARRAY['1', jsonb_build_object('blob', repeat('x', 2000))])",
+                "54000",
+                "bytes, more than once.max_payload_size (1 kB)",
+            ),
+            (
+                "SELECT * FROM once.enqueue_keys(ARRAY['fresh'], queue => 'nope')",
+                "42704",
+                "queue \"nope\" does not exist",
+            ),
+            (
+                "SELECT * FROM once.enqueue_keys(ARRAY['fresh'], queue => NULL)",
+                "22004",
+                "queue must not be NULL",
+            ),
+            (
+                "SELECT * FROM once.enqueue_keys(ARRAY['fresh'], priority => NULL)",
+                "22004",
+                "priority must not be NULL",
+            ),
+            (
+                "SELECT * FROM once.enqueue_keys(ARRAY['fresh'], refresh => NULL)",
+                "22004",
+                "refresh must not be NULL",
+            ),
+            (
+                "SELECT * FROM once.enqueue_keys(ARRAY['fresh'], max_attempts => 1001)",
+                "22023",
+                "max_attempts must be between 1 and 1000",
+            ),
+            (
+                "SELECT * FROM once.enqueue_keys(ARRAY['fresh'], run_at => '-infinity')",
+                "22023",
+                "run_at must be a finite time",
+            ),
+        ];
+        let before = snapshot();
+        for (sql, state, msg) in cases {
+            assert_error(sql, state, msg);
+        }
+        assert_eq!(snapshot(), before, "a refused batch writes nothing");
+        // The limits themselves pass: 1000 keys, a payload of 1 kB.
+        assert_eq!(
+            one::<i64>(
+                "SELECT count(*) FROM once.enqueue_keys(
+                     ARRAY(SELECT 'k' || i FROM generate_series(1, 1000) i))"
+            ),
+            Some(1000)
+        );
+        assert_eq!(
+            text(
+                "SELECT string_agg(outcome, ',') FROM once.enqueue_keys(ARRAY['fresh'],
+                     ARRAY[to_jsonb(repeat('x', 100))])"
+            ),
+            "queued"
+        );
+    }
+
+    #[pg_test]
     fn bad_namespace_input_is_refused() {
         Spi::run("SELECT once.create_namespace('taken/', 'pg_database_owner')").unwrap();
         Spi::run("SELECT once.claim_key('taken/k')").unwrap();

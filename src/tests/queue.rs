@@ -43,6 +43,118 @@ mod tests {
         );
     }
 
+    /// enqueue_keys answers every key as enqueue_key would, in the order given, in one
+    /// call: each state a key can be in, mixed in one batch.
+    #[pg_test]
+    fn enqueue_keys_answers_each_key_as_enqueue_key_would() {
+        let (_, done) = crate::tests::outcome_and_token("done");
+        Spi::run(&format!(
+            "SELECT once.complete_key('done', {done}, '\"v\"')"
+        ))
+        .unwrap();
+        let (_, expired) = crate::tests::outcome_and_token("expired");
+        Spi::run(&format!(
+            "SELECT once.complete_key('expired', {expired}, '\"v\"', ttl => '1 hour');
+             UPDATE once.entries SET expires_at = clock_timestamp() - interval '1 second'
+              WHERE key = 'expired'"
+        ))
+        .unwrap();
+        let (_, failed) = crate::tests::outcome_and_token("failed");
+        Spi::run(&format!("SELECT once.fail_key('failed', {failed}, 'boom')")).unwrap();
+        crate::tests::outcome_and_token("running");
+        Spi::run("SELECT once.enqueue_key('queued', '{\"n\": 0}')").unwrap();
+        assert_eq!(
+            text(
+                "SELECT string_agg(key || '=' || outcome, ' ' ORDER BY n)
+                   FROM once.enqueue_keys(
+                            ARRAY['queued', 'new', 'done', 'expired', 'failed', 'running'],
+                            ARRAY['{\"n\": 1}', '{\"n\": 2}', '{\"n\": 3}', '{\"n\": 4}',
+                                  '{\"n\": 5}', NULL]::jsonb[],
+                            priority => 7)
+                        WITH ORDINALITY AS r(key, outcome, n)"
+            ),
+            "queued=duplicate new=queued done=cached expired=requeued failed=requeued running=duplicate"
+        );
+        // What each outcome wrote: payload and priority of the batch for the keys queued
+        // or queued again, nothing for the others.
+        assert_eq!(
+            text(
+                "SELECT string_agg(key || ':' || state || ':' || coalesce(payload->>'n', '-')
+                                   || ':' || coalesce(priority::text, '-'), ' ' ORDER BY key)
+                   FROM once.entries"
+            ),
+            "done:done:-:0 expired:queued:4:7 failed:queued:5:7 new:queued:2:7 queued:queued:0:0 running:running:-:0"
+        );
+        // refresh: a fresh result is queued again (and served meanwhile), a running key
+        // is queued again when its run ends.
+        assert_eq!(
+            text(
+                "SELECT string_agg(key || '=' || outcome, ' ')
+                   FROM once.enqueue_keys(ARRAY['done', 'running', 'new'], refresh => true)"
+            ),
+            "done=requeued running=requeued new=duplicate"
+        );
+        assert_eq!(
+            text(
+                "SELECT string_agg(key || ':' || state || ':' || coalesce(rerun, '-'), ' ' ORDER BY key)
+                   FROM once.entries WHERE key IN ('done', 'running')"
+            ),
+            "done:queued:- running:running:keep"
+        );
+        assert_eq!(
+            text("SELECT outcome || ' ' || result::text FROM once.claim_key('done')"),
+            "hit \"v\""
+        );
+        // An empty batch answers nothing and writes nothing.
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM once.enqueue_keys(ARRAY[]::text[])"),
+            Some(0)
+        );
+    }
+
+    /// Every key of a batch is checked with the caller's rights before anything is
+    /// written: one key the caller may not use refuses the whole batch.
+    #[pg_test]
+    fn enqueue_keys_refuses_a_batch_with_a_key_the_caller_may_not_use() {
+        Spi::run(
+            "CREATE ROLE batch_outsider;
+             GRANT USAGE ON SCHEMA once TO batch_outsider;
+             GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA once TO batch_outsider;
+             SELECT once.create_namespace('tenant/', 'pg_database_owner');
+             SELECT once.create_queue('tenant', namespace => 'tenant/');
+             SELECT once.enqueue_key('tenant/old', queue => 'tenant');",
+        )
+        .unwrap();
+        let before = crate::tests::snapshot();
+        Spi::run("SET LOCAL ROLE batch_outsider").unwrap();
+        crate::tests::assert_error(
+            "SELECT * FROM once.enqueue_keys(ARRAY['mine', 'tenant/new'])",
+            "42501",
+            "permission denied for namespace \"tenant/\": enqueue_keys",
+        );
+        crate::tests::assert_error(
+            "SELECT * FROM once.enqueue_keys(ARRAY['mine'], queue => 'tenant')",
+            "42501",
+            "permission denied for namespace \"tenant/\"",
+        );
+        Spi::run("RESET ROLE").unwrap();
+        // A namespace's key never goes into a shared queue, whoever asks.
+        crate::tests::assert_error(
+            "SELECT * FROM once.enqueue_keys(ARRAY['mine', 'tenant/new'])",
+            "42501",
+            "key \"tenant/new\" belongs to namespace \"tenant/\", queue \"default\" does not",
+        );
+        assert_eq!(crate::tests::snapshot(), before, "nothing was written");
+        // A member enqueues the namespace's keys into its queue.
+        assert_eq!(
+            text(
+                "SELECT string_agg(key || '=' || outcome, ' ')
+                   FROM once.enqueue_keys(ARRAY['tenant/old', 'tenant/new'], queue => 'tenant')"
+            ),
+            "tenant/old=duplicate tenant/new=queued"
+        );
+    }
+
     #[pg_test]
     fn refresh_keeps_serving_the_previous_result_until_the_new_one_lands() {
         Spi::run("SELECT once.enqueue_key('page')").unwrap();

@@ -26,7 +26,7 @@ const {
 } = require('./util.cjs');
 const { Worker } = require('./worker.cjs');
 const {
-  COMPLETE_FRESHNESS_SQL, COMPLETE_SQL, ENQUEUE_SQL, FAIL_SQL, Heartbeat, INVALIDATE_SQL, REFRESH_SQL, RELEASE_SQL,
+  COMPLETE_FRESHNESS_SQL, COMPLETE_SQL, ENQUEUE_MANY_SQL, ENQUEUE_SQL, FAIL_SQL, Heartbeat, INVALIDATE_SQL, REFRESH_SQL, RELEASE_SQL,
 } = require('./protocol.cjs');
 
 // What the connected server supports. Servers from before owner_session() (and the
@@ -244,16 +244,37 @@ class OnceClient {
   } = {}) {
     checkKey(key);
     const text = toText(key, payload, serializer());
-    if (!Number.isInteger(priority)) throw new TypeError(`pg-once: priority must be an integer, got ${priority}`);
-    if (maxAttempts !== null && !(Number.isInteger(maxAttempts) && maxAttempts > 0)) {
-      throw new TypeError(`pg-once: maxAttempts must be a positive integer, got ${maxAttempts}`);
-    }
-    if (runAt !== null && !(runAt instanceof Date && !Number.isNaN(runAt.getTime()))) {
-      throw new TypeError('pg-once: runAt must be a valid Date');
-    }
+    checkEnqueueOptions(priority, runAt, maxAttempts);
     const { rows: [{ enqueued }] } = await this.#query(ENQUEUE_SQL,
       [key, text, queue, priority, runAt?.toISOString() ?? null, Boolean(refresh), maxAttempts]);
     return enqueued;
+  }
+
+  /**
+   * enqueue for many keys in one statement (once.enqueue_keys). `jobs`: keys, or
+   * `{ key, payload }` objects. Resolves to a Map of each key to its outcome, in the order
+   * given. Every key is checked, every payload serialized, before anything is sent; at most
+   * 1,000 distinct keys a call (the server refuses more, or a repeated key, with 22023).
+   */
+  async enqueueMany(jobs, {
+    queue = 'default', priority = 0, runAt = null, refresh = false, maxAttempts = null,
+  } = {}) {
+    if (typeof jobs === 'string' || jobs == null || typeof jobs[Symbol.iterator] !== 'function') {
+      throw new TypeError('pg-once: enqueueMany takes an array of keys or of { key, payload }; for one key call enqueue');
+    }
+    const keys = [];
+    const texts = [];
+    for (const job of jobs) {
+      const { key, payload = null } = typeof job === 'string' ? { key: job } : job;
+      checkKey(key);
+      keys.push(key);
+      texts.push(toText(key, payload, serializer()));
+    }
+    checkEnqueueOptions(priority, runAt, maxAttempts);
+    if (keys.length === 0) return new Map();
+    const { rows } = await this.#query(ENQUEUE_MANY_SQL,
+      [keys, texts, queue, priority, runAt?.toISOString() ?? null, Boolean(refresh), maxAttempts]);
+    return new Map(rows.map((r) => [r.key, r.outcome]));
   }
 
   /**
@@ -643,6 +664,16 @@ class OnceClient {
     }
   }
 
+}
+
+function checkEnqueueOptions(priority, runAt, maxAttempts) {
+  if (!Number.isInteger(priority)) throw new TypeError(`pg-once: priority must be an integer, got ${priority}`);
+  if (maxAttempts !== null && !(Number.isInteger(maxAttempts) && maxAttempts > 0)) {
+    throw new TypeError(`pg-once: maxAttempts must be a positive integer, got ${maxAttempts}`);
+  }
+  if (runAt !== null && !(runAt instanceof Date && !Number.isNaN(runAt.getTime()))) {
+    throw new TypeError('pg-once: runAt must be a valid Date');
+  }
 }
 
 module.exports = { OnceClient };

@@ -19,6 +19,9 @@ const INVALIDATE_SQL = 'SELECT once.invalidate_key($1) AS invalidated';
 const REFRESH_SQL = 'SELECT once.refresh_key($1, stale => make_interval(secs => $2)) AS refreshed';
 const ENQUEUE_SQL = `SELECT once.enqueue_key($1, $2::jsonb, queue => $3, priority => $4, run_at => $5::timestamptz,
   refresh => $6, max_attempts => $7) AS enqueued`;
+// payloads: JSON texts (null for none), as text[], each element cast to jsonb.
+const ENQUEUE_MANY_SQL = `SELECT key, outcome FROM once.enqueue_keys($1::text[], payloads => $2::text[]::jsonb[],
+  queue => $3, priority => $4, run_at => $5::timestamptz, refresh => $6, max_attempts => $7)`;
 
 /** After a beat that failed, the next one comes within this (ms) or lease/6, not lease/3 later. */
 const HEARTBEAT_RETRY_MS = 1000;
@@ -61,6 +64,6 @@ class Heartbeat {
 }
 
 module.exports = {
-  HEARTBEAT_SQL, COMPLETE_SQL, COMPLETE_FRESHNESS_SQL, FAIL_SQL, RELEASE_SQL, INVALIDATE_SQL, REFRESH_SQL, ENQUEUE_SQL,
+  HEARTBEAT_SQL, COMPLETE_SQL, COMPLETE_FRESHNESS_SQL, FAIL_SQL, RELEASE_SQL, INVALIDATE_SQL, REFRESH_SQL, ENQUEUE_SQL, ENQUEUE_MANY_SQL,
   HEARTBEAT_RETRY_MS, Heartbeat,
 };

@@ -161,6 +161,9 @@ async function runScenario(setup, admin, scenario) {
       case 'invalidate': return step.name ? wrapper().invalidate(...fromVector(step.args)) : client.invalidate(keyed(step.key));
       case 'refresh': return step.name ? wrapper().refresh(...fromVector(step.args)) : client.refresh(keyed(step.key), optionsOf(step.options));
       case 'enqueue': return client.enqueue(keyed(step.key), optionsOf(step.options));
+      case 'enqueue_many': return client.enqueueMany(
+        step.jobs.map((j) => ({ key: keyed(j.key), payload: fromVector(j.payload ?? null) })), optionsOf(step.options),
+      ).then((answered) => [...answered.values()]);
       default: throw new NotApplicable(`call ${step.call} is not run by the Node runner yet`);
     }
   };

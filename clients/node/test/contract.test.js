@@ -152,7 +152,7 @@ for (const setup of setups) {
       assert.ok(Date.now() - started < 1500, 'not after the 30 s lease');
     });
 
-    test('invalidate, refresh, enqueue, and invalidate/refresh on a cached wrapper', async () => {
+    test('invalidate, refresh, enqueue, enqueueMany, and invalidate/refresh on a cached wrapper', async () => {
       const name = freshKey('wrapped');
       let n = 0;
       const f = client.cached(async (x) => { n += 1; return x * 10 + n; }, { name, ttl: 60 });
@@ -169,6 +169,17 @@ for (const setup of setups) {
       assert.equal(await client.enqueue(queued, { payload: { a: 1 }, queue: 'node-contract' }), 'queued');
       assert.equal(await client.enqueue(queued, { payload: { a: 1 }, queue: 'node-contract' }), 'duplicate');
       await assert.rejects(client.enqueue(queued, { payload: new Date() }), NotSerializable);
+      // The batch form: one statement, each key answered as enqueue would, in order.
+      const [b1, b2] = [freshKey('batch-1'), freshKey('batch-2')];
+      const answered = await client.enqueueMany([b1, { key: queued, payload: { a: 2 } }, { key: b2, payload: { b: 2 } }],
+        { queue: 'node-contract', priority: 3 });
+      assert.deepEqual([...answered], [[b1, 'queued'], [queued, 'duplicate'], [b2, 'queued']]);
+      const { rows } = await a.query('SELECT payload, priority FROM once.entries WHERE key = $1', [b2]);
+      assert.deepEqual(rows, [{ payload: { b: 2 }, priority: 3 }]);
+      assert.deepEqual([...await client.enqueueMany([], { queue: 'node-contract' })], []);
+      await assert.rejects(client.enqueueMany([b1, b1], { queue: 'node-contract' }), (err) => err.code === '22023');
+      await assert.rejects(client.enqueueMany([{ key: freshKey('b3'), payload: new Date() }]), NotSerializable);
+      await assert.rejects(client.enqueueMany('one key'), TypeError);
     });
   });
 }

@@ -19,7 +19,8 @@ const cancellable: number = await client.getOrCompute('c', async ({ signal }) =>
   deserialize: JSON.parse,
 });
 const queued: string = await client.enqueue('job', { payload: { w: 1 }, queue: 'thumbnails' });
-console.log(invalidated, refreshed, key, cancellable, queued, new ClaimLost('k').kind);
+const batch: Map<string, string> = await client.enqueueMany(['a', { key: 'b', payload: { w: 2 } }], { queue: 'thumbnails' });
+console.log(invalidated, refreshed, key, cancellable, queued, batch, new ClaimLost('k').kind);
 const fresh: string = await client.getOrCompute('page', async () => 'html', { ttl: 15, stale: 300, beta: 1, jitter: 0.1 });
 const worker = client.work<{ w: number }>('thumbnails', async (job: Job<{ w: number }>) => ({ width: job.payload.w }), { concurrency: 4 });
 const stats = await worker.stop();

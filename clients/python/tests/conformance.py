@@ -202,6 +202,14 @@ class Scenario:
                     return getattr(client, what)(self.key(step["key"]), **options)
                 wrapped = client.cached(name=self.key(step["name"]))(self.compute({}))
                 return getattr(wrapped, what)(*value(step["args"]))
+            if what == "enqueue_many":
+                jobs = {self.key(j["key"]): value(j.get("payload")) for j in step["jobs"]}
+                answered = client.enqueue_many(jobs, **options)
+                if self.flavor == "async":
+                    async def outcomes():
+                        return list((await answered).values())
+                    return outcomes()
+                return list(answered.values())
             raise AssertionError(f"a call this runner does not know: {what}")
         try:
             if self.flavor == "async":

@@ -173,6 +173,9 @@ class BlockingAsyncClient:
     def enqueue(self, key, payload=None, **kw):
         return self._run(self._client.enqueue(key, payload, **kw))
 
+    def enqueue_many(self, jobs, **kw):
+        return self._run(self._client.enqueue_many(jobs, **kw))
+
     def worker(self, queue, handler, **kw):
         async def ahandler(job):
             return await asyncio.to_thread(handler, job)

@@ -281,6 +281,29 @@ def test_a_timeout_of_one_waiter_does_not_cancel_the_others(setup, key):
     asyncio.run(main())
 
 
+def test_enqueue_many_answers_each_key_in_order(clients, key, admin):
+    client = clients()
+    queue = "py-batch-" + key.rsplit("/", 1)[-1]
+    admin.execute("SELECT once.create_queue(%s)", (queue,))
+    old, a, b = f"{key}/old", f"{key}/a", f"{key}/b"
+    assert client.enqueue(old, queue=queue) == "queued"
+    answered = client.enqueue_many({a: None, old: {"n": 1}, b: {"n": 2}}, queue=queue, priority=3)
+    assert list(answered.items()) == [(a, "queued"), (old, "duplicate"), (b, "queued")]
+    rows = admin.execute("SELECT key, payload, priority FROM once.entries WHERE key IN (%s, %s)"
+                         " ORDER BY key", (a, b)).fetchall()
+    assert rows == [(a, None, 3), (b, {"n": 2}, 3)]
+    assert client.enqueue_many([f"{key}/c", a], queue=queue) == {f"{key}/c": "queued", a: "duplicate"}
+    assert client.enqueue_many({}, queue=queue) == {}
+    # A repeated key is refused by the server (22023), the whole batch with it.
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="are both"):
+        client.enqueue_many([f"{key}/d", f"{key}/d"], queue=queue)
+    assert admin.execute("SELECT count(*) FROM once.entries WHERE key = %s",
+                         (f"{key}/d",)).fetchone() == (0,)
+    with pytest.raises(TypeError):
+        client.enqueue_many("one key", queue=queue)
+    admin.execute("SELECT once.invalidate_keys(queue => %s)", (queue,))
+
+
 def test_enqueue_reaches_a_worker_with_its_payload(clients, key, admin):
     client = clients()
     queue = "py-contract-" + key.rsplit("/", 1)[-1]

@@ -642,6 +642,25 @@ impl Client {
     pub async fn enqueue(&self, key: &str, payload: Option<&Value>, queue: &str) -> Result<String> {
         with_conn!(self.inner, |c| raw::enqueue_key(c, key, payload, queue, 0))
     }
+
+    /// [`Client::enqueue`] for many `(key, payload)` pairs in one statement
+    /// (`once.enqueue_keys`): each key with its outcome, in the order given. Every key is
+    /// checked before anything is sent; at most 1,000 distinct keys a call (the server
+    /// refuses more, or a repeated key, with 22023, and the whole batch, 42501, if one key
+    /// is not the caller's).
+    pub async fn enqueue_many(
+        &self,
+        jobs: &[(&str, Option<&Value>)],
+        queue: &str,
+    ) -> Result<Vec<(String, String)>> {
+        for (key, _) in jobs {
+            key::check(key)?;
+        }
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        with_conn!(self.inner, |c| raw::enqueue_keys(c, jobs, queue, 0))
+    }
 }
 
 /// How a [`Cached`] function names the result of an argument.

@@ -484,6 +484,33 @@ pub async fn enqueue_key(
     Ok(row.try_get(0)?)
 }
 
+/// `once.enqueue_keys(keys, payloads, queue, priority)` (pg_once 0.2): `enqueue_key` for
+/// every `(key, payload)` of `jobs` in one statement; each key with its outcome, in the
+/// order given. At most 1,000 distinct keys (22023 otherwise).
+pub async fn enqueue_keys(
+    client: &Client,
+    jobs: &[(&str, Option<&Value>)],
+    queue: &str,
+    priority: i32,
+) -> Result<Vec<(String, String)>> {
+    let keys: Vec<&str> = jobs.iter().map(|(k, _)| *k).collect();
+    let payloads: Vec<Option<&Value>> = jobs.iter().map(|(_, p)| *p).collect();
+    client
+        .query_typed(
+            "SELECT key, outcome FROM once.enqueue_keys($1, $2, $3, $4)",
+            &[
+                (&keys, Type::TEXT_ARRAY),
+                (&payloads, Type::JSONB_ARRAY),
+                (&queue, Type::TEXT),
+                (&priority, Type::INT4),
+            ],
+        )
+        .await?
+        .iter()
+        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+        .collect()
+}
+
 /// `once.claim_next(queue, lease, worker, n, wait, owner_pid)`: up to `n` due keys. A zero
 /// `wait` and `Owner::Connection` leave those arguments out (servers that predate them).
 pub async fn claim_next(

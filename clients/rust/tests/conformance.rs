@@ -93,6 +93,8 @@ fn call_options(options: &Value) -> CallOptions {
             "stale" => o.stale = Some(seconds(v)),
             "beta" => o.beta = v.as_f64(),
             "jitter" => o.jitter = v.as_f64(),
+            // enqueue_many's, read by its call.
+            "queue" => {}
             other => panic!("unknown option {other}"),
         }
     }
@@ -216,6 +218,10 @@ impl Run<'_> {
         // The call's key: given, or derived from the wrapper's name and arguments.
         let key = match (step.get("key"), &name, &args) {
             (Some(k), _, _) => self.key(k.as_str().expect("key")),
+            // A batch (enqueue_many): the outcome hook is read for its first key.
+            (None, _, _) if step.get("jobs").is_some() => {
+                self.key(step["jobs"][0]["key"].as_str().expect("key"))
+            }
             (None, Some(name), Some(args)) => {
                 pg_once_client::key::derive(name, args).expect("a default key")
             }
@@ -250,6 +256,34 @@ impl Run<'_> {
                     let key = key.clone();
                     let stale = step["options"].get("stale").map(seconds);
                     Box::pin(async move { client.refresh(&key, stale).await.map(Value::String) })
+                }
+                "enqueue_many" => {
+                    let jobs: Vec<(String, Option<Value>)> = step["jobs"]
+                        .as_array()
+                        .expect("jobs")
+                        .iter()
+                        .map(|j| {
+                            Ok((
+                                self.key(j["key"].as_str().expect("key")),
+                                j.get("payload").map(value).transpose()?,
+                            ))
+                        })
+                        .collect::<Result<_, Skip>>()?;
+                    let queue = step["options"]["queue"]
+                        .as_str()
+                        .unwrap_or("default")
+                        .to_owned();
+                    Box::pin(async move {
+                        let jobs: Vec<(&str, Option<&Value>)> =
+                            jobs.iter().map(|(k, p)| (k.as_str(), p.as_ref())).collect();
+                        let answered = client.enqueue_many(&jobs, &queue).await?;
+                        Ok(Value::Array(
+                            answered
+                                .into_iter()
+                                .map(|(_, outcome)| Value::String(outcome))
+                                .collect(),
+                        ))
+                    })
                 }
                 other => return Err(Skip(format!("call {other}"))),
             };

@@ -204,3 +204,65 @@ async fn workers_complete_every_job_once_and_stop_on_shutdown() {
         raw::drop_queue(&admin, &queue).await.unwrap();
     }
 }
+
+/// enqueue_many: one statement for many keys, each answered as enqueue would, in order,
+/// each with its own payload; a batch the server refuses changes nothing.
+#[tokio::test]
+async fn enqueue_many_answers_each_key_in_order() {
+    for setup in setups() {
+        let admin = setup.admin().await;
+        let queue = fresh("rust-batch").replace('-', "_");
+        raw::create_queue(
+            &admin,
+            &queue,
+            3,
+            Duration::from_millis(100),
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+        let client = setup.client(&fresh("rust-batch"), Options::default()).await;
+        let [old, a, b] = ["old", "a", "b"].map(|k| format!("{queue}/{k}"));
+        assert_eq!(client.enqueue(&old, None, &queue).await.unwrap(), "queued");
+        let payload = json!({ "n": 2 });
+        let answered = client
+            .enqueue_many(
+                &[(&a, None), (&old, Some(&payload)), (&b, Some(&payload))],
+                &queue,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            answered,
+            vec![
+                (a.clone(), "queued".to_owned()),
+                (old.clone(), "duplicate".to_owned()),
+                (b.clone(), "queued".to_owned()),
+            ]
+        );
+        let row = admin
+            .query_one("SELECT payload FROM once.entries WHERE key = $1", &[&b])
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, Option<Value>>(0), Some(payload.clone()));
+        assert!(client.enqueue_many(&[], &queue).await.unwrap().is_empty());
+        // A key given twice: refused (22023), nothing written.
+        let c = format!("{queue}/c");
+        let err = client
+            .enqueue_many(&[(&c, None), (&c, None)], &queue)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("are both"), "{err}");
+        let count: i64 = admin
+            .query_one("SELECT count(*) FROM once.entries WHERE key = $1", &[&c])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(count, 0);
+        // An empty key is refused before anything is sent.
+        assert!(client.enqueue_many(&[("", None)], &queue).await.is_err());
+        raw::invalidate_keys(&admin, Some(&queue), None)
+            .await
+            .unwrap();
+    }
+}

@@ -460,6 +460,7 @@ fn expected(routine: &Routine, target: Target) -> Option<Expect> {
         "invalidate_key",
         "refresh_key",
         "enqueue_key",
+        "enqueue_keys",
         "complete_keys",
     ];
     let name = routine.name.as_str();
@@ -485,7 +486,9 @@ fn expected(routine: &Routine, target: Target) -> Option<Expect> {
             SharedTokens,
         ) => Nothing,
         // Allowed to every role on shared keys by design (not aimed at them).
-        ("invalidate_key" | "refresh_key" | "enqueue_key", SharedTokens) => Harmless,
+        ("invalidate_key" | "refresh_key" | "enqueue_key" | "enqueue_keys", SharedTokens) => {
+            Harmless
+        }
         _ => return None,
     })
 }
@@ -852,7 +855,11 @@ async fn every_function_and_view_refuses_an_attacker_through_every_entry_point()
                 if target == Target::SharedTokens
                     && matches!(
                         routine.name.as_str(),
-                        "invalidate_key" | "refresh_key" | "enqueue_key" | "invalidate_keys"
+                        "invalidate_key"
+                            | "refresh_key"
+                            | "enqueue_key"
+                            | "enqueue_keys"
+                            | "invalidate_keys"
                     )
                 {
                     continue;

@@ -244,3 +244,81 @@ async fn with_notify_off_waiters_are_still_answered_and_nothing_is_sent() -> Res
     );
     Ok(())
 }
+
+/// enqueue_keys wakes a worker waiting in claim_next on the queue, after its commit and
+/// not before, as enqueue_key does: preloaded, at once (counted in `wakeups`), well before
+/// the 1 s safety look that would otherwise find the keys (three rounds, so that a safety
+/// look that happens to fall just after the commit does not pass for a wake-up);
+/// otherwise at its next look.
+#[tokio::test(flavor = "multi_thread")]
+async fn enqueue_keys_wakes_a_waiting_worker_after_commit() -> Result<()> {
+    let admin = admin().await?;
+    let preloaded = preloaded(&admin).await?;
+    let wakeups = || async {
+        let row = admin
+            .query_one("SELECT wakeups FROM once.stats", &[])
+            .await?;
+        anyhow::Ok(row.get::<_, Option<i64>>(0))
+    };
+    let before = wakeups().await?;
+    let mut slowest = Duration::ZERO;
+    for round in 0..3 {
+        // A queue per round: the keys a round's worker claimed go back to their queue when
+        // its session ends.
+        let queue = fresh_key("batch-wake").replace('/', "-");
+        admin
+            .execute("SELECT once.create_queue($1)", &[&queue])
+            .await?;
+        let worker = session().await?;
+        let waiting = {
+            let queue = queue.clone();
+            tokio::spawn(async move {
+                let rows = worker
+                    .query(
+                        "SELECT key FROM once.claim_next($1, n => 10, wait => '20 s')",
+                        &[&queue],
+                    )
+                    .await;
+                (rows, Instant::now())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let keys = [
+            fresh_key(&format!("batch-wake-{round}-a")),
+            fresh_key(&format!("batch-wake-{round}-b")),
+        ];
+        admin.batch_execute("BEGIN").await?;
+        admin
+            .execute(
+                "SELECT * FROM once.enqueue_keys($1::text[], queue => $2)",
+                &[&keys.to_vec(), &queue],
+            )
+            .await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !waiting.is_finished(),
+            "the worker returned before the keys were committed"
+        );
+        let committed = Instant::now();
+        admin.batch_execute("COMMIT").await?;
+        let (rows, returned) = timeout(Duration::from_secs(25), waiting).await??;
+        let mut got: Vec<String> = rows?.iter().map(|r| r.get(0)).collect();
+        got.sort();
+        let mut want = keys.to_vec();
+        want.sort();
+        assert_eq!(got, want);
+        slowest = slowest.max(returned.saturating_duration_since(committed));
+        admin
+            .execute("SELECT once.invalidate_keys(queue => $1)", &[&queue])
+            .await?;
+    }
+    if preloaded {
+        let after = wakeups().await?;
+        assert!(after.unwrap() > before.unwrap(), "{before:?} -> {after:?}");
+        assert!(
+            slowest < Duration::from_millis(300),
+            "slowest wake-up {slowest:?} after commit"
+        );
+    }
+    Ok(())
+}

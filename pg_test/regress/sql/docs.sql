@@ -49,6 +49,11 @@ SELECT queue, depth, due, running, dead, completed_last_minute FROM once.queue_s
 SELECT once.invalidate_keys(queue => 'thumbnails');
 SELECT once.drop_queue('thumbnails');
 SELECT once.enqueue_key('img/2', queue => 'nope');
+SELECT once.enqueue_key('img/1');
+SELECT * FROM once.enqueue_keys(ARRAY['img/1', 'img/2', 'img/3'],
+                                ARRAY['{"w": 128}', '{"w": 64}', NULL]::jsonb[]);
+SELECT * FROM once.enqueue_keys(ARRAY['img/4', 'img/4']);
+SELECT once.invalidate_keys(queue => 'default') AS forgotten;
 -- stats
 SELECT queued, running, done, failed FROM once.stats;
 -- freshness: a result past its ttl, in its stale window

@@ -35,8 +35,14 @@ SELECT key, worker, outcome, error FROM once.attempts ORDER BY finished_at, key;
 SELECT once.enqueue_key('img/3', queue => 'thumbnails', refresh => true);
 SELECT outcome, result FROM once.claim_key('img/3');
 
+-- A batch: each key answered as enqueue_key would, in the order given.
+SELECT * FROM once.enqueue_keys(ARRAY['img/3', 'img/4', 'img/1'],
+                                ARRAY[NULL, '{"size": 400}', NULL]::jsonb[], 'thumbnails');
+SELECT key, state, payload FROM once.entries WHERE key IN ('img/1', 'img/3', 'img/4') ORDER BY key;
+
 -- Bad input.
 SELECT once.enqueue_key('x', queue => 'nope');
+SELECT * FROM once.enqueue_keys(ARRAY['x', 'y'], ARRAY['{}']::jsonb[], 'thumbnails');
 SELECT once.claim_next('thumbnails', n => 0);
 SELECT once.invalidate_keys();
 SELECT once.drop_queue('thumbnails');

@@ -49,10 +49,14 @@ SELECT p.oid::regprocedure AS not_as_caller FROM pg_proc p
                  OR EXISTS (SELECT FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')
             ELSE p.prosecdef AND NOT 'search_path=pg_catalog, pg_temp' = ANY (p.proconfig)
        END;
--- The two queue functions whose statements take LIMIT n or arrays run on generic plans,
+-- The queue functions whose statements take LIMIT n or arrays run on generic plans,
 -- which PostgreSQL would otherwise never pick for them (it planned them on every call).
 SELECT p.proname, c AS setting FROM pg_proc p, unnest(p.proconfig) AS c
  WHERE p.pronamespace = 'once'::regnamespace AND c LIKE 'plan_cache_mode=%' ORDER BY 1;
+-- enqueue_keys' generic plan looks keys up in the primary key even when it was made while
+-- once.entries was nearly empty (sql/functions.sql says why).
+SELECT p.proname, c AS setting FROM pg_proc p, unnest(p.proconfig) AS c
+ WHERE p.pronamespace = 'once'::regnamespace AND c LIKE 'enable_%' ORDER BY 1;
 
 -- One key's life. Timestamps vary, so they are shown as facts about them.
 \set key 'https://example.com/page?id=1'

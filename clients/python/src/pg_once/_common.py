@@ -72,6 +72,9 @@ INVALIDATE_KEY = "SELECT once.invalidate_key(%s)"
 REFRESH_KEY = f"SELECT once.refresh_key(%s, stale => {SECS})"
 ENQUEUE_KEY = ("SELECT once.enqueue_key(%s, payload => %s::jsonb, queue => %s, priority => %s,"
                " run_at => %s, refresh => %s, max_attempts => %s)")
+# payloads: a list of JSON texts (None for none), as text[], each element cast to jsonb.
+ENQUEUE_KEYS = ("SELECT key, outcome FROM once.enqueue_keys(%s::text[], payloads => %s::text[]::jsonb[],"
+                " queue => %s, priority => %s, run_at => %s, refresh => %s, max_attempts => %s)")
 LISTEN = "LISTEN once"
 OWNER_SESSION = "SELECT once.owner_session()"
 BACKEND_PID = "SELECT pg_backend_pid()"

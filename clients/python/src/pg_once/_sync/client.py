@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, overload
 
@@ -300,6 +301,29 @@ class Client:
         return (self._execute("enqueue_key", C.ENQUEUE_KEY,
                                     (C.check_key(key), text, queue, priority, run_at, refresh,
                                      max_attempts)))[0]
+
+    def enqueue_many(self, jobs: Any, *, queue: str = "default", priority: int = 0,
+                           run_at: Optional[datetime] = None, refresh: bool = False,
+                           max_attempts: Optional[int] = None) -> Dict[str, str]:
+        """enqueue for many keys in one statement (once.enqueue_keys): `jobs` maps each key
+        to its payload (None: no payload), or is an iterable of keys without payloads.
+        Returns {key: outcome} in the order given, each outcome what enqueue would have
+        answered. Every key is checked, every payload written, before anything is sent; at
+        most 1,000 distinct keys a call (the server refuses more, or a repeated key, with
+        22023, and the whole batch when one key is not the caller's, 42501)."""
+        if isinstance(jobs, (str, bytes)):
+            raise TypeError("enqueue_many takes a mapping of keys to payloads, or keys; "
+                            "for one key call enqueue")
+        pairs = list(jobs.items()) if isinstance(jobs, Mapping) else [(k, None) for k in jobs]
+        if not pairs:
+            return {}
+        keys = [C.check_key(k) for k, _ in pairs]
+        payloads = [None if p is None else C.dump_value(k, self.serializer, p) for k, p in pairs]
+        rows = self._execute(
+            "enqueue_keys", C.ENQUEUE_KEYS,
+            (keys, payloads if any(p is not None for p in payloads) else None, queue, priority,
+             run_at, refresh, max_attempts), many=True)
+        return {key: outcome for key, outcome in rows}
 
     def load_payload(self, text: Optional[str]) -> Any:
         """A queued key's payload, read back through the client's serializer."""
