@@ -1259,7 +1259,8 @@ COMMENT ON COLUMN once.namespaces.member IS
     'Whether the role reading this may use the namespace.';
 
 -- New functions that are another form of one 0.1.0 had go to the roles that were granted
--- that one, so that an application keeps every call it had: get, a hit of claim_key's.
+-- that one, so that an application keeps every call it had: get, a hit of claim_key's;
+-- enqueue_keys, enqueue_key for many keys.
 -- (After the $owner_only$ block above, which leaves new objects to their owner.)
 DO $siblings$
 DECLARE
@@ -1270,7 +1271,10 @@ BEGIN
         SELECT DISTINCT v.new, CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
                                     ELSE pg_catalog.quote_ident(a.grantee::pg_catalog.regrole::pg_catalog.text) END AS role
           FROM (VALUES ('once.claim_key(text, interval, interval, integer, boolean)'::pg_catalog.regprocedure,
-                        'once.get(text)')) AS v(old, new),
+                        'once.get(text)'),
+                       ('once.enqueue_key(text, jsonb, text, integer, timestamptz, boolean, integer)',
+                        'once.enqueue_keys(text[], jsonb[], text, integer, timestamptz, boolean, integer)'))
+               AS v(old, new),
                pg_catalog.pg_proc p,
                pg_catalog.aclexplode(p.proacl) a
          WHERE p.oid OPERATOR(pg_catalog.=) v.old

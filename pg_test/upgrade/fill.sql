@@ -36,7 +36,8 @@ GRANT USAGE ON SCHEMA once TO up_app;
 GRANT EXECUTE ON FUNCTION once.claim_key(text, interval, interval, integer),
                           once.complete_key(text, bigint, jsonb, interval),
                           once.complete_keys(text[], bigint[], jsonb[], interval),
-                          once.fail_key(text, bigint, text, interval)
+                          once.fail_key(text, bigint, text, interval),
+                          once.enqueue_key(text, jsonb, text, integer, timestamptz, boolean, integer)
     TO up_app;
 
 -- The update drops and creates once.stats (its columns change) and create_queue (a new

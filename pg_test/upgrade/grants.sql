@@ -4,10 +4,13 @@ GRANT USAGE ON SCHEMA once TO up_app;
 GRANT EXECUTE ON FUNCTION once.claim_key(text, interval, interval, integer, boolean),
                           once.complete_key(text, bigint, jsonb, interval, interval, float8, float8),
                           once.complete_keys(text[], bigint[], jsonb[], interval, interval, float8, float8),
-                          once.fail_key(text, bigint, text, interval)
+                          once.fail_key(text, bigint, text, interval),
+                          once.enqueue_key(text, jsonb, text, integer, timestamptz, boolean, integer)
     TO up_app;
 -- Given by the update to the roles that may call claim_key: get is a hit of claim_key's.
 GRANT EXECUTE ON FUNCTION once.get(text) TO up_app;
+-- And enqueue_keys to those that may call enqueue_key.
+GRANT EXECUTE ON FUNCTION once.enqueue_keys(text[], jsonb[], text, integer, timestamptz, boolean, integer) TO up_app;
 -- Carried over by the update, which drops and creates both.
 GRANT SELECT ON once.stats TO up_app;
 GRANT EXECUTE ON FUNCTION once.create_queue(text, integer, interval, interval, text) TO up_app;
