@@ -538,6 +538,20 @@ CREATE TABLE once_internal.key_counts (
 WITH (fillfactor = 50);
 COMMENT ON TABLE once_internal.key_counts IS
     'Keys that are not running, by namespace and state, and their errors and attempts, kept by triggers on once.entries: what once.stats sums. Exact in every snapshot; rebuilt by once_internal.recount_keys().';
+COMMENT ON COLUMN once_internal.key_counts.slot IS
+    'The backend that wrote these counts (its number, times 4, plus its turn: a prepared transaction moves a backend to its next slot); -1: folded together by reap_stale.';
+COMMENT ON COLUMN once_internal.key_counts.namespace IS
+    'The namespace prefix of the keys counted (the one they belonged to when counted); empty: keys outside every namespace.';
+COMMENT ON COLUMN once_internal.key_counts.queued IS
+    'Change in the number of queued keys (summed over the slots: the number).';
+COMMENT ON COLUMN once_internal.key_counts.done IS
+    'Change in the number of done keys (summed over the slots: the number).';
+COMMENT ON COLUMN once_internal.key_counts.failed IS
+    'Change in the number of failed keys (summed over the slots: the number).';
+COMMENT ON COLUMN once_internal.key_counts.errors IS
+    'Change in the sum of once.entries.errors over keys that are not running.';
+COMMENT ON COLUMN once_internal.key_counts.attempts IS
+    'Change in the sum of once.entries.attempts over keys that are not running.';
 
 CREATE FUNCTION once_internal.count_key() RETURNS trigger
     LANGUAGE c
