@@ -16,7 +16,7 @@
 #   - stats_ms, queue_stats_ms: a read of once.stats, once.queue_stats (median of 5);
 #   - idle_claim_next_ms: claim_next(wait => 0) on a queue with nothing due: FUTURE_JOBS
 #     jobs due tomorrow at the last size, none before;
-#   - besides the N done keys the table holds BACKLOG (80,000) queued jobs for the queue
+#   - besides the N done keys the table holds BACKLOG (200,000) queued jobs for the queue
 #     row, refilled at each size, and the keys the cycle row added;
 #   - entries_mb, entries_indexes_mb, attempts_mb: sizes.
 # Not preloaded: no worker reaps meanwhile. Uses the pg_once installed in PG_ONCE_PG_BIN's
@@ -28,7 +28,7 @@ SECS=${SECS:-10}
 CLIENTS=${CLIENTS:-2}
 HISTORY_ROWS=${HISTORY_ROWS:-20000000}
 FUTURE_JOBS=${FUTURE_JOBS:-1000000}
-BACKLOG=${BACKLOG:-80000}
+BACKLOG=${BACKLOG:-200000}
 PORT=${PG_ONCE_SCALE_PORT:-$((${PG_ONCE_TEST_PORT:-25400} + 6))}
 NAME=scale-sizes
 WORK=$PG_ONCE_WORK/$NAME-files
@@ -60,7 +60,8 @@ EOF
 # The 10 jobs one call claims, completed by the same statement.
 cat >"$WORK/queue.sql" <<'EOF'
 WITH c AS MATERIALIZED (SELECT key, token FROM once.claim_next('qs', n => 10))
-SELECT count(*) FROM once.complete_keys((SELECT array_agg(key) FROM c), (SELECT array_agg(token) FROM c), (SELECT array_agg('1'::jsonb) FROM c));
+SELECT count(*) FROM once.complete_keys(coalesce((SELECT array_agg(key) FROM c), '{}'),
+    coalesce((SELECT array_agg(token) FROM c), '{}'), coalesce((SELECT array_agg('1'::jsonb) FROM c), '{}'));
 EOF
 
 # latencies FILE...: p50 and p99 (ms) of pgbench per-transaction logs.
