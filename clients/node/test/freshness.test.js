@@ -119,7 +119,9 @@ for (const setup of setups) {
         const row = await entry(key);
         assert.equal(row.result, 'v1');
         assert.match(row.error ?? '', /upstream returned 503/);
-        assert.ok(errors.some((e) => /refreshing .* failed/.test(e.message)), 'the failure reaches onError');
+        // onError is called once fail_key has answered, which can be after its commit is
+        // visible to the query above.
+        await waitUntil(() => errors.some((e) => /refreshing .* failed/.test(e.message)), 5_000, 'the failure reaches onError');
         // Still the old value, at once; this caller draws the next refresh, which succeeds.
         answer = await timed(later.getOrCompute(key, async () => { await sleep(300); return 'v2'; }, { ttl: 60, stale: 60 }));
         assert.equal(answer.value, 'v1');
