@@ -122,6 +122,24 @@ def freshness(rows, out):
          "P(S <= s); S = 0: none drawn", "First early refresh of each result", legend_size=8)
 
 
+def scale(path, out):
+    """Per-call paths by number of keys, from bench/scale-sizes.sh's JSON lines (if any)."""
+    if not path.exists():
+        return
+    rows = sorted(load(path), key=lambda r: r["keys"])
+    keys = [r["keys"] for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for field, label in [("hit_p50_ms", "hit (p50)"), ("cycle_p50_ms", "claim + complete (p50)"),
+                         ("queue_p50_ms", "claim_next(10) + complete_keys (p50)"),
+                         ("reap_ms", "reap_stale round, nothing to purge"),
+                         ("stats_ms", "once.stats"), ("queue_stats_ms", "once.queue_stats")]:
+        ax.plot(keys, [r[field] for r in rows], marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    save(fig, ax, out / "scale.png", "keys in once.entries", "ms",
+         "Per-call and per-scrape paths as the table grows", legend_size=8)
+
+
 def main():
     rows = load(sys.argv[1])
     out = Path(sys.argv[2])
@@ -129,6 +147,7 @@ def main():
     queue(rows, out)
     stampede(rows, out)
     freshness(rows, out)
+    scale(Path(sys.argv[1]).with_name("scale-sizes.jsonl"), out)
 
 
 if __name__ == "__main__":
