@@ -14,8 +14,12 @@
 //!
 //! Slots: each backend writes the rows of its own slot (its backend number), so two
 //! backends never wait for each other's counts. A prepared transaction keeps its row
-//! locks after the backend moved on, so the backend then writes into another of its
-//! slots (`SLOTS_PER_BACKEND`). reap_stale folds every slot it can lock into slot -1
+//! locks after its backend moved on, and after that backend exited, when another backend
+//! has its number: so it writes into a slot of its own, numbered from its transaction id
+//! (`prepared_slot`), which no backend writes. (It wrote into the next of four slots of
+//! its backend before: a role that prepared a transaction and disconnected held up, until
+//! an administrator ended it, the commits of the next backend to get its number.) The
+//! worker's reap_stale (or an administrator's) folds every slot it can lock into slot -1
 //! (`fold`), so the view sums about as many rows as there are namespaces and backends
 //! active since the last reap.
 
@@ -24,7 +28,7 @@ use crate::protocol::namespace;
 use crate::storage::statements::{self, params, Statement};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::num::NonZeroUsize;
 
 /// How one key's row changes the counts of its namespace.
@@ -71,16 +75,16 @@ thread_local! {
     /// Counts not written yet, by the subtransaction that made them and namespace prefix
     /// ('' for none).
     static PENDING: RefCell<Vec<(pg_sys::SubTransactionId, String, Counts)>> = const { RefCell::new(Vec::new()) };
-    /// Which of this backend's slots it writes (see SLOTS_PER_BACKEND).
-    static SLOT_TURN: Cell<i32> = const { Cell::new(0) };
-    /// Whether this transaction wrote counts (then a PREPARE moves to the next slot).
-    static WROTE: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Slots per backend: one for its transactions, and more for when prepared
-/// transactions still hold a slot's rows. A backend with this many transactions prepared
-/// at once, each of which wrote keys, waits for the oldest to be committed or rolled back.
-const SLOTS_PER_BACKEND: i32 = 4;
+/// The slot a prepared transaction writes: its own, below -1 (slot -1 is the folded
+/// counts, backends' slots are their numbers), from its transaction id. Two prepared
+/// transactions share one only if their ids are 2^30 apart.
+fn prepared_slot() -> i32 {
+    // SAFETY: reads this transaction's id; one that changed keys has one.
+    let xid = unsafe { pg_sys::GetTopTransactionIdIfAny() };
+    -2 - (xid.into_inner() & 0x3FFF_FFFF) as i32
+}
 
 /// Trigger on once.entries, for each row inserted, updated or deleted. Updates that change
 /// no count are passed over here rather than by a WHEN clause, which PostgreSQL would read
@@ -255,14 +259,13 @@ fn write(slot: i32, sums: &[(String, Counts)], sign: i64) {
     );
 }
 
-/// Write this transaction's pending counts into this backend's slot (at commit or
-/// prepare).
-fn write_pending() {
+/// Write this transaction's pending counts into `slot` (at commit or prepare).
+fn write_pending(slot: impl FnOnce() -> i32) {
     let sums = summed(&PENDING.take());
     if sums.is_empty() {
         return;
     }
-    let slot = pg_compat::my_proc_number() * SLOTS_PER_BACKEND + SLOT_TURN.get();
+    let slot = slot();
     // At commit no statement runs, so there is no snapshot for SPI to run in: give it one,
     // as PostgreSQL does for the deferred triggers it fires at that point.
     // SAFETY: pushed and popped around the write; an error aborts the transaction, whose
@@ -270,7 +273,6 @@ fn write_pending() {
     unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
     write(slot, &sums, 1);
     unsafe { pg_sys::PopActiveSnapshot() };
-    WROTE.set(true);
 }
 
 static LOCK_FOR_RECOUNT: Statement =
@@ -332,7 +334,16 @@ static FOLD: Statement = Statement::new(concat!(
 /// Fold the backends' slots into slot -1 (reap_stale, each round): what once.stats sums
 /// stays about as many rows as there are namespaces. Skipped while recount_keys holds the
 /// counts, rather than waiting for the transaction that changes the namespaces to end.
+///
+/// Only when an administrator calls reap_stale (the worker is one): the fold keeps the
+/// rows it deletes and the slot -1 rows it writes locked until its transaction ends, and
+/// any role granted reap_stale may leave its transaction open (or prepare it). The next
+/// commit of every backend whose slot it folded, and the worker's next fold, waited for
+/// it: an application role stalled every writer and the worker (notifications included).
 pub fn fold() {
+    if !namespace::caller_administers() {
+        return;
+    }
     // SAFETY: catalog lookups by name; a conditional lock released at the transaction's
     // end, as the statement's own would be.
     let locked = unsafe {
@@ -349,9 +360,9 @@ pub fn fold() {
     }
 }
 
-/// Transaction callbacks (registered once per backend, lib.rs): pending counts die with
-/// an aborted (sub)transaction; a prepared transaction keeps its slot's rows locked, so
-/// the backend writes into its next slot from now on.
+/// Transaction callbacks (registered once per backend, lib.rs): pending counts are
+/// written at commit into this backend's slot, at prepare into the transaction's own
+/// slot (`prepared_slot`), and die with an aborted (sub)transaction.
 pub fn register_callbacks() {
     // SAFETY: plain callback registration, for the lifetime of the backend.
     unsafe {
@@ -364,18 +375,11 @@ pub fn register_callbacks() {
 unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     use pg_sys::XactEvent::*;
     match event {
-        XACT_EVENT_PRE_COMMIT => write_pending(),
-        XACT_EVENT_PRE_PREPARE => {
-            write_pending();
-            if WROTE.replace(false) {
-                SLOT_TURN.set((SLOT_TURN.get() + 1) % SLOTS_PER_BACKEND);
-            }
-        }
+        XACT_EVENT_PRE_COMMIT => write_pending(pg_compat::my_proc_number),
+        XACT_EVENT_PRE_PREPARE => write_pending(prepared_slot),
         XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT => {
             PENDING.take();
-            WROTE.set(false);
         }
-        XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT => WROTE.set(false),
         _ => {}
     }
 }
