@@ -43,9 +43,25 @@ pub fn router(app: App) -> Router {
         .with_state(app)
 }
 
-/// Basic auth when asked for, and headers that keep other sites from framing the pages
-/// or our pages from loading anything from elsewhere.
+/// Requests for this dashboard's names only (`host_allowed`), basic auth when asked for,
+/// and headers that keep other sites from framing the pages or our pages from loading
+/// anything from elsewhere.
 async fn guard(State(app): State<App>, req: Request, next: Next) -> Response {
+    // DNS rebinding: a page of another site, once its name resolves to our address, is
+    // the same origin as we are for the browser, which then lets it read every page (the
+    // CSRF token included) and post actions. Its requests name its own host.
+    // (A request without Host, as HTTP/1.0 allows, is no browser's.)
+    let foreign = req
+        .headers()
+        .get(header::HOST)
+        .is_some_and(|v| v.to_str().map_or(true, |h| !app.host_allowed(h)));
+    if foreign {
+        return (
+            StatusCode::MISDIRECTED_REQUEST,
+            "this dashboard does not answer to that host name (see --allowed-host)",
+        )
+            .into_response();
+    }
     if let Some((user, pass)) = &app.basic_auth {
         let given = req
             .headers()

@@ -280,6 +280,34 @@ def test_read_only_refuses_every_action(admin, page, browser):
         d.stop()
 
 
+def test_a_request_for_another_host_name_is_refused(seeded):
+    # DNS rebinding: a page of another site, whose name its owner makes resolve to the
+    # dashboard's address, is the same origin as the dashboard for the browser, which lets
+    # it read every page (the CSRF token included) and post actions; without basic auth
+    # (the default, on loopback) nothing else stops it. Its requests name its own host.
+    def status(d, host):
+        req = urllib.request.Request(d.url + "/api/keys", headers={"Host": host})
+        try:
+            return urllib.request.urlopen(req).status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    d = Dashboard(PORT + 1, DSN)
+    try:
+        assert status(d, f"rebound.example:{PORT + 1}") == 421
+        for host in (f"127.0.0.1:{PORT + 1}", f"localhost:{PORT + 1}", f"[::1]:{PORT + 1}"):
+            assert status(d, host) == 200, host
+    finally:
+        d.stop()
+    # Behind a reverse proxy that forwards its own name: that name is given.
+    d = Dashboard(PORT + 1, DSN, "--allowed-host", "dashboard.example")
+    try:
+        assert status(d, "Dashboard.Example") == 200
+        assert status(d, "rebound.example") == 421
+    finally:
+        d.stop()
+
+
 @pytest.mark.skipif(not os.environ.get("PG_ONCE_TLS_DSN"), reason="no TLS server (PG_ONCE_TLS_DSN)")
 def test_tls_as_the_rust_client_does_it(seeded):
     # A role that may connect only over TLS, verified against a private CA (lib.sh's
