@@ -48,6 +48,13 @@ fn key_namespace(key: Option<&str>) -> Option<String> {
     namespace::prefix_of(key?)
 }
 
+/// What a key's counts are kept under in once_internal.key_counts (protocol::counts::label):
+/// its namespace's prefix, and its role for a once.cached key.
+#[pg_extern(sql = false)]
+fn key_count_label(key: Option<&str>) -> Option<String> {
+    Some(crate::protocol::counts::label(key?))
+}
+
 /// How pg_once runs in this server, and its counters since start as a jsonb object keyed
 /// by once.stats column (NULL without shared memory). Feeds the once.stats view.
 ///

@@ -16,7 +16,9 @@
 //! backends never wait for each other's counts. A prepared transaction keeps its row
 //! locks after its backend moved on, and after that backend exited, when another backend
 //! has its number: so it writes into a slot of its own, numbered from its transaction id
-//! (`prepared_slot`), which no backend writes. (It wrote into the next of four slots of
+//! (`transaction_slot`), which no backend writes; so does a REPEATABLE READ or
+//! SERIALIZABLE transaction, which may not update its backend's row once the fold deleted
+//! it after its snapshot. (It wrote into the next of four slots of
 //! its backend before: a role that prepared a transaction and disconnected held up, until
 //! an administrator ended it, the commits of the next backend to get its number.) The
 //! worker's reap_stale (or an administrator's) folds every slot it can lock into slot -1
@@ -72,15 +74,18 @@ impl Counts {
 }
 
 thread_local! {
-    /// Counts not written yet, by the subtransaction that made them and namespace prefix
-    /// ('' for none).
+    /// Counts not written yet, by the subtransaction that made them and `label`.
     static PENDING: RefCell<Vec<(pg_sys::SubTransactionId, String, Counts)>> = const { RefCell::new(Vec::new()) };
 }
 
-/// The slot a prepared transaction writes: its own, below -1 (slot -1 is the folded
-/// counts, backends' slots are their numbers), from its transaction id. Two prepared
-/// transactions share one only if their ids are 2^30 apart.
-fn prepared_slot() -> i32 {
+/// A slot of this transaction's own, below -1 (slot -1 is the folded counts, backends'
+/// slots are their numbers), from its transaction id: two transactions share one only if
+/// their ids are 2^30 apart. Written by a prepared transaction, which keeps its rows
+/// locked after its backend exited, and by a REPEATABLE READ or SERIALIZABLE one, which
+/// may not update a row that another transaction (reap_stale's fold) deleted or updated
+/// after its snapshot was taken: its commit failed (40001) whenever the worker had folded
+/// its backend's row meanwhile, which it does every round. A row of its own is inserted.
+fn transaction_slot() -> i32 {
     // SAFETY: reads this transaction's id; one that changed keys has one.
     let xid = unsafe { pg_sys::GetTopTransactionIdIfAny() };
     -2 - (xid.into_inner() & 0x3FFF_FFFF) as i32
@@ -119,11 +124,31 @@ fn count_key<'a>(
         }
         let key_tuple = if old.is_null() { new } else { old };
         let key = text_of(key_tuple, tupdesc, c"key");
-        let prefix = namespace::prefix_of(&key).unwrap_or_default();
+        let prefix = label(&key);
         let level = pg_sys::GetCurrentSubTransactionId();
         PENDING.with_borrow_mut(|pending| add_pending(pending, level, prefix, change));
     }
     Ok(None)
+}
+
+/// What a key's counts are kept under (key_counts.namespace): the prefix of its namespace
+/// ('' for none); for a once.cached key, followed by a once.cached key of its role with a
+/// digest of zeros, since only that role may use it. once.stats shows the counts of a
+/// label to whoever `may_use_key(label)`: the label is judged as the key is, namespace and
+/// role. (Before, another role's cached results were counted under '' with every shared
+/// key, in the totals every role sees.) The view's filter reads only a label's namespace
+/// and role, so the label carries both.
+pub fn label(key: &str) -> String {
+    let prefix = namespace::prefix_of(key).unwrap_or_default();
+    match crate::protocol::cached::role_of(key) {
+        None => prefix,
+        Some(role) => format!(
+            "{prefix}{}{}:{}",
+            crate::protocol::cached::MARK,
+            role.to_u32(),
+            "0".repeat(64)
+        ),
+    }
 }
 
 fn add_pending(
@@ -266,12 +291,18 @@ fn write_pending(slot: impl FnOnce() -> i32) {
         return;
     }
     let slot = slot();
+    // The error of a commit that fails here (a lock or statement timeout, a read-only
+    // transaction), as every SQL function raises its errors: without a Rust backtrace.
+    crate::errors::plain(|| write_in_snapshot(slot, &sums));
+}
+
+fn write_in_snapshot(slot: i32, sums: &[(String, Counts)]) {
     // At commit no statement runs, so there is no snapshot for SPI to run in: give it one,
     // as PostgreSQL does for the deferred triggers it fires at that point.
     // SAFETY: pushed and popped around the write; an error aborts the transaction, whose
     // cleanup drops the stack of active snapshots.
     unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
-    write(slot, &sums, 1);
+    write(slot, sums, 1);
     unsafe { pg_sys::PopActiveSnapshot() };
 }
 
@@ -291,9 +322,9 @@ static COUNT_ALL: Statement = Statement::new(concat!(
             count(*) FILTER (WHERE n.state = 'queued'),
             count(*) FILTER (WHERE n.state = 'done'), count(*) FILTER (WHERE n.state = 'failed'),
             sum(n.errors), sum(n.attempts)
-       FROM (SELECT coalesce(",
-    internal!("key_namespace"),
-    "(e.key), '') AS namespace, e.state, e.errors, e.attempts
+       FROM (SELECT ",
+    internal!("key_count_label"),
+    "(e.key) AS namespace, e.state, e.errors, e.attempts
                FROM once.entries e WHERE e.state <> 'running') n
       GROUP BY n.namespace"
 ));
@@ -361,8 +392,9 @@ pub fn fold() {
 }
 
 /// Transaction callbacks (registered once per backend, lib.rs): pending counts are
-/// written at commit into this backend's slot, at prepare into the transaction's own
-/// slot (`prepared_slot`), and die with an aborted (sub)transaction.
+/// written at commit into this backend's slot (a REPEATABLE READ or SERIALIZABLE
+/// transaction's into its own, `transaction_slot`), at prepare into the transaction's own
+/// slot, and die with an aborted (sub)transaction.
 pub fn register_callbacks() {
     // SAFETY: plain callback registration, for the lifetime of the backend.
     unsafe {
@@ -371,12 +403,19 @@ pub fn register_callbacks() {
     }
 }
 
+/// IsolationUsesXactSnapshot(): REPEATABLE READ or SERIALIZABLE.
+fn uses_transaction_snapshot() -> bool {
+    // SAFETY: reads the current transaction's isolation level.
+    unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }
+}
+
 #[pg_guard]
 unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     use pg_sys::XactEvent::*;
     match event {
+        XACT_EVENT_PRE_COMMIT if uses_transaction_snapshot() => write_pending(transaction_slot),
         XACT_EVENT_PRE_COMMIT => write_pending(pg_compat::my_proc_number),
-        XACT_EVENT_PRE_PREPARE => write_pending(prepared_slot),
+        XACT_EVENT_PRE_PREPARE => write_pending(transaction_slot),
         XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT => {
             PENDING.take();
         }

@@ -641,3 +641,46 @@ async fn a_prepared_transaction_holds_up_no_later_backend() -> Result<()> {
     }
     victims_write
 }
+
+// 16. once.stats sums counts kept by namespace, and once.cached's keys are counted under
+// their namespace like any other: another role's cached results (which only that role
+// may use) were in the totals every role sees, and so were their failures, errors and
+// attempts, and when they changed.
+#[tokio::test(flavor = "multi_thread")]
+async fn stats_count_no_cached_result_of_another_role() -> Result<()> {
+    let admin = admin().await?;
+    let id = fresh_id("cachedcounts");
+    let victim = app_role(&admin, &format!("victim_{id}")).await?;
+    let mallory = format!("mallory_{id}");
+    app_role(&admin, &mallory).await?;
+    victim
+        .query_one(
+            "SELECT once.cached($1, 'SELECT 1 AS one')",
+            &[&format!("report_{id}")],
+        )
+        .await?;
+    // In one snapshot: the shared done keys but cached ones (mallory has none), and what
+    // once.stats shows mallory.
+    admin
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .await?;
+    let shared: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM once.entries
+              WHERE state = 'done' AND once_internal.key_namespace(key) IS NULL
+                AND position('#cached:' IN key) = 0",
+            &[],
+        )
+        .await?
+        .get(0);
+    admin
+        .batch_execute(&format!("SET LOCAL ROLE {mallory}"))
+        .await?;
+    let seen: i64 = admin
+        .query_one("SELECT done FROM once.stats", &[])
+        .await?
+        .get(0);
+    admin.batch_execute("ROLLBACK").await?;
+    assert_eq!(seen, shared, "done keys once.stats shows mallory");
+    Ok(())
+}
