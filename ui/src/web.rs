@@ -253,7 +253,7 @@ async fn key(State(app): State<App>, Path(key): Path<String>) -> Response {
         p { code.key { (key) } }
         @if !app.read_only {
             form method="post" action="/action" {
-                input type="hidden" name="key" value=(key);
+                input type="hidden" name="key" value=(pages::form_key(&key));
                 (pages::action_buttons(&app, &actions, &pages::key_href(&key)))
             }
         }
@@ -348,7 +348,8 @@ async fn events(State(app): State<App>, Query(q): Query<EventsQuery>) -> Respons
         .into_response()
 }
 
-/// POST /action: action=..., key=... (repeated), csrf=..., back=..., confirmed=yes. Without
+/// POST /action: action=..., key=... (repeated, each percent-encoded: pages::form_key),
+/// csrf=..., back=..., confirmed=yes. Without
 /// `confirmed` it shows what would be done and asks; with it, it does it.
 async fn action(State(app): State<App>, body: Bytes) -> Response {
     if app.read_only {
@@ -363,7 +364,11 @@ async fn action(State(app): State<App>, body: Bytes) -> Response {
     for (k, v) in form_urlencoded::parse(&body) {
         match &*k {
             "action" => act = Action::parse(&v),
-            "key" => keys.push(v.into_owned()),
+            // Percent-encoded by the forms (pages::form_key).
+            "key" => match percent_encoding::percent_decode_str(&v).decode_utf8() {
+                Ok(key) => keys.push(key.into_owned()),
+                Err(_) => return error(&app, StatusCode::BAD_REQUEST, "A key is not UTF-8."),
+            },
             "csrf" => csrf = v.into_owned(),
             "back" => back = v.into_owned(),
             "confirmed" => confirmed = v == "yes",
