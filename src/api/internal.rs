@@ -18,7 +18,9 @@ fn backend_alive(pid: Option<i32>, started: Option<TimestampWithTimeZone>) -> Op
 /// The next fencing token (storage::tokens): what every claim's row gets.
 #[pg_extern(sql = false)]
 fn next_token() -> i64 {
-    tokens::next()
+    // Called inside claims' statements: an error (a statement timeout while it moves the
+    // sequence up) went on to the caller with a Rust backtrace as its detail.
+    crate::errors::plain(tokens::next)
 }
 
 /// claim_next's filter: see storage::entry::taken.
