@@ -548,6 +548,8 @@ async fn answers_in_time<T>(
 // the worker's next round, notifications included.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_open_reap_stale_holds_up_no_other_writer_nor_the_worker() -> Result<()> {
+    // Claims with wait => 0, which a namespace being created answers `wait`.
+    let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
     let admin = admin().await?;
     let id = fresh_id("fold");
     let mallory = app_role(&admin, &format!("mallory_{id}")).await?;
@@ -591,6 +593,8 @@ async fn an_open_reap_stale_holds_up_no_other_writer_nor_the_worker() -> Result<
 // the same namespace's counts then waited for the prepared transaction.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_prepared_transaction_holds_up_no_later_backend() -> Result<()> {
+    // Claims with wait => 0, which a namespace being created answers `wait`.
+    let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
     let admin = admin().await?;
     let prepared: i32 = admin
         .query_one(
@@ -648,6 +652,8 @@ async fn a_prepared_transaction_holds_up_no_later_backend() -> Result<()> {
 // attempts, and when they changed.
 #[tokio::test(flavor = "multi_thread")]
 async fn stats_count_no_cached_result_of_another_role() -> Result<()> {
+    // Claims with wait => 0, which a namespace being created answers `wait`.
+    let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
     let admin = admin().await?;
     let id = fresh_id("cachedcounts");
     let victim = app_role(&admin, &format!("victim_{id}")).await?;

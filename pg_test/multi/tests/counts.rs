@@ -241,6 +241,8 @@ async fn a_prepared_transaction_does_not_hold_up_its_backends_next_writes() -> R
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_repeatable_read_transaction_commits_across_a_fold() -> Result<()> {
+    // Claims with wait => 0, which the other test's create_namespace answers `wait`.
+    let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
     // A transaction's counts are written when it commits; under REPEATABLE READ (and
     // SERIALIZABLE) an update of a row that another transaction deleted after the snapshot
     // fails (40001), and reap_stale's fold deletes the backends' rows every round: every
