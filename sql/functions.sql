@@ -573,6 +573,17 @@ COMMENT ON FUNCTION once_internal.pending_key_counts() IS
 $$What this session's transaction changed in the counts of keys, not written to
 once_internal.key_counts until it commits: once.stats adds it.$$;
 
+CREATE FUNCTION once_internal.key_count_label(key text)
+RETURNS text
+LANGUAGE c STABLE CALLED ON NULL INPUT PARALLEL RESTRICTED
+AS 'MODULE_PATHNAME', 'key_count_label_wrapper';
+
+COMMENT ON FUNCTION once_internal.key_count_label(text) IS
+$$What a key's counts are kept under in once_internal.key_counts (its namespace column):
+the prefix of the key's namespace ('' for none), followed for a once.cached key by a
+once.cached key of its role, so that once.stats' filter (may_use_key) shows them only to
+whoever may use the key. NULL if the argument is NULL.$$;
+
 CREATE FUNCTION once_internal.key_namespace(key text)
 RETURNS text
 LANGUAGE c STABLE CALLED ON NULL INPUT PARALLEL RESTRICTED

@@ -180,8 +180,8 @@ CREATE INDEX attempts_finished_idx ON once.attempts (finished_at);
 -- are not counted here: once.stats counts them from the rows themselves, through their
 -- partial index, so that a claim of a new key (an insert) changes no count.
 CREATE TABLE once_internal.key_counts (
-    slot      integer NOT NULL,   -- the writing backend's number; -1: folded by reap_stale
-    namespace text NOT NULL,      -- the keys' namespace prefix, '' for none
+    slot      integer NOT NULL,   -- the writing backend's number; -1: folded by reap_stale; below: a prepared transaction's
+    namespace text NOT NULL,      -- the keys' namespace prefix, '' for none (and role: key_count_label)
     queued    bigint NOT NULL DEFAULT 0,
     done      bigint NOT NULL DEFAULT 0,
     failed    bigint NOT NULL DEFAULT 0,
@@ -287,6 +287,17 @@ AS 'MODULE_PATHNAME', 'pending_key_counts_wrapper';
 COMMENT ON FUNCTION once_internal.pending_key_counts() IS
 $$What this session's transaction changed in the counts of keys, not written to
 once_internal.key_counts until it commits: once.stats adds it.$$;
+
+CREATE FUNCTION once_internal.key_count_label(key text)
+RETURNS text
+LANGUAGE c STABLE CALLED ON NULL INPUT PARALLEL RESTRICTED
+AS 'MODULE_PATHNAME', 'key_count_label_wrapper';
+
+COMMENT ON FUNCTION once_internal.key_count_label(text) IS
+$$What a key's counts are kept under in once_internal.key_counts (its namespace column):
+the prefix of the key's namespace ('' for none), followed for a once.cached key by a
+once.cached key of its role, so that once.stats' filter (may_use_key) shows them only to
+whoever may use the key. NULL if the argument is NULL.$$;
 
 CREATE FUNCTION once_internal.key_namespace(key text)
 RETURNS text

@@ -525,8 +525,8 @@ CREATE TRIGGER entries_record_cancelled_attempt
 -- are not counted here: once.stats counts them from the rows themselves, through their
 -- partial index, so that a claim of a new key (an insert) changes no count.
 CREATE TABLE once_internal.key_counts (
-    slot      integer NOT NULL,   -- the writing backend's number; -1: folded by reap_stale
-    namespace text NOT NULL,      -- the keys' namespace prefix, '' for none
+    slot      integer NOT NULL,   -- the writing backend's number; -1: folded by reap_stale; below: a prepared transaction's
+    namespace text NOT NULL,      -- the keys' namespace prefix, '' for none (and role: key_count_label)
     queued    bigint NOT NULL DEFAULT 0,
     done      bigint NOT NULL DEFAULT 0,
     failed    bigint NOT NULL DEFAULT 0,

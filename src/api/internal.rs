@@ -18,7 +18,9 @@ fn backend_alive(pid: Option<i32>, started: Option<TimestampWithTimeZone>) -> Op
 /// The next fencing token (storage::tokens): what every claim's row gets.
 #[pg_extern(sql = false)]
 fn next_token() -> i64 {
-    tokens::next()
+    // Called inside claims' statements: an error (a statement timeout while it moves the
+    // sequence up) went on to the caller with a Rust backtrace as its detail.
+    crate::errors::plain(tokens::next)
 }
 
 /// claim_next's filter: see storage::entry::taken.
@@ -46,6 +48,13 @@ fn caller_administers() -> bool {
 #[pg_extern(sql = false)]
 fn key_namespace(key: Option<&str>) -> Option<String> {
     namespace::prefix_of(key?)
+}
+
+/// What a key's counts are kept under in once_internal.key_counts (protocol::counts::label):
+/// its namespace's prefix, and its role for a once.cached key.
+#[pg_extern(sql = false)]
+fn key_count_label(key: Option<&str>) -> Option<String> {
+    Some(crate::protocol::counts::label(key?))
 }
 
 /// How pg_once runs in this server, and its counters since start as a jsonb object keyed

@@ -14,8 +14,14 @@
 //!
 //! Slots: each backend writes the rows of its own slot (its backend number), so two
 //! backends never wait for each other's counts. A prepared transaction keeps its row
-//! locks after the backend moved on, so the backend then writes into another of its
-//! slots (`SLOTS_PER_BACKEND`). reap_stale folds every slot it can lock into slot -1
+//! locks after its backend moved on, and after that backend exited, when another backend
+//! has its number: so it writes into a slot of its own, numbered from its transaction id
+//! (`transaction_slot`), which no backend writes; so does a REPEATABLE READ or
+//! SERIALIZABLE transaction, which may not update its backend's row once the fold deleted
+//! it after its snapshot. (It wrote into the next of four slots of
+//! its backend before: a role that prepared a transaction and disconnected held up, until
+//! an administrator ended it, the commits of the next backend to get its number.) The
+//! worker's reap_stale (or an administrator's) folds every slot it can lock into slot -1
 //! (`fold`), so the view sums about as many rows as there are namespaces and backends
 //! active since the last reap.
 
@@ -24,7 +30,7 @@ use crate::protocol::namespace;
 use crate::storage::statements::{self, params, Statement};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::num::NonZeroUsize;
 
 /// How one key's row changes the counts of its namespace.
@@ -68,19 +74,22 @@ impl Counts {
 }
 
 thread_local! {
-    /// Counts not written yet, by the subtransaction that made them and namespace prefix
-    /// ('' for none).
+    /// Counts not written yet, by the subtransaction that made them and `label`.
     static PENDING: RefCell<Vec<(pg_sys::SubTransactionId, String, Counts)>> = const { RefCell::new(Vec::new()) };
-    /// Which of this backend's slots it writes (see SLOTS_PER_BACKEND).
-    static SLOT_TURN: Cell<i32> = const { Cell::new(0) };
-    /// Whether this transaction wrote counts (then a PREPARE moves to the next slot).
-    static WROTE: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Slots per backend: one for its transactions, and more for when prepared
-/// transactions still hold a slot's rows. A backend with this many transactions prepared
-/// at once, each of which wrote keys, waits for the oldest to be committed or rolled back.
-const SLOTS_PER_BACKEND: i32 = 4;
+/// A slot of this transaction's own, below -1 (slot -1 is the folded counts, backends'
+/// slots are their numbers), from its transaction id: two transactions share one only if
+/// their ids are 2^30 apart. Written by a prepared transaction, which keeps its rows
+/// locked after its backend exited, and by a REPEATABLE READ or SERIALIZABLE one, which
+/// may not update a row that another transaction (reap_stale's fold) deleted or updated
+/// after its snapshot was taken: its commit failed (40001) whenever the worker had folded
+/// its backend's row meanwhile, which it does every round. A row of its own is inserted.
+fn transaction_slot() -> i32 {
+    // SAFETY: reads this transaction's id; one that changed keys has one.
+    let xid = unsafe { pg_sys::GetTopTransactionIdIfAny() };
+    -2 - (xid.into_inner() & 0x3FFF_FFFF) as i32
+}
 
 /// Trigger on once.entries, for each row inserted, updated or deleted. Updates that change
 /// no count are passed over here rather than by a WHEN clause, which PostgreSQL would read
@@ -115,11 +124,31 @@ fn count_key<'a>(
         }
         let key_tuple = if old.is_null() { new } else { old };
         let key = text_of(key_tuple, tupdesc, c"key");
-        let prefix = namespace::prefix_of(&key).unwrap_or_default();
+        let prefix = label(&key);
         let level = pg_sys::GetCurrentSubTransactionId();
         PENDING.with_borrow_mut(|pending| add_pending(pending, level, prefix, change));
     }
     Ok(None)
+}
+
+/// What a key's counts are kept under (key_counts.namespace): the prefix of its namespace
+/// ('' for none); for a once.cached key, followed by a once.cached key of its role with a
+/// digest of zeros, since only that role may use it. once.stats shows the counts of a
+/// label to whoever `may_use_key(label)`: the label is judged as the key is, namespace and
+/// role. (Before, another role's cached results were counted under '' with every shared
+/// key, in the totals every role sees.) The view's filter reads only a label's namespace
+/// and role, so the label carries both.
+pub fn label(key: &str) -> String {
+    let prefix = namespace::prefix_of(key).unwrap_or_default();
+    match crate::protocol::cached::role_of(key) {
+        None => prefix,
+        Some(role) => format!(
+            "{prefix}{}{}:{}",
+            crate::protocol::cached::MARK,
+            role.to_u32(),
+            "0".repeat(64)
+        ),
+    }
 }
 
 fn add_pending(
@@ -255,22 +284,26 @@ fn write(slot: i32, sums: &[(String, Counts)], sign: i64) {
     );
 }
 
-/// Write this transaction's pending counts into this backend's slot (at commit or
-/// prepare).
-fn write_pending() {
+/// Write this transaction's pending counts into `slot` (at commit or prepare).
+fn write_pending(slot: impl FnOnce() -> i32) {
     let sums = summed(&PENDING.take());
     if sums.is_empty() {
         return;
     }
-    let slot = pg_compat::my_proc_number() * SLOTS_PER_BACKEND + SLOT_TURN.get();
+    let slot = slot();
+    // The error of a commit that fails here (a lock or statement timeout, a read-only
+    // transaction), as every SQL function raises its errors: without a Rust backtrace.
+    crate::errors::plain(|| write_in_snapshot(slot, &sums));
+}
+
+fn write_in_snapshot(slot: i32, sums: &[(String, Counts)]) {
     // At commit no statement runs, so there is no snapshot for SPI to run in: give it one,
     // as PostgreSQL does for the deferred triggers it fires at that point.
     // SAFETY: pushed and popped around the write; an error aborts the transaction, whose
     // cleanup drops the stack of active snapshots.
     unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
-    write(slot, &sums, 1);
+    write(slot, sums, 1);
     unsafe { pg_sys::PopActiveSnapshot() };
-    WROTE.set(true);
 }
 
 static LOCK_FOR_RECOUNT: Statement =
@@ -289,9 +322,9 @@ static COUNT_ALL: Statement = Statement::new(concat!(
             count(*) FILTER (WHERE n.state = 'queued'),
             count(*) FILTER (WHERE n.state = 'done'), count(*) FILTER (WHERE n.state = 'failed'),
             sum(n.errors), sum(n.attempts)
-       FROM (SELECT coalesce(",
-    internal!("key_namespace"),
-    "(e.key), '') AS namespace, e.state, e.errors, e.attempts
+       FROM (SELECT ",
+    internal!("key_count_label"),
+    "(e.key) AS namespace, e.state, e.errors, e.attempts
                FROM once.entries e WHERE e.state <> 'running') n
       GROUP BY n.namespace"
 ));
@@ -332,7 +365,16 @@ static FOLD: Statement = Statement::new(concat!(
 /// Fold the backends' slots into slot -1 (reap_stale, each round): what once.stats sums
 /// stays about as many rows as there are namespaces. Skipped while recount_keys holds the
 /// counts, rather than waiting for the transaction that changes the namespaces to end.
+///
+/// Only when an administrator calls reap_stale (the worker is one): the fold keeps the
+/// rows it deletes and the slot -1 rows it writes locked until its transaction ends, and
+/// any role granted reap_stale may leave its transaction open (or prepare it). The next
+/// commit of every backend whose slot it folded, and the worker's next fold, waited for
+/// it: an application role stalled every writer and the worker (notifications included).
 pub fn fold() {
+    if !namespace::caller_administers() {
+        return;
+    }
     // SAFETY: catalog lookups by name; a conditional lock released at the transaction's
     // end, as the statement's own would be.
     let locked = unsafe {
@@ -349,9 +391,10 @@ pub fn fold() {
     }
 }
 
-/// Transaction callbacks (registered once per backend, lib.rs): pending counts die with
-/// an aborted (sub)transaction; a prepared transaction keeps its slot's rows locked, so
-/// the backend writes into its next slot from now on.
+/// Transaction callbacks (registered once per backend, lib.rs): pending counts are
+/// written at commit into this backend's slot (a REPEATABLE READ or SERIALIZABLE
+/// transaction's into its own, `transaction_slot`), at prepare into the transaction's own
+/// slot, and die with an aborted (sub)transaction.
 pub fn register_callbacks() {
     // SAFETY: plain callback registration, for the lifetime of the backend.
     unsafe {
@@ -360,22 +403,22 @@ pub fn register_callbacks() {
     }
 }
 
+/// IsolationUsesXactSnapshot(): REPEATABLE READ or SERIALIZABLE.
+fn uses_transaction_snapshot() -> bool {
+    // SAFETY: reads the current transaction's isolation level.
+    unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }
+}
+
 #[pg_guard]
 unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     use pg_sys::XactEvent::*;
     match event {
-        XACT_EVENT_PRE_COMMIT => write_pending(),
-        XACT_EVENT_PRE_PREPARE => {
-            write_pending();
-            if WROTE.replace(false) {
-                SLOT_TURN.set((SLOT_TURN.get() + 1) % SLOTS_PER_BACKEND);
-            }
-        }
+        XACT_EVENT_PRE_COMMIT if uses_transaction_snapshot() => write_pending(transaction_slot),
+        XACT_EVENT_PRE_COMMIT => write_pending(pg_compat::my_proc_number),
+        XACT_EVENT_PRE_PREPARE => write_pending(transaction_slot),
         XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT => {
             PENDING.take();
-            WROTE.set(false);
         }
-        XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT => WROTE.set(false),
         _ => {}
     }
 }

@@ -36,14 +36,14 @@ pub fn next() -> i64 {
 
 /// The sequence was set back below its floor (by a restore): move it up, then draw.
 ///
-/// One backend at a time moves it, holding a transaction-level advisory lock: two that
+/// One backend at a time moves it, holding a lock on the sequence (`try_lock_sequence`): two that
 /// each saw a value below the floor must not both set it to the floor, or they would both
 /// draw floor + 1. The others never wait on that lock (a claim's lock waits are bounded,
 /// and a bounded wait that runs out answers `wait`): they draw again after a moment, and
 /// once the sequence has been moved their values are above the floor.
 fn raise_to_floor(sequence: pg_sys::Oid, floor: i64) -> i64 {
     loop {
-        if try_advisory_xact_lock(sequence) {
+        if try_lock_sequence(sequence) {
             let token = nextval(sequence);
             if token >= floor {
                 return token;
@@ -68,18 +68,23 @@ fn raise_to_floor(sequence: pg_sys::Oid, floor: i64) -> i64 {
     }
 }
 
-/// pg_try_advisory_xact_lock(key1, key2): pg_once's key ("once" in ASCII) and the
-/// sequence's oid, so that no application's advisory lock is likely to be the same.
-fn try_advisory_xact_lock(sequence: pg_sys::Oid) -> bool {
-    const ONCE: i32 = 0x6f6e_6365;
-    // SAFETY: the SQL function pg_try_advisory_xact_lock(int4, int4); it never waits.
+/// A lock on the sequence itself, SHARE UPDATE EXCLUSIVE (one holder at a time; no
+/// conflict with the ROW EXCLUSIVE lock nextval and setval take), if it can be had at
+/// once, held until the transaction ends. Not an advisory lock: any role may take any
+/// advisory lock, and pg_once's key (its constant and the sequence's OID, which pg_class
+/// shows to everyone) was one: a role that held it kept the sequence below its floor
+/// after a restore, and every claim drew one value a moment until it reached the floor,
+/// for hours. Only the sequence's owner may lock it (LOCK TABLE checks privileges, and no
+/// role has USAGE on once_internal).
+fn try_lock_sequence(sequence: pg_sys::Oid) -> bool {
+    // SAFETY: a conditional lock on an existing relation, released at the transaction's
+    // end (as the advisory lock was).
     unsafe {
-        pgrx::direct_function_call::<bool>(
-            pg_sys::pg_try_advisory_xact_lock_int4,
-            &[ONCE.into_datum(), (sequence.to_u32() as i32).into_datum()],
+        pg_sys::ConditionalLockRelationOid(
+            sequence,
+            pg_sys::ShareUpdateExclusiveLock as pg_sys::LOCKMODE,
         )
     }
-    .unwrap_or(false)
 }
 
 fn nextval(sequence: pg_sys::Oid) -> i64 {

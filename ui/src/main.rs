@@ -35,6 +35,16 @@ struct Args {
     /// Connections for queries and actions (the LISTEN connection is one more).
     #[arg(long, default_value_t = 4)]
     pool_size: usize,
+    /// Host names the dashboard answers to besides IP addresses and localhost (the Host
+    /// header; repeat, or separate with commas): the name a reverse proxy forwards. A
+    /// request for any other name is refused (421), so that a page of another site, whose
+    /// name is made to resolve to this address (DNS rebinding), cannot read or act here.
+    #[arg(
+        long = "allowed-host",
+        env = "PG_ONCE_UI_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
+    allowed_hosts: Vec<String>,
 }
 
 #[derive(Clone)]
@@ -45,6 +55,8 @@ pub struct Inner {
     pub hub: live::Hub,
     pub read_only: bool,
     pub basic_auth: Option<(String, String)>,
+    /// --allowed-host, lowercased (see `host_allowed`).
+    pub allowed_hosts: Vec<String>,
     csrf_key: ring::hmac::Key,
     /// For comparing basic-auth credentials in constant time.
     pub auth_key: ring::hmac::Key,
@@ -66,6 +78,21 @@ impl Inner {
         use base64::Engine;
         base64::engine::general_purpose::URL_SAFE_NO_PAD
             .encode(ring::hmac::sign(&self.csrf_key, CSRF_MESSAGE).as_ref())
+    }
+
+    /// Whether a request naming `host` (its Host header, port included) is for this
+    /// dashboard: an IP address (no site's page can take one over by DNS), localhost
+    /// (which browsers resolve themselves), or a name given with --allowed-host.
+    pub fn host_allowed(&self, host: &str) -> bool {
+        let name = match host.strip_prefix('[') {
+            // [IPv6 address] or [IPv6 address]:port
+            Some(rest) => return rest.split_once(']').is_some(),
+            None => host.rsplit_once(':').map_or(host, |(name, _port)| name),
+        };
+        let name = name.trim_end_matches('.').to_ascii_lowercase();
+        name.parse::<std::net::Ipv4Addr>().is_ok()
+            || name == "localhost"
+            || self.allowed_hosts.contains(&name)
     }
 
     pub fn csrf_ok(&self, token: &str) -> bool {
@@ -125,6 +152,12 @@ async fn run(args: Args) -> Result<(), String> {
         hub: live::Hub::default(),
         read_only: args.read_only,
         basic_auth,
+        allowed_hosts: args
+            .allowed_hosts
+            .iter()
+            .map(|h| h.trim().trim_end_matches('.').to_ascii_lowercase())
+            .filter(|h| !h.is_empty())
+            .collect(),
         csrf_key,
         auth_key,
     }));
@@ -141,4 +174,53 @@ async fn run(args: Args) -> Result<(), String> {
         })
         .await
         .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn app(allowed: &[&str]) -> Inner {
+        let rng = ring::rand::SystemRandom::new();
+        let key = || ring::hmac::Key::generate(ring::hmac::HMAC_SHA256, &rng).unwrap();
+        let config = "host=127.0.0.1".parse::<tokio_postgres::Config>().unwrap();
+        let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
+        Inner {
+            pool: deadpool_postgres::Pool::builder(manager).build().unwrap(),
+            hub: live::Hub::default(),
+            read_only: false,
+            basic_auth: None,
+            allowed_hosts: allowed.iter().map(|h| h.to_string()).collect(),
+            csrf_key: key(),
+            auth_key: key(),
+        }
+    }
+
+    #[test]
+    fn only_addresses_localhost_and_allowed_names_are_answered() {
+        let plain = app(&[]);
+        for host in [
+            "127.0.0.1:8787",
+            "10.1.2.3",
+            "[::1]:8787",
+            "[::1]",
+            "localhost:8787",
+            "LocalHost.",
+        ] {
+            assert!(plain.host_allowed(host), "{host}");
+        }
+        for host in [
+            "rebound.example:8787",
+            "rebound.example",
+            "127.0.0.1.example:8787",
+            "localhost.example",
+            "",
+            ":8787",
+        ] {
+            assert!(!plain.host_allowed(host), "{host}");
+        }
+        let proxied = app(&["dashboard.example"]);
+        assert!(proxied.host_allowed("Dashboard.Example:443"));
+        assert!(!proxied.host_allowed("other.example"));
+    }
 }

@@ -12,6 +12,14 @@ pub fn enc(s: &str) -> String {
     utf8_percent_encode(s, NON_ALPHANUMERIC).to_string()
 }
 
+/// A key as a form carries it (a checkbox's or hidden input's value), percent-encoded
+/// whole: a browser reads a CR in the page as LF and submits every line break as CRLF, so
+/// that a key with a line break, carried as it is, came back as another key (the action
+/// decodes it: `web::action`).
+pub fn form_key(key: &str) -> String {
+    enc(key)
+}
+
 pub fn key_href(key: &str) -> String {
     format!("/keys/{}", enc(key))
 }
@@ -236,7 +244,7 @@ fn keys_table(app: &App, f: &KeyFilter, j: &Value, dead: bool) -> Markup {
                 @for r in &rows {
                     @let key = text(&r["key"]);
                     tr data-key=(key) data-state=(text(&r["state"])) {
-                        @if !app.read_only { td { input type="checkbox" name="key" value=(key); } }
+                        @if !app.read_only { td { input type="checkbox" name="key" value=(form_key(&key)); } }
                         td.key { a href=(key_href(&key)) { (key) } }
                         td { span class={ "state " (text(&r["state"])) } { (text(&r["state"])) }
                              @if r["owner_gone"] == Value::Bool(true) { " " span.warn title="its owner's backend has exited (or its lease-only claim ran out): reap or release it" { "owner gone" } } }
@@ -374,7 +382,7 @@ pub fn confirm_page(app: &App, action: Action, keys: &[String], back: &str) -> M
                 input type="hidden" name="action" value=(action.name());
                 input type="hidden" name="back" value=(back);
                 input type="hidden" name="confirmed" value="yes";
-                @for k in keys { input type="hidden" name="key" value=(k); }
+                @for k in keys { input type="hidden" name="key" value=(form_key(k)); }
                 button #confirm { "Yes, " (action.name()) }
                 " " a href=(back) { "Cancel" }
             }

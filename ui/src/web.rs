@@ -43,9 +43,25 @@ pub fn router(app: App) -> Router {
         .with_state(app)
 }
 
-/// Basic auth when asked for, and headers that keep other sites from framing the pages
-/// or our pages from loading anything from elsewhere.
+/// Requests for this dashboard's names only (`host_allowed`), basic auth when asked for,
+/// and headers that keep other sites from framing the pages or our pages from loading
+/// anything from elsewhere.
 async fn guard(State(app): State<App>, req: Request, next: Next) -> Response {
+    // DNS rebinding: a page of another site, once its name resolves to our address, is
+    // the same origin as we are for the browser, which then lets it read every page (the
+    // CSRF token included) and post actions. Its requests name its own host.
+    // (A request without Host, as HTTP/1.0 allows, is no browser's.)
+    let foreign = req
+        .headers()
+        .get(header::HOST)
+        .is_some_and(|v| v.to_str().map_or(true, |h| !app.host_allowed(h)));
+    if foreign {
+        return (
+            StatusCode::MISDIRECTED_REQUEST,
+            "this dashboard does not answer to that host name (see --allowed-host)",
+        )
+            .into_response();
+    }
     if let Some((user, pass)) = &app.basic_auth {
         let given = req
             .headers()
@@ -237,7 +253,7 @@ async fn key(State(app): State<App>, Path(key): Path<String>) -> Response {
         p { code.key { (key) } }
         @if !app.read_only {
             form method="post" action="/action" {
-                input type="hidden" name="key" value=(key);
+                input type="hidden" name="key" value=(pages::form_key(&key));
                 (pages::action_buttons(&app, &actions, &pages::key_href(&key)))
             }
         }
@@ -332,7 +348,8 @@ async fn events(State(app): State<App>, Query(q): Query<EventsQuery>) -> Respons
         .into_response()
 }
 
-/// POST /action: action=..., key=... (repeated), csrf=..., back=..., confirmed=yes. Without
+/// POST /action: action=..., key=... (repeated, each percent-encoded: pages::form_key),
+/// csrf=..., back=..., confirmed=yes. Without
 /// `confirmed` it shows what would be done and asks; with it, it does it.
 async fn action(State(app): State<App>, body: Bytes) -> Response {
     if app.read_only {
@@ -347,7 +364,11 @@ async fn action(State(app): State<App>, body: Bytes) -> Response {
     for (k, v) in form_urlencoded::parse(&body) {
         match &*k {
             "action" => act = Action::parse(&v),
-            "key" => keys.push(v.into_owned()),
+            // Percent-encoded by the forms (pages::form_key).
+            "key" => match percent_encoding::percent_decode_str(&v).decode_utf8() {
+                Ok(key) => keys.push(key.into_owned()),
+                Err(_) => return error(&app, StatusCode::BAD_REQUEST, "A key is not UTF-8."),
+            },
             "csrf" => csrf = v.into_owned(),
             "back" => back = v.into_owned(),
             "confirmed" => confirmed = v == "yes",

@@ -17,6 +17,7 @@ import re
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -276,6 +277,51 @@ def test_read_only_refuses_every_action(admin, page, browser):
             "action": "invalidate", "key": "ui/site/page/3", "csrf": token})
         assert r.status == 200 and "Confirm: invalidate" in r.text()
         ctx.close()
+    finally:
+        d.stop()
+
+
+def test_an_action_acts_on_the_key_shown_whatever_its_line_breaks(admin, page):
+    # A browser submits a form's line breaks as CRLF (and its parser reads a CR in the
+    # page as LF): a key with a line break in a form's value came back as another key.
+    # Invalidating "a<LF>b" from its page invalidated "a<CR><LF>b", which any role could
+    # have planted beside it, and answered true.
+    psql("SELECT once.complete_key(k, token, '1') FROM (VALUES (E'ui/nl\\nkey'), (E'ui/nl\\r\\nkey'),"
+         " (E'ui/cr\\rkey')) v(k), once.claim_key(k)")
+    for shown in ("ui/nl\nkey", "ui/cr\rkey"):
+        page.goto(admin.url + "/keys/" + urllib.parse.quote(shown, safe=""))
+        page.locator("button[value=invalidate]").click()
+        page.locator("#confirm").click()
+        expect(page.locator("#results")).to_contain_text("true")
+    left = psql("SELECT string_agg(replace(replace(key, E'\\r', '<CR>'), E'\\n', '<LF>'), ' ' ORDER BY key)"
+                " FROM once.entries WHERE key LIKE 'ui/nl%' OR key LIKE 'ui/cr%'")
+    assert left == "ui/nl<CR><LF>key", left
+
+
+def test_a_request_for_another_host_name_is_refused(seeded):
+    # DNS rebinding: a page of another site, whose name its owner makes resolve to the
+    # dashboard's address, is the same origin as the dashboard for the browser, which lets
+    # it read every page (the CSRF token included) and post actions; without basic auth
+    # (the default, on loopback) nothing else stops it. Its requests name its own host.
+    def status(d, host):
+        req = urllib.request.Request(d.url + "/api/keys", headers={"Host": host})
+        try:
+            return urllib.request.urlopen(req).status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    d = Dashboard(PORT + 1, DSN)
+    try:
+        assert status(d, f"rebound.example:{PORT + 1}") == 421
+        for host in (f"127.0.0.1:{PORT + 1}", f"localhost:{PORT + 1}", f"[::1]:{PORT + 1}"):
+            assert status(d, host) == 200, host
+    finally:
+        d.stop()
+    # Behind a reverse proxy that forwards its own name: that name is given.
+    d = Dashboard(PORT + 1, DSN, "--allowed-host", "dashboard.example")
+    try:
+        assert status(d, "Dashboard.Example") == 200
+        assert status(d, "rebound.example") == 421
     finally:
         d.stop()
 

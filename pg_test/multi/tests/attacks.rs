@@ -529,3 +529,164 @@ async fn a_waiting_call_holds_no_lock_on_the_namespace_table() -> Result<()> {
     assert_eq!(waiter.await??, "wait");
     Ok(())
 }
+
+/// Whether `write` answers within 5 s; `what` says what it waited for if not.
+async fn answers_in_time<T>(
+    write: impl std::future::Future<Output = Result<T>>,
+    what: &str,
+) -> Result<()> {
+    match tokio::time::timeout(Duration::from_secs(5), write).await {
+        Ok(answer) => answer.map(|_| ()),
+        Err(_) => anyhow::bail!("a victim's write waited 5 s for {what}"),
+    }
+}
+
+// 14. reap_stale folded the backends' key counts (once_internal.key_counts) into slot -1
+// in its caller's transaction, keeping the rows it folded and slot -1's locked until that
+// transaction ended: an application role that called it and left its transaction open (or
+// prepared it) held up the next commit of every backend whose counts it had folded, and
+// the worker's next round, notifications included.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_open_reap_stale_holds_up_no_other_writer_nor_the_worker() -> Result<()> {
+    // Claims with wait => 0, which a namespace being created answers `wait`.
+    let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
+    let admin = admin().await?;
+    let id = fresh_id("fold");
+    let mallory = app_role(&admin, &format!("mallory_{id}")).await?;
+    let victim = app_role(&admin, &format!("victim_{id}")).await?;
+    // Both commit a change to the shared keys' counts: rows of their backends' own; then
+    // at once (before the worker's next round folds them) mallory reaps, and stays.
+    complete(&victim, &fresh_key("victim"), json!(1)).await?;
+    complete(&mallory, &fresh_key("mallory"), json!(1)).await?;
+    mallory
+        .batch_execute("BEGIN; SELECT * FROM once.reap_stale()")
+        .await?;
+    let mallory_pid: i32 = mallory
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await?
+        .get(0);
+    let victims_write = answers_in_time(
+        complete(&victim, &fresh_key("victim"), json!(2)),
+        "an open transaction that called reap_stale",
+    )
+    .await;
+    // The worker reaps every second (once.reaper_naptime): give it a round.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let held_up: Vec<String> = admin
+        .query(
+            "SELECT backend_type FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))",
+            &[&mallory_pid],
+        )
+        .await?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    mallory.batch_execute("ROLLBACK").await?;
+    victims_write?;
+    assert!(held_up.is_empty(), "waiting for mallory: {held_up:?}");
+    Ok(())
+}
+
+// 15. A prepared transaction keeps the key counts it wrote locked until an administrator
+// ends it, after its backend exited; they were written into a slot of that backend's
+// number, which the next backend to connect gets, and whose first commit that changed
+// the same namespace's counts then waited for the prepared transaction.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prepared_transaction_holds_up_no_later_backend() -> Result<()> {
+    // Claims with wait => 0, which a namespace being created answers `wait`.
+    let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
+    let admin = admin().await?;
+    let prepared: i32 = admin
+        .query_one(
+            "SELECT current_setting('max_prepared_transactions')::int",
+            &[],
+        )
+        .await?
+        .get(0);
+    if prepared < 4 {
+        println!("skipped: max_prepared_transactions < 4");
+        return Ok(());
+    }
+    let id = fresh_id("prepared");
+    let mallory = format!("mallory_{id}");
+    app_role(&admin, &mallory).await?;
+    let victim = format!("victim_{id}");
+    app_role(&admin, &victim).await?;
+    // Several backends, so that the victim's is one of theirs whatever else connects in
+    // between (PostgreSQL hands out the last one freed). A prepared transaction may not
+    // announce: each forgets a result, which changes the counts and announces nothing.
+    let mut gids = Vec::new();
+    let mut backends = Vec::new();
+    for i in 0..3 {
+        let client = pg_once_multi::roles::connect_as(&mallory).await?;
+        let key = fresh_key("planted");
+        complete(&client, &key, json!(i)).await?;
+        let gid = format!("{id}_{i}");
+        client
+            .batch_execute(&format!(
+                "BEGIN; SELECT once.invalidate_key('{key}'); PREPARE TRANSACTION '{gid}'"
+            ))
+            .await?;
+        gids.push(gid);
+        backends.push(client);
+    }
+    drop(backends);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let client = pg_once_multi::roles::connect_as(&victim).await?;
+    let victims_write = answers_in_time(
+        complete(&client, &fresh_key("victim"), json!(1)),
+        "a prepared transaction of a backend that had its number",
+    )
+    .await;
+    for gid in &gids {
+        admin
+            .batch_execute(&format!("ROLLBACK PREPARED '{gid}'"))
+            .await?;
+    }
+    victims_write
+}
+
+// 16. once.stats sums counts kept by namespace, and once.cached's keys are counted under
+// their namespace like any other: another role's cached results (which only that role
+// may use) were in the totals every role sees, and so were their failures, errors and
+// attempts, and when they changed.
+#[tokio::test(flavor = "multi_thread")]
+async fn stats_count_no_cached_result_of_another_role() -> Result<()> {
+    // Claims with wait => 0, which a namespace being created answers `wait`.
+    let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
+    let admin = admin().await?;
+    let id = fresh_id("cachedcounts");
+    let victim = app_role(&admin, &format!("victim_{id}")).await?;
+    let mallory = format!("mallory_{id}");
+    app_role(&admin, &mallory).await?;
+    victim
+        .query_one(
+            "SELECT once.cached($1, 'SELECT 1 AS one')",
+            &[&format!("report_{id}")],
+        )
+        .await?;
+    // In one snapshot: the shared done keys but cached ones (mallory has none), and what
+    // once.stats shows mallory.
+    admin
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .await?;
+    let shared: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM once.entries
+              WHERE state = 'done' AND once_internal.key_namespace(key) IS NULL
+                AND position('#cached:' IN key) = 0",
+            &[],
+        )
+        .await?
+        .get(0);
+    admin
+        .batch_execute(&format!("SET LOCAL ROLE {mallory}"))
+        .await?;
+    let seen: i64 = admin
+        .query_one("SELECT done FROM once.stats", &[])
+        .await?
+        .get(0);
+    admin.batch_execute("ROLLBACK").await?;
+    assert_eq!(seen, shared, "done keys once.stats shows mallory");
+    Ok(())
+}

@@ -212,3 +212,46 @@ async fn a_restored_dump_hands_out_tokens_above_every_dumped_token() -> Result<(
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_role_keeps_the_sequence_below_its_floor_after_a_restore() -> Result<()> {
+    // After a restore set the sequence below its floor, the first backend to draw moves it
+    // up, holding a lock so that two do not both; the others draw one value at a time
+    // until it is done. That lock was an advisory lock on pg_once's constant and the
+    // sequence's OID (which pg_class shows to every role): any role that took it first
+    // kept the sequence down, and every claim drew below the floor one value a moment
+    // (for hours: the floor is the WAL position when the extension was created).
+    let admin = admin().await?;
+    let db = format!("floor_{}", fresh_key("db").replace(['/', '-'], "_"));
+    create_database(&admin, &db).await?;
+    let owner = once::connect(&dsn_for(&db)?).await?;
+    let mallory = format!("mallory_{db}");
+    owner
+        .batch_execute(&format!(
+            "CREATE EXTENSION pg_once; CREATE ROLE {mallory} LOGIN;
+             GRANT USAGE ON SCHEMA once TO {mallory};
+             GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA once TO {mallory};
+             SELECT setval('once_internal.token_seq', 1);"
+        ))
+        .await?;
+    let attacker = once::connect(&format!("{} user={mallory}", dsn_for(&db)?)).await?;
+    let locked: bool = attacker
+        .query_one(
+            "SELECT pg_try_advisory_lock(x'6f6e6365'::int,
+                    (SELECT oid FROM pg_class WHERE relname = 'token_seq')::int)",
+            &[],
+        )
+        .await?
+        .get(0);
+    assert!(locked);
+    owner.batch_execute("SET statement_timeout = '5 s'").await?;
+    let claim = claimed_token(&owner, &fresh_key("after-restore")).await;
+    drop(attacker);
+    drop(owner);
+    admin
+        .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
+        .await?;
+    admin.batch_execute(&format!("DROP ROLE {mallory}")).await?;
+    claim.context("a claim while another role held pg_once's advisory lock")?;
+    Ok(())
+}
