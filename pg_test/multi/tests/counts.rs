@@ -192,6 +192,8 @@ async fn stats_equal_a_count_of_the_keys_after_a_random_workload() -> Result<()>
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_prepared_transaction_does_not_hold_up_its_backends_next_writes() -> Result<()> {
+    // Its claims are told `wait => 0`: not while another test creates a namespace.
+    let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
     // Counts are written into a row of the writing backend's own; a prepared transaction
     // keeps that row locked after the backend moved on. Needs max_prepared_transactions.
     let admin = admin().await?;
