@@ -382,8 +382,7 @@ async fn action(State(app): State<App>, body: Bytes) -> Response {
             "Missing or invalid CSRF token: reload the page and try again.",
         );
     }
-    // Only a path of this dashboard: never a redirect elsewhere.
-    if !back.starts_with('/') || back.starts_with("//") || back.contains('\\') {
+    if !is_local_path(&back) {
         back = "/".into();
     }
     let Some(act) = act else {
@@ -401,5 +400,35 @@ async fn action(State(app): State<App>, body: Bytes) -> Response {
             Html(pages::result_page(&app, act, &results, &back).into_string()).into_response()
         }
         Err(e) => error(&app, StatusCode::BAD_GATEWAY, &e),
+    }
+}
+
+/// Whether `back` is a path of this dashboard, never a way elsewhere: browsers read `\`
+/// as `/` and drop tabs and line breaks from a URL, so `/\t/evil.example` would become
+/// `//evil.example`, another host.
+fn is_local_path(back: &str) -> bool {
+    back.starts_with('/')
+        && !back.starts_with("//")
+        && !back.contains('\\')
+        && !back.chars().any(char::is_control)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_local_path;
+
+    #[test]
+    fn only_paths_of_this_dashboard_are_gone_back_to() {
+        assert!(is_local_path("/keys?state=failed"));
+        for elsewhere in [
+            "//evil.example",
+            "/\\evil.example",
+            "/\t/evil.example",
+            "/\n/evil.example",
+            "https://evil.example",
+            "",
+        ] {
+            assert!(!is_local_path(elsewhere), "{elsewhere:?}");
+        }
     }
 }
