@@ -539,7 +539,7 @@ WITH (fillfactor = 50);
 COMMENT ON TABLE once_internal.key_counts IS
     'Keys that are not running, by namespace and state, and their errors and attempts, kept by triggers on once.entries: what once.stats sums. Exact in every snapshot; rebuilt by once_internal.recount_keys().';
 COMMENT ON COLUMN once_internal.key_counts.slot IS
-    'The backend that wrote these counts (its number, times 4, plus its turn: a prepared transaction moves a backend to its next slot); -1: folded together by reap_stale.';
+    'The backend that wrote these counts (its number); -1: folded together by reap_stale; below -1: one transaction''s own (a prepared, REPEATABLE READ or SERIALIZABLE one, numbered from its transaction id), folded in turn.';
 COMMENT ON COLUMN once_internal.key_counts.namespace IS
     'The namespace prefix of the keys counted (the one they belonged to when counted); empty: keys outside every namespace.';
 COMMENT ON COLUMN once_internal.key_counts.queued IS
