@@ -29,7 +29,7 @@ while (($#)); do
 done
 case $pg in
     15 | 16 | 17 | 18) ;;
-    *) echo "$0: --pg $pg: packages are built for 15 to 18 (README, \"PostgreSQL versions\")" >&2
+    *) echo "$0: --pg $pg: packages are built for 15 to 18 (CONTRIBUTING.md, \"PostgreSQL versions\")" >&2
        exit 2 ;;
 esac
 # lib.sh's functions read PG_MAJOR when called, so it is set for good, not for `source`.

@@ -1,22 +1,18 @@
 //! pg_once: compute each expensive, cacheable key once across a fleet of processes.
 //!
 //! The SQL objects are declared by hand in sql/; this crate provides the C functions
-//! behind them. Layers, each calling only those below it (CONTRIBUTING.md, "Layers"):
-//! - `api`: the SQL surface. One function per SQL function: check the arguments
-//!   (`api::args`, pure validation), then call the protocol.
-//! - `protocol`: what the calls mean: `claim` (every write of a key), `queue` (queue
-//!   mode), `waiting` (claim_key and claim_next with `wait`), and `rules`, the SQL
-//!   fragments that several statements share.
-//! - `storage`: once.entries below the protocol: `statements` (plans with named
-//!   parameters), `entry` (index reads that bypass the executor), `subxact` (bounded
-//!   lock waits), `jsonb` (datums passed through).
-//! - `runtime`: `shmem` (backend slots, relay queues, counters), `wait` (latch sleeps),
-//!   `liveness` (who owns a claim, is it alive), `notify` (NOTIFY and wake-ups at
-//!   commit), `launcher` (starts and restarts the workers), `worker` (reaper and relay),
-//!   `guc` (settings).
-//! - Used by all: `key` (a key, its digest and tag), `errors` (how pg_once fails),
-//!   `schema` (where the SQL objects live: `once`, and `once_internal` for pg_once's own)
-//!   and `pg_compat` (what differs between PostgreSQL majors, and only that).
+//! behind them. Layers, each calling only those below it; the full map, file by file, is
+//! CONTRIBUTING.md's "Layers" (kept there once):
+//! - `api`: the SQL surface, one function per SQL function (arguments checked in `args`,
+//!   each body in `body`), the hints for calls PostgreSQL cannot match, internal helpers.
+//! - `protocol`: what the calls mean: `claim`, `queue`, `waiting`, `freshness`,
+//!   `namespace`, `cached`, `counts` (once.stats' key counts), `standby`, `rules`.
+//! - `storage`: once.entries below the protocol: `statements`, `entry`, `subxact`, `jsonb`,
+//!   `installed` (version check), `tokens` (the fencing-token floor), `watched`
+//!   (per-backend copies of small tables).
+//! - `runtime`: `shmem`, `wait`, `liveness`, `notify`, `launcher`, `worker`, `guc`.
+//! - Used by all: `key` (a key, its digest in `key::sha256`, its tag), `errors`, `schema`,
+//!   `pg_compat` (what differs between PostgreSQL majors, and only that).
 
 use pgrx::prelude::*;
 

@@ -28,7 +28,7 @@
 //! - `proc_exit` is declared `-> !` by pgrx's bindings up to 17, not for 18.
 //!
 //! pg_once is tested on 15 to 18 and type-checked on 14 against pgrx's bindings of it
-//! (README, "PostgreSQL versions").
+//! (CONTRIBUTING.md, "PostgreSQL versions").
 
 use pgrx::pg_sys;
 use std::ffi::CStr;

@@ -3,7 +3,8 @@
 //! a rule of the protocol itself.
 //!
 //! Every function here is `sql = false`: its CREATE FUNCTION statement (defaults,
-//! SECURITY DEFINER, comment; no SET clause: storage::statements pins search_path) is hand-written next to the others in
+//! comment; neither SECURITY DEFINER nor a SET clause: storage::statements runs each
+//! statement as the extension's owner with search_path pinned) is hand-written next to the others in
 //! sql/functions.sql, with its arguments in the order of the Rust signature. Arguments
 //! arrive as Options so that NULL gets the documented 22004 error instead of a silent
 //! NULL result, and every body runs inside `body`: the check that this database's pg_once is

@@ -126,7 +126,7 @@ fn sleep_micros(micros: i128) -> bool {
         )
     };
     // A cancel or statement_timeout ends the wait with PostgreSQL's 57014 error (raised
-    // without a Rust backtrace: see errors::plain, around every SQL function).
+    // without a Rust backtrace: see api::body, around every SQL function, and errors::plain).
     check_for_interrupts!();
     events & pg_sys::WL_LATCH_SET as i32 != 0
 }

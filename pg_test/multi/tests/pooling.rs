@@ -331,7 +331,7 @@ async fn a_cancelled_wait_ends_with_57014_and_leaves_the_session_clean() -> Resu
 async fn a_waiter_on_the_owners_own_server_connection_waits() -> Result<()> {
     // Behind a pool, another client's calls can run on the server connection that made
     // a claim. Such a waiter used to be told `wait` at once (the call assumed it was the
-    // owner asking about itself), and clients following the README's loop spun on it.
+    // owner asking about itself), and clients following the raw SQL loop (docs/concepts.md, "The client protocol") spun on it.
     let _ = admin().await?;
     let key = fresh_key("same-connection");
     let shared = session().await?;
