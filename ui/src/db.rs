@@ -251,21 +251,11 @@ pub async fn keys(pool: &Pool, caps: &Caps, f: &KeyFilter) -> Result<Page, Strin
     } else {
         query(pool, &sql, &[&after]).await?
     };
-    let mut next = None;
-    if rows.len() as i64 > PAGE {
-        rows.truncate(PAGE as usize);
-        next = rows
-            .last()
-            .and_then(|r| r["hash"].as_str())
-            .map(str::to_owned);
-    } else if filtered {
+    let mut next = cut_page(&mut rows, "hash");
+    if next.is_none() && filtered {
         // Fewer hits than a page: more may follow the entries scanned, if the scan
         // stopped at its bound.
-        if let Some(r) = rows.first() {
-            if r["scanned"].as_i64() == Some(SCAN) {
-                next = r["scanned_to"].as_str().map(str::to_owned);
-            }
-        }
+        next = rows.first().and_then(scan_stopped_at);
     }
     if filtered && rows.is_empty() {
         // No hit in this stretch: say where the scan stopped, so that the next page can
@@ -276,11 +266,10 @@ pub async fn keys(pool: &Pool, caps: &Caps, f: &KeyFilter) -> Result<Page, Strin
                  SELECT key_hash FROM once.entries WHERE key_hash > decode($1, 'hex') {state}
                   ORDER BY key_hash LIMIT {SCAN}) s"
         );
-        if let Some(r) = query(pool, &probe, &[&after]).await?.pop() {
-            if r["scanned"].as_i64() == Some(SCAN) {
-                next = r["scanned_to"].as_str().map(str::to_owned);
-            }
-        }
+        next = query(pool, &probe, &[&after])
+            .await?
+            .first()
+            .and_then(scan_stopped_at);
     }
     for r in &mut rows {
         r.remove("scanned");
@@ -292,6 +281,26 @@ pub async fn keys(pool: &Pool, caps: &Caps, f: &KeyFilter) -> Result<Page, Strin
         source: "once.entries",
         notice: None,
     })
+}
+
+/// Rows are read one past a page: keep a page, and say where the next one starts (the
+/// `field` of its last row), if there is one.
+fn cut_page(rows: &mut Vec<Json>, field: &str) -> Option<String> {
+    if rows.len() as i64 <= PAGE {
+        return None;
+    }
+    rows.truncate(PAGE as usize);
+    rows.last()
+        .and_then(|r| r[field].as_str())
+        .map(str::to_owned)
+}
+
+/// Where a bounded scan of index entries stopped, if it stopped at its bound (SCAN
+/// entries read): the next page goes on from there.
+fn scan_stopped_at(r: &Json) -> Option<String> {
+    (r["scanned"].as_i64() == Some(SCAN))
+        .then(|| r["scanned_to"].as_str().map(str::to_owned))
+        .flatten()
 }
 
 pub async fn dead_letters(pool: &Pool, f: &KeyFilter) -> Result<Page, String> {
@@ -307,14 +316,7 @@ pub async fn dead_letters(pool: &Pool, f: &KeyFilter) -> Result<Page, String> {
         &[&after, &f.prefix, &f.queue, &(PAGE + 1)],
     )
     .await?;
-    let mut next = None;
-    if rows.len() as i64 > PAGE {
-        rows.truncate(PAGE as usize);
-        next = rows
-            .last()
-            .and_then(|r| r["key"].as_str())
-            .map(str::to_owned);
-    }
+    let next = cut_page(&mut rows, "key");
     Ok(Page {
         rows,
         next,
