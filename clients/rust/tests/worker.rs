@@ -11,20 +11,26 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
+/// A queue of this test's own: 3 attempts, backoff from 100 ms to 1 s.
+async fn fresh_queue(admin: &tokio_postgres::Client, name: &str) -> String {
+    let queue = fresh(name).replace('-', "_");
+    raw::create_queue(
+        admin,
+        &queue,
+        3,
+        Duration::from_millis(100),
+        Duration::from_secs(1),
+    )
+    .await
+    .unwrap();
+    queue
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn workers_complete_every_job_once_and_stop_on_shutdown() {
     for setup in setups() {
         let admin = setup.admin().await;
-        let queue = fresh("rust-q").replace('-', "_");
-        raw::create_queue(
-            &admin,
-            &queue,
-            3,
-            Duration::from_millis(100),
-            Duration::from_secs(1),
-        )
-        .await
-        .unwrap();
+        let queue = fresh_queue(&admin, "rust-q").await;
         let keys: Vec<String> = (0..60).map(|i| format!("{queue}/job/{i}")).collect();
         for key in &keys {
             let payload = json!({ "n": key });
@@ -211,16 +217,7 @@ async fn workers_complete_every_job_once_and_stop_on_shutdown() {
 async fn enqueue_many_answers_each_key_in_order() {
     for setup in setups() {
         let admin = setup.admin().await;
-        let queue = fresh("rust-batch").replace('-', "_");
-        raw::create_queue(
-            &admin,
-            &queue,
-            3,
-            Duration::from_millis(100),
-            Duration::from_secs(1),
-        )
-        .await
-        .unwrap();
+        let queue = fresh_queue(&admin, "rust-batch").await;
         let client = setup.client(&fresh("rust-batch"), Options::default()).await;
         let [old, a, b] = ["old", "a", "b"].map(|k| format!("{queue}/{k}"));
         assert_eq!(client.enqueue(&old, None, &queue).await.unwrap(), "queued");

@@ -22,6 +22,18 @@ pub async fn admin() -> Result<Client> {
     Ok(client)
 }
 
+/// The server's max_prepared_transactions: tests that PREPARE TRANSACTION skip below what
+/// they need (the clusters of scripts/lib.sh have 10).
+pub async fn max_prepared_transactions(client: &Client) -> Result<i32> {
+    Ok(client
+        .query_one(
+            "SELECT current_setting('max_prepared_transactions')::int",
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
 /// How once.stats' counts by state (kept as keys change) differ from a count of the keys
 /// themselves, read in one snapshot; None when they agree. Read as an administrator, who
 /// sees every key.

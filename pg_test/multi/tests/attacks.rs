@@ -596,13 +596,7 @@ async fn a_prepared_transaction_holds_up_no_later_backend() -> Result<()> {
     // Claims with wait => 0, which a namespace being created answers `wait`.
     let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
     let admin = admin().await?;
-    let prepared: i32 = admin
-        .query_one(
-            "SELECT current_setting('max_prepared_transactions')::int",
-            &[],
-        )
-        .await?
-        .get(0);
+    let prepared = pg_once_multi::max_prepared_transactions(&admin).await?;
     if prepared < 4 {
         println!("skipped: max_prepared_transactions < 4");
         return Ok(());

@@ -218,13 +218,7 @@ async fn a_prepared_transaction_does_not_hold_up_its_backends_next_writes() -> R
     // Counts are written into a row of the writing backend's own; a prepared transaction
     // keeps that row locked after the backend moved on. Needs max_prepared_transactions.
     let admin = admin().await?;
-    let prepared: i32 = admin
-        .query_one(
-            "SELECT current_setting('max_prepared_transactions')::int",
-            &[],
-        )
-        .await?
-        .get(0);
+    let prepared = pg_once_multi::max_prepared_transactions(&admin).await?;
     if prepared == 0 {
         println!("skipped: max_prepared_transactions = 0");
         return Ok(());
