@@ -12,7 +12,8 @@
 #      same for a lease-only design.
 #   4. complete commits/s with 100 LISTEN connections, by once.notify.
 #   5. queue: claim_next + complete jobs/s vs workers (n = 1 and 10) vs a plain SKIP
-#      LOCKED table; table and index sizes over a million cycles on 10,000 keys.
+#      LOCKED table, and vs pgmq when PGMQ_SQL names a copy of its pgmq.sql (PGMQ_LABEL
+#      names it in the report); table and index sizes over a million cycles on 10,000 keys.
 #   6. pooled callers: 100 and 1,000 callers on 3 keys with the Python client, directly,
 #      through PgBouncer (transaction mode, pool 6) and psycopg_pool, vs the raw SQL loop
 #      on a connection per caller; takeover of a killed pooled owner.
@@ -671,6 +672,12 @@ for ((i = 0; i < 300; i++)); do
     sleep 0.2
 done
 QUEUE_DSN="host=127.0.0.1 port=$PORT user=postgres dbname=queue"
+# pgmq, the queue most often compared with pg_once, joins the rounds when PGMQ_SQL names a
+# copy of its plain-SQL install (pgmq-extension/sql/pgmq.sql of github.com/pgmq/pgmq; none
+# is shipped here): pgmq.read with a 30 s visibility timeout, then pgmq.delete.
+if [ -n "${PGMQ_SQL:-}" ]; then
+    cluster_psql bench "$PORT" -q -d queue -v ON_ERROR_STOP=1 -f "$PGMQ_SQL" >/dev/null
+fi
 # queue_round IMPL WORKERS N [bench options]: one 4 s round; prints jobs/s.
 queue_round() {
     HARNESS_ROUNDS=1 harness --dsn "$QUEUE_DSN" --label x queue --with "$1" --workers "$2" --batch "$3" --seconds 4 "${@:4}" |
@@ -697,7 +704,7 @@ quick && SETUPS=4 QUEUE_BATCHES=10
 # autovacuum of what earlier sections left) lands on several of them rather than on all
 # rounds of one.
 for n in $QUEUE_BATCHES; do
-    declare -A once_runs=() plain_runs=()
+    declare -A once_runs=() plain_runs=() pgmq_runs=()
     peak_once=0 peak_plain=0
     for ((r = 1; r <= QUEUE_ROUNDS; r++)); do
         for w in $SETUPS; do
@@ -706,6 +713,10 @@ for n in $QUEUE_BATCHES; do
             once_runs[$w]+=" $(queue_round once "${w%%[cf]*}" "$n" $(setup_options "$w"))"
             # shellcheck disable=SC2046
             plain_runs[$w]+=" $(queue_round plain "${w%%[cf]*}" "$n" $(setup_options "$w"))"
+            if [ -n "${PGMQ_SQL:-}" ]; then
+                # shellcheck disable=SC2046
+                pgmq_runs[$w]+=" $(queue_round pgmq "${w%%[cf]*}" "$n" $(setup_options "$w"))"
+            fi
         done
     done
     for w in $SETUPS; do
@@ -724,9 +735,25 @@ for n in $QUEUE_BATCHES; do
             "$(awk -v a="$ma" -v b="$peak_once" 'BEGIN {print 100 * a / b}')" \
             "$(awk -v a="$mb" -v b="$peak_plain" 'BEGIN {print 100 * a / b}')"
     done
-    unset once_runs plain_runs
+    pgmq_rows=""
+    for w in $SETUPS; do
+        [ -n "${pgmq_runs[$w]:-}" ] || continue
+        read -r ma _ _ <<<"$(stats "${once_runs[$w]}")"
+        read -r mc minc maxc <<<"$(stats "${pgmq_runs[$w]}")"
+        pgmq_rows+="$(printf '| %s | %s | %s | %s (%s-%s) | %sx |' "$(setup_label "$w")" "$n" "$ma" "$mc" "$minc" "$maxc" "$(ratio "$ma" "$mc")")"$'\n'
+    done
+    pgmq_tables+=$pgmq_rows
+    unset once_runs plain_runs pgmq_runs
 done
 echo
+if [ -n "${pgmq_tables:-}" ]; then
+    echo "The same rounds with ${PGMQ_LABEL:-pgmq} (its plain-SQL install): pgmq.read (30 s visibility timeout) and pgmq.delete, no history kept."
+    echo
+    echo "| workers | n | pg_once jobs/s | pgmq jobs/s | pg_once / pgmq |"
+    echo "|---|---|---|---|---|"
+    printf '%s' "$pgmq_tables"
+    echo
+fi
 if ! quick; then
 echo "Sizes of once.entries over $BLOAT_CYCLES claim_next + complete_key + enqueue_key(refresh)"
 echo "cycles on 10,000 keys, 8 workers, in a database of their own, autovacuum on, reap_stale"

@@ -67,6 +67,10 @@ pub async fn hold(dsn: &str, label: &str, shape: Shape, at: Schedule) -> Result<
         !at.interval.is_zero() && keys as i64 >= 2 * workers as i64 * batch as i64,
         "hold needs a positive --interval and at least 2 x workers x batch keys"
     );
+    anyhow::ensure!(
+        with != QueueImpl::Pgmq,
+        "hold compares pg_once with the plain table only"
+    );
     let admin = once::connect(dsn).await?;
     let name = format!("hold_{}", std::process::id());
     let table = match with {
@@ -83,7 +87,7 @@ pub async fn hold(dsn: &str, label: &str, shape: Shape, at: Schedule) -> Result<
                 .await?;
             "once.entries".to_string()
         }
-        QueueImpl::Plain => {
+        QueueImpl::Plain | QueueImpl::Pgmq => {
             super::create_plain_queue(&admin, &name, keys as i64).await?;
             name.clone()
         }
@@ -129,7 +133,7 @@ pub async fn hold(dsn: &str, label: &str, shape: Shape, at: Schedule) -> Result<
                 QueueImpl::Once => client.prepare(
                     "SELECT count(once.enqueue_key(k, queue => $2, refresh => true)) FROM unnest($1::text[]) k",
                 ).await?,
-                QueueImpl::Plain => client.prepare(&format!(
+                QueueImpl::Plain | QueueImpl::Pgmq => client.prepare(&format!(
                     "UPDATE {name} SET state = 'queued', worker = NULL, locked_at = NULL
                       WHERE id = ANY($1::text[]::bigint[]) AND $2::text IS NOT NULL"
                 )).await?,

@@ -150,6 +150,10 @@ enum QueueImpl {
     Once,
     /// A plain table: UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED LIMIT n).
     Plain,
+    /// pgmq: pgmq.read (a visibility timeout) and pgmq.delete, its usual worker loop. Its
+    /// SQL must be installed in the database first (scripts/bench.sh does, from a copy
+    /// named by PGMQ_SQL; none is shipped with pg_once).
+    Pgmq,
 }
 
 /// How a caller that is told `wait` gets its answer.
@@ -681,6 +685,18 @@ async fn queue(
                 .await?;
         }
         QueueImpl::Plain => create_plain_queue(&admin, &name, jobs).await?,
+        QueueImpl::Pgmq => {
+            admin.execute("SELECT pgmq.create($1)", &[&name]).await?;
+            admin
+                .execute(
+                    &format!(
+                        "INSERT INTO pgmq.q_{name} (vt, message)
+                         SELECT now(), '{{}}' FROM generate_series(1, $1::bigint)"
+                    ),
+                    &[&jobs],
+                )
+                .await?;
+        }
     }
     admin.batch_execute("VACUUM ANALYZE").await?;
     settle(&admin).await?;
@@ -795,6 +811,11 @@ async fn drop_queue(admin: &Client, with: QueueImpl, name: &str) -> Result<()> {
                 .await?;
         }
         QueueImpl::Plain => admin.batch_execute(&format!("DROP TABLE {name}")).await?,
+        QueueImpl::Pgmq => {
+            admin
+                .execute("SELECT pgmq.drop_queue($1)", &[&name])
+                .await?;
+        }
     }
     Ok(())
 }
@@ -805,6 +826,7 @@ async fn drop_queue(admin: &Client, with: QueueImpl, name: &str) -> Result<()> {
 /// its tokens 0.
 struct QueueStatements {
     with: QueueImpl,
+    name: String,
     batch: i32,
     claim: tokio_postgres::Statement,
     complete: tokio_postgres::Statement,
@@ -838,9 +860,20 @@ impl QueueStatements {
                     ))
                     .await?,
             ),
+            // A 30 s visibility timeout, as pg_once's 30 s lease; $2 (the worker) is unused:
+            // pgmq does not record who read a message.
+            QueueImpl::Pgmq => (
+                client
+                    .prepare("SELECT msg_id::text, 0::bigint FROM pgmq.read($1, 30, $3::bigint::int) WHERE $2::text IS NOT NULL")
+                    .await?,
+                client
+                    .prepare("SELECT count(*) FROM pgmq.delete($1, $2::text[]::bigint[])")
+                    .await?,
+            ),
         };
         Ok(QueueStatements {
             with,
+            name: name.to_owned(),
             batch,
             claim,
             complete,
@@ -875,6 +908,11 @@ impl QueueStatements {
             }
             (QueueImpl::Plain, _) => {
                 client.execute(&self.complete, &[&keys]).await?;
+            }
+            (QueueImpl::Pgmq, _) => {
+                client
+                    .query_one(&self.complete, &[&self.name, &keys])
+                    .await?;
             }
         }
         Ok(())
