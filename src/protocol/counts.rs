@@ -342,14 +342,15 @@ pub fn recount() {
     write(-1, &summed(&PENDING.with_borrow(|p| p.clone())), -1);
 }
 
-// Fold the slots that no transaction holds into slot -1, in one statement.
+// Fold the slots that no transaction holds into slot -1, in one statement: the
+// transactions' own (below -1), and with $backends the backends' too.
 static FOLD: Statement = Statement::new(concat!(
     "WITH folded AS (
          DELETE FROM ",
     internal!("key_counts"),
     " WHERE ctid IN (SELECT ctid FROM ",
     internal!("key_counts"),
-    " WHERE slot <> -1 FOR UPDATE SKIP LOCKED)
+    " WHERE (slot < -1 OR ($backends AND slot >= 0)) FOR UPDATE SKIP LOCKED)
          RETURNING namespace, queued, done, failed, errors, attempts)
      INSERT INTO ",
     internal!("key_counts"),
@@ -362,15 +363,24 @@ static FOLD: Statement = Statement::new(concat!(
             errors = c.errors + excluded.errors, attempts = c.attempts + excluded.attempts"
 ));
 
-/// Fold the backends' slots into slot -1 (reap_stale, each round): what once.stats sums
-/// stays about as many rows as there are namespaces. Skipped while recount_keys holds the
-/// counts, rather than waiting for the transaction that changes the namespaces to end.
+/// Fold the slots into slot -1 (reap_stale, each round): what once.stats sums stays about
+/// as many rows as there are namespaces. The fold keeps the rows it deletes, and the slot
+/// -1 rows it writes, locked until its transaction ends; so:
 ///
-/// Only when an administrator calls reap_stale (the worker is one): the fold keeps the
-/// rows it deletes and the slot -1 rows it writes locked until its transaction ends, and
-/// any role granted reap_stale may leave its transaction open (or prepare it). The next
-/// commit of every backend whose slot it folded, and the worker's next fold, waited for
-/// it: an application role stalled every writer and the worker (notifications included).
+/// - Only an administrator's call folds (the worker is one): any role granted reap_stale
+///   may leave its transaction open (or prepare it), and the next commit of every backend
+///   whose slot it folded, and the worker's next fold, waited for it.
+/// - Only pg_once's worker folds the backends' slots, which their backends write again at
+///   their next commit. Its transaction ends right after the fold, and no other fold
+///   touches those rows, so a backend waits for it briefly and it never waits for a
+///   backend. An administrator's reap_stale folded them too: one that stayed in its
+///   transaction held up every writer, and two folds at once deadlocked at commit (the
+///   soak of bench/soak-scale.sh, with administrators reaping beside the worker). Other
+///   calls fold the transactions' own slots (below -1), which nobody writes again. Without
+///   the worker (not preloaded) the backends' slots stay, at most one row per backend
+///   number and namespace.
+/// - One fold at a time, and none while recount_keys holds the counts: a fold that cannot
+///   take the table's self-exclusive lock at once skips this round rather than wait.
 pub fn fold() {
     if !namespace::caller_administers() {
         return;
@@ -383,11 +393,23 @@ pub fn fold() {
         table != pg_sys::InvalidOid
             && pg_sys::ConditionalLockRelationOid(
                 table,
-                pg_sys::RowExclusiveLock as pg_sys::LOCKMODE,
+                pg_sys::ShareUpdateExclusiveLock as pg_sys::LOCKMODE,
             )
     };
     if locked {
-        statements::run(&FOLD, params![], |_| Ok(()));
+        let backends = in_pg_once_worker();
+        statements::run(&FOLD, params![backends = backends], |_| Ok(()));
+    }
+}
+
+/// Whether this process is a background worker of pg_once's (the one that reaps).
+fn in_pg_once_worker() -> bool {
+    // SAFETY: MyBgworkerEntry is NULL outside background workers, else this worker's
+    // registration, whose library name is a NUL-terminated string.
+    unsafe {
+        let entry = pg_sys::MyBgworkerEntry;
+        !entry.is_null()
+            && std::ffi::CStr::from_ptr((*entry).bgw_library_name.as_ptr()) == c"pg_once"
     }
 }
 

@@ -287,3 +287,35 @@ async fn a_repeatable_read_transaction_commits_across_a_fold() -> Result<()> {
     assert_eq!(stats_disagreement(&admin).await?, None);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_administrators_open_reap_stale_holds_up_no_writer() -> Result<()> {
+    // Claims with wait => 0, which a namespace being created answers `wait`.
+    let _one = pg_once_multi::NAMESPACE_TESTS.lock().await;
+    // An administrator's reap_stale folded every backend's counts into slot -1, keeping
+    // the rows it folded locked until its transaction ended: the next commit of each of
+    // those backends waited for it, and two such folds at once deadlocked at commit (the
+    // soak against 10M keys, bench/soak-scale.sh, with administrators reaping beside the
+    // worker). Only pg_once's worker folds the backends' rows now.
+    let admin = admin().await?;
+    // The tests' DSN names a superuser: a second administrator's connection.
+    let reaper = pg_once_multi::session().await?;
+    let client = pg_once_multi::session().await?;
+    let done = "SELECT once.complete_key($1, token, '1') FROM once.claim_key($1, wait => '0')";
+    // A row of the client's backend, then an administrator reaps and stays.
+    client.execute(done, &[&fresh_key("before")]).await?;
+    reaper
+        .batch_execute("BEGIN; SELECT * FROM once.reap_stale()")
+        .await?;
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&fresh_key("after")];
+    let next = client.execute(done, &params);
+    let answered = tokio::time::timeout(Duration::from_secs(5), next).await;
+    reaper.batch_execute("ROLLBACK").await?;
+    assert!(
+        answered.is_ok(),
+        "the client's next commit waited for an administrator's open reap_stale"
+    );
+    answered??;
+    assert_eq!(stats_disagreement(&admin).await?, None);
+    Ok(())
+}
