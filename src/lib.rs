@@ -27,6 +27,7 @@ mod pg_compat;
 mod protocol;
 mod runtime;
 mod storage;
+mod workers;
 
 #[cfg(any(test, feature = "pg_test"))]
 mod tests;
@@ -54,7 +55,7 @@ pub extern "C-unwind" fn _PG_init() {
     // trigger NOTIFYs directly and reap_stale is called by a scheduler.
     if preloading {
         runtime::shmem::request();
-        runtime::launcher::register();
+        workers::launcher::register();
     }
 }
 

@@ -1,5 +1,5 @@
 //! The pg_once worker: one per database named in once.databases, started by the pg_once
-//! launcher (runtime::launcher) when pg_once is in shared_preload_libraries. It
+//! launcher (workers::launcher) when pg_once is in shared_preload_libraries. It
 //! - runs reap_stale every once.reaper_naptime, so abandoned claims and expired results
 //!   go away with no client help;
 //! - sends the notifications that committing transactions handed over (once.notify =
