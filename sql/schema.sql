@@ -434,7 +434,7 @@ CREATE INDEX attempts_key_idx ON once.attempts (key_hash, finished_at);
 -- reap_stale's purge reads the oldest rows past the retention from the left end of this
 -- index, and finds that there are none with one probe. (0.1.0 had a BRIN index here,
 -- cheaper per insert, but a BRIN scan reads every range not yet summarized: the newest
--- rows, between two vacuums, on every round; src/protocol/claim.rs, PURGE_HISTORY.)
+-- rows, between two vacuums, on every round; src/protocol/reap.rs, PURGE_HISTORY.)
 CREATE INDEX attempts_finished_idx ON once.attempts (finished_at);
 
 -- Cached results and queue work survive pg_dump / pg_restore.

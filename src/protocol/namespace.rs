@@ -424,7 +424,7 @@ pub fn remove(prefix: &str) -> bool {
     // and so is a queue being created in the namespace (create_queue checks the namespace
     // again after its write, which waits for this lock).
     lock_against_writes();
-    crate::protocol::queue::lock_against_new_queues();
+    lock_against_new_queues();
     let keys: i64 = statements::run(&KEYS_IN, params![prefix = prefix], |table| {
         Ok(table.first().get(1)?.unwrap_or(0))
     });
@@ -448,13 +448,26 @@ pub fn remove(prefix: &str) -> bool {
     })
 }
 
-/// Trigger on once_internal.namespace_owners: every backend's kept copy is out of date.
-#[pg_trigger(sql = false)]
-fn namespaces_changed<'a>(
-    trigger: &'a pgrx::PgTrigger<'a>,
-) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, PgHeapTupleError> {
-    let table = trigger.relid().unwrap_or_else(|e| error!("pg_once: {e}"));
+/// Lock once.queues against writes until this transaction ends (SHARE ROW EXCLUSIVE):
+/// drop_namespace's, so that no queue is created in the namespace between its count of
+/// the namespace's queues and its commit. Only create_queue and drop_queue write the
+/// table, briefly, so waiting for them holds up nothing else.
+pub fn lock_against_new_queues() {
+    // SAFETY: catalog lookups by name, then a lock released by the transaction's end.
+    unsafe {
+        let schema = pg_sys::get_namespace_oid(crate::schema::API.as_ptr(), false);
+        let queues = pg_sys::get_relname_relid(c"queues".as_ptr(), schema);
+        if queues == pg_sys::InvalidOid {
+            error!("pg_once: relation once.queues is missing; reinstall the extension");
+        }
+        pg_sys::LockRelationOid(queues, pg_sys::ShareRowExclusiveLock as pg_sys::LOCKMODE);
+    }
+}
+
+/// A table whose rows backends keep a copy of changed (once_internal.namespace_owners,
+/// once.queues: the statement trigger once_internal.namespaces_changed): every backend's
+/// copy is out of date.
+pub fn kept_copies_outdated(table: pg_sys::Oid) {
     // SAFETY: queues a relcache invalidation, sent to every backend at commit.
     unsafe { pg_sys::CacheInvalidateRelcacheByRelid(table) };
-    Ok(None)
 }

@@ -32,7 +32,6 @@
 
 use crate::errors;
 use crate::key::Key;
-use crate::protocol::claim::claimant_params;
 use crate::protocol::freshness::Policy;
 use crate::protocol::namespace;
 use crate::protocol::rules::*;
@@ -40,12 +39,12 @@ use crate::protocol::standby;
 use crate::runtime::liveness::{self, Me, Owner};
 use crate::runtime::notify;
 use crate::runtime::shmem::{self, Counter};
+use crate::runtime::wait;
 use crate::storage::jsonb::{Jsonb, JsonbArray};
 use crate::storage::statements::{self, params, Statement};
 use crate::storage::subxact::{self, Blocked, LockBudget};
 use crate::storage::watched::Watched;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
-use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -331,38 +330,9 @@ pub fn require<'a>(name: &'a str, function: &str) -> Queue<'a> {
     Queue { name, namespace }
 }
 
-/// What a worker waiting in claim_next for `queue` announces in its backend slot: a 64-bit
-/// FNV-1a hash of "queue", a NUL and the queue's name. Key tags come from SHA-256 digests,
-/// so the two meet only by chance, and a collision only causes a spurious wake-up.
-pub fn wait_tag(queue: &str) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in b"queue\0".iter().chain(queue.as_bytes()) {
-        hash ^= u64::from(*byte);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash.max(1)
-}
-
 /// Keys of `queue` became due in this transaction: wake its waiting workers after commit.
-pub(crate) fn has_work(queue: &str) {
-    notify::wake_after_commit(wait_tag(queue));
-}
-
-/// Trigger: a running key went back to its queue (a failure with retries left, a release,
-/// a reaped claim).
-#[pg_trigger(sql = false)]
-fn wake_queue<'a>(
-    trigger: &'a pgrx::PgTrigger<'a>,
-) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, PgHeapTupleError> {
-    if let Some(new) = trigger.new() {
-        if let Some(queue) = new
-            .get_by_name::<&str>("queue")
-            .unwrap_or_else(|e| error!("pg_once: {e}"))
-        {
-            has_work(queue);
-        }
-    }
-    Ok(None)
+pub fn has_work(queue: &str) {
+    notify::wake_after_commit(wait::queue_tag(queue));
 }
 
 // The queue's namespace, and whether the call would leave the row as it is.
@@ -429,22 +399,6 @@ pub fn upsert_queue(
         // A drop_namespace that committed meanwhile (its lock made this write wait) must
         // not leave a queue naming a namespace that is gone, which every role could use.
         namespace::require_named(prefix, "create_queue");
-    }
-}
-
-/// Lock once.queues against writes until this transaction ends (SHARE ROW EXCLUSIVE):
-/// drop_namespace's, so that no queue is created in the namespace between its count of
-/// the namespace's queues and its commit. Only create_queue and drop_queue write the
-/// table, briefly, so waiting for them holds up nothing else.
-pub fn lock_against_new_queues() {
-    // SAFETY: catalog lookups by name, then a lock released by the transaction's end.
-    unsafe {
-        let schema = pg_sys::get_namespace_oid(crate::schema::API.as_ptr(), false);
-        let queues = pg_sys::get_relname_relid(c"queues".as_ptr(), schema);
-        if queues == pg_sys::InvalidOid {
-            error!("pg_once: relation once.queues is missing; reinstall the extension");
-        }
-        pg_sys::LockRelationOid(queues, pg_sys::ShareRowExclusiveLock as pg_sys::LOCKMODE);
     }
 }
 

@@ -1,9 +1,14 @@
 //! The protocol's rules that more than one statement applies, each written once as a piece
-//! of SQL text that the statements of claim.rs and queue.rs splice in with `concat!`
+//! of SQL text that the statements of the protocol splice in with `concat!`
 //! (compile-time text: the plans see plain SQL).
 //!
 //! Macros rather than constants because `concat!` takes only literals. The column rules
 //! take the table alias (`""` or `"e."`) of the row they describe.
+
+use crate::protocol::namespace;
+use crate::runtime::liveness::Me;
+use crate::storage::statements::{params, Param};
+use pgrx::datum::Interval;
 
 /// A running claim's owner is gone: its lease ran out, or (unless its claim is lease-only)
 /// the backend it names is no longer the one that made the claim (once_internal.backend_alive).
@@ -48,7 +53,7 @@ macro_rules! owner_gone_error {
 /// becomes running under a new token from the one sequence, owned by `$owner` (a label),
 /// judged alive by `$owner_pid`/`$owner_started` unless `$lease_only`, until
 /// `$lease` from now, made by role `$owner_role` (see token_holder). Pass
-/// claim::claimant_params for these six parameters.
+/// claimant_params for these six parameters.
 macro_rules! claimant_columns {
     () => {
         "state, token, owner, owner_pid, owner_started, lease_only, lease_expires_at, \
@@ -269,3 +274,15 @@ pub(crate) use {
     claimant_columns, claimant_values, completed, completions_recorded, ended_attempt_columns,
     failed_attempt, owner_gone, owner_gone_error, rerun_requested, retry_policy, token_holder,
 };
+
+/// The parameters of rules::claimant_values: who claims, and for how long.
+pub fn claimant_params(me: &Me, lease: Interval) -> [Param<'static>; 6] {
+    params![
+        owner_role = namespace::caller(),
+        owner = me.label.clone(),
+        owner_pid = me.pid,
+        owner_started = me.started_param(),
+        lease_only = me.lease_only,
+        lease = lease,
+    ]
+}
