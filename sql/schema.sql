@@ -285,7 +285,7 @@ CREATE TABLE once.entries (
     rerun            text,
     rerun_stale      interval,
     -- 0.2.0: the role that made the running claim; only it (or an administrator) may end
-    -- or extend the claim with its token (rules::token_holder). NULL for claims of 0.1.0.
+    -- or extend the claim with its token (protocol/sql/rules/token_holder.sql). NULL for claims of 0.1.0.
     owner_role       oid,
     CONSTRAINT entries_pkey PRIMARY KEY (key_hash)
 )

@@ -23,6 +23,7 @@
 //! role-membership test. The read takes no lock past itself (see `read_all`).
 
 use crate::errors;
+use crate::protocol::rules::statement;
 use crate::runtime::wait;
 use crate::storage::statements::{self, params, Statement};
 use crate::storage::watched::Watched;
@@ -280,8 +281,8 @@ pub fn caller_administers() -> bool {
     }
 }
 
-/// The `$holder` of rules::token_holder: the caller, whose own claims it may end with
-/// their tokens, or None (NULL) for an administrator, who may end any.
+/// The `$holder` of protocol/sql/rules/token_holder.sql: the caller, whose own claims it
+/// may end with their tokens, or None (NULL) for an administrator, who may end any.
 pub fn token_holder() -> Option<pg_sys::Oid> {
     (!caller_administers()).then(caller)
 }
@@ -344,13 +345,7 @@ static HANDED_OVER: Statement = Statement::new(concat!(
     "(key), '')) < length($prefix) OR $owner_changes)"
 ));
 
-static PURGE_HANDED_OVER: Statement = Statement::new(concat!(
-    "DELETE FROM once.entries
-      WHERE left(key, length($prefix)) = $prefix
-        AND (length(coalesce(",
-    internal!("key_namespace"),
-    "(key), '')) < length($prefix) OR $owner_changes)"
-));
+static PURGE_HANDED_OVER: Statement = statement!("purge_handed_over");
 
 /// once.create_namespace: register (or change) the namespace `prefix`.
 ///

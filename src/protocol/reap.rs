@@ -11,75 +11,11 @@ use crate::storage::statements::{self, params, Statement};
 use pgrx::datum::TimestampWithTimeZone;
 use std::time::{Duration, Instant};
 
-// Claims whose owner is gone become `failed` with retry_at = now: claimable at once, the
-// error recorded and counted, waiters notified by the trigger. Queued keys go back to
-// their queue after a backoff, unless that was their last attempt. SKIP LOCKED: a reaper
-// never waits for anybody, so any number of them can run at the same time.
-static REAP_GONE_OWNERS: Statement = Statement::new(concat!(
-    "WITH gone AS (
-         SELECT e.key_hash,
-                CASE WHEN e.lease_expires_at <= clock_timestamp() THEN 'lease expired'
-                     ELSE 'backend exited' END AS why, ",
-    retry_policy!(),
-    "
-           FROM once.entries e LEFT JOIN once.queues q ON q.name = e.queue
-          WHERE e.state = 'running' AND ",
-    owner_gone!("e."),
-    "
-            FOR UPDATE OF e SKIP LOCKED)
-     UPDATE once.entries AS e
-        SET ",
-    failed_attempt!("g.", "'0'::interval"),
-    ",
-            error = ",
-    owner_gone_error!("e.", "g.why", "reaped"),
-    ",
-            last_outcome = 'abandoned'
-       FROM gone g
-      WHERE e.key_hash = ANY (ARRAY(SELECT key_hash FROM gone)) AND e.key_hash = g.key_hash"
-));
+static REAP_GONE_OWNERS: Statement = statement!("reap_gone_owners");
 
-// The oldest history rows past the retention, through the btree on finished_at: a probe
-// of its leftmost entries, whatever the history holds. The cutoff is a scalar subquery,
-// computed once before the scan (an InitPlan) and so usable as an index condition: written
-// `finished_at < clock_timestamp() - ...`, a volatile condition, it is a filter and the
-// planner scanned the whole table instead, 336 ms a round with 2,000,000 rows of history
-// and nothing to purge (BENCHMARKS.md, "Scale"). Not statement_timestamp() or now(): in
-// the worker, which receives no statements, they need not move.
-//
-// A call purges several batches in one transaction (PURGE_BUDGET): each starts at the last
-// finished_at the batch before it deleted ($after), or it would walk again, from the left
-// end, over every index entry its own transaction deleted (not yet dead to anyone: the
-// 2,000,000 rows took 4.6 s to purge that way, 2.8 s this way).
-static PURGE_HISTORY: Statement = Statement::new(
-    "WITH purged AS (
-         DELETE FROM once.attempts
-          WHERE ctid = ANY (ARRAY(
-                SELECT ctid FROM once.attempts
-                 WHERE finished_at < (SELECT clock_timestamp() - make_interval(secs => $retention_s))
-                   AND finished_at >= coalesce($after, '-infinity')
-                 ORDER BY finished_at
-                 LIMIT $batch))
-         RETURNING finished_at)
-     SELECT count(*) AS purged, max(finished_at) AS last FROM purged",
-);
+static PURGE_HISTORY: Statement = statement!("purge_history");
 
-// A result in its stale window is still served: it goes when the window does. (stale_until
-// is never before expires_at, so the index on expires_at still finds the candidates.) The
-// bound on expires_at is a scalar subquery, as in PURGE_HISTORY, so that it is an index
-// condition: a volatile one is a filter, and the scan read every result with a future
-// expiry before finding that none had expired.
-static PURGE_EXPIRED: Statement = Statement::new(
-    "WITH expired AS (
-         SELECT key_hash FROM once.entries
-          WHERE expires_at <= (SELECT clock_timestamp()) AND state = 'done'
-            AND (stale_until IS NULL OR stale_until <= clock_timestamp())
-          ORDER BY expires_at
-          LIMIT $batch
-            FOR UPDATE SKIP LOCKED)
-     DELETE FROM once.entries AS e USING expired
-      WHERE e.key_hash = ANY (ARRAY(SELECT key_hash FROM expired)) AND e.key_hash = expired.key_hash",
-);
+static PURGE_EXPIRED: Statement = statement!("purge_expired");
 
 /// Purge at most this many expired results, and as many history rows, per statement, to
 /// bound each statement's memory (the ctids or keys it collects).

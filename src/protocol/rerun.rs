@@ -1,7 +1,8 @@
 //! Asking for a key to be computed again, or forgotten (refresh_key, invalidate_key).
 //!
 //! A running key is never forgotten or recomputed beside its run: the request is
-//! recorded (rules::rerun_requested) and carried out by the statement that ends the run.
+//! recorded (protocol/sql/rules/rerun_requested.sql) and carried out by the statement
+//! that ends the run.
 
 use crate::key::Key;
 use crate::protocol::queue;
@@ -12,62 +13,15 @@ use crate::storage::statements::{self, params, Param, Statement};
 use pgrx::datum::Interval;
 use pgrx::prelude::*;
 
-// A key that is not running is forgotten. A running one keeps its claim (cancelling it
-// would let a second computation start beside the first, whose owner does not know): its
-// result, if it kept one, is no longer served, and the run's own result will not be
-// either; when the run ends the key is computed once more (rules::rerun_requested).
-static INVALIDATE: Statement = Statement::new(concat!(
-    "WITH running AS (
-         UPDATE once.entries
-            SET ",
-    rerun_requested!("'discard'", "NULL::interval"),
-    ", result = NULL, expires_at = NULL, stale_until = NULL
-          WHERE key_hash = $key_hash AND state = 'running'
-         RETURNING 1),
-     gone AS (
-         DELETE FROM once.entries WHERE key_hash = $key_hash AND state <> 'running'
-         RETURNING 1)
-     SELECT 1 FROM running UNION ALL SELECT 1 FROM gone"
-));
+static INVALIDATE: Statement = statement!("invalidate");
 
-// refresh_key: expire a result now (served as stale for $stale, if given), make a failure
-// claimable now, send a queued key's result back to its queue, or, on a running key,
-// request one more run after this one. Answers what it did.
-static REFRESH: Statement = Statement::new(concat!(
-    "WITH running AS (
-         UPDATE once.entries
-            SET ",
-    rerun_requested!(
-        "CASE WHEN $stale::interval IS NULL THEN 'discard' ELSE 'stale' END",
-        "$stale"
-    ),
-    "
-          WHERE key_hash = $key_hash AND state = 'running'
-         RETURNING 'rerun'::text AS what, queue),
-     resolved AS (
-         UPDATE once.entries
-            SET expires_at = least(coalesce(expires_at, clock_timestamp()), clock_timestamp()),
-                stale_until = clock_timestamp() + $stale,
-                retry_at = CASE WHEN state = 'failed' THEN clock_timestamp() END,
-                state = CASE WHEN queue IS NULL THEN state ELSE 'queued' END,
-                run_at = CASE WHEN queue IS NULL THEN run_at ELSE clock_timestamp() END,
-                attempts = CASE WHEN queue IS NULL THEN attempts ELSE 0 END,
-                enqueued_at = CASE WHEN queue IS NULL THEN enqueued_at ELSE clock_timestamp() END,
-                updated_at = clock_timestamp()
-          WHERE key_hash = $key_hash AND state IN ('done', 'failed')
-         RETURNING 'expired'::text AS what, queue),
-     queued AS (
-         SELECT 'pending'::text AS what, queue FROM once.entries
-          WHERE key_hash = $key_hash AND state = 'queued')
-     SELECT what, queue FROM running UNION ALL SELECT what, queue FROM resolved
-     UNION ALL SELECT what, queue FROM queued"
-));
+static REFRESH: Statement = statement!("refresh");
 
 static KEY_EXISTS: Statement =
     Statement::new("SELECT 1 FROM once.entries WHERE key_hash = $key_hash");
 
-/// Run `statement` (one of INVALIDATE and REFRESH, which act on the state a fresh snapshot
-/// shows) until it matches the key or the key is absent. A key whose state changed between
+/// Run `statement` (INVALIDATE or REFRESH, which act on the state a fresh snapshot shows)
+/// until it matches the key or the key is absent. A key whose state changed between
 /// the snapshot and the row lock (a run ended just then) matches none of its branches; a
 /// request must not be lost to that, so it runs again with a snapshot that shows the new
 /// state.
@@ -92,7 +46,7 @@ fn until_matched<R>(
 }
 
 /// Forget a key; false when it was absent. A running key is not forgotten but recomputed
-/// once more when its run ends, its results not served meanwhile (see INVALIDATE).
+/// once more when its run ends, its results not served meanwhile (see sql/invalidate.sql).
 pub fn invalidate(key: &Key) -> bool {
     standby::refuse_writes("invalidate_key");
     let done = until_matched(
