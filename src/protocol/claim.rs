@@ -27,7 +27,7 @@ use crate::runtime::liveness::{Me, Owner, OwnerWatch};
 use crate::runtime::shmem::{self, Counter};
 use crate::storage::entry::{self, Entry, KeyState};
 use crate::storage::jsonb::Jsonb;
-use crate::storage::statements::{self, params, Statement};
+use crate::storage::statements::{self, params, Param, Statement};
 use crate::storage::subxact::{self, Blocked, LockBudget};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::prelude::*;
@@ -350,19 +350,8 @@ fn insert_claim(
     owner: Owner,
     budget: LockBudget,
 ) -> Result<Option<Taken>, Blocked> {
-    standby::refuse_writes("claim_key");
-    let me = &Me::new(None, owner);
-    owner.before_claiming(Some(key.tag));
-    let args = params![key_hash = key.hash_param(), key = key.text_param()]
-        .into_iter()
-        .chain(claimant_params(me, lease));
-    // In a subtransaction: an insert that lost to a committed one leaves no lock behind,
-    // and one that meets an uncommitted one gives up at the budget.
-    let claim = subxact::keep_if(
-        budget,
-        || statements::run(&INSERT_CLAIM, args, |table| claimed_from(table, me)),
-        Option::is_some,
-    )?;
+    let args = params![key_hash = key.hash_param(), key = key.text_param()];
+    let claim = claim_by(&INSERT_CLAIM, key, args, lease, owner, budget)?;
     if claim.is_some() {
         namespace::recheck_key(key.text, "claim_key");
     }
@@ -378,25 +367,39 @@ fn take_claim(
     budget: LockBudget,
     keep_result: bool,
 ) -> Result<Option<Taken>, Blocked> {
-    standby::refuse_writes("claim_key");
-    let me = &Me::new(None, owner);
-    owner.before_claiming(Some(key.tag));
     let args = params![
         key_hash = key.hash_param(),
         seen_token = seen.token,
         seen_state = seen.state.label(),
         gone_reason = gone_reason,
         keep_result = keep_result,
-    ]
-    .into_iter()
-    .chain(claimant_params(me, lease));
-    let claim = subxact::keep_if(
-        budget,
-        || statements::run(&TAKE_CLAIM, args, |table| claimed_from(table, me)),
-        Option::is_some,
-    )?;
+    ];
+    let claim = claim_by(&TAKE_CLAIM, key, args, lease, owner, budget)?;
     if claim.is_some() && gone_reason.is_some() {
         shmem::count(Counter::TakenOver);
     }
     Ok(claim)
+}
+
+/// Run `statement` (INSERT_CLAIM or TAKE_CLAIM) with `args` and the claimant's parameters:
+/// `key` claimed for `owner` for `lease`, if the statement matches.
+fn claim_by<'a>(
+    statement: &'static Statement,
+    key: &Key,
+    args: impl IntoIterator<Item = Param<'a>>,
+    lease: Interval,
+    owner: Owner,
+    budget: LockBudget,
+) -> Result<Option<Taken>, Blocked> {
+    standby::refuse_writes("claim_key");
+    let me = &Me::new(None, owner);
+    owner.before_claiming(Some(key.tag));
+    let args = args.into_iter().chain(claimant_params(me, lease));
+    // In a subtransaction: a claim that lost to a committed one leaves no lock behind, and
+    // one that meets an uncommitted one gives up at the budget.
+    subxact::keep_if(
+        budget,
+        || statements::run(statement, args, |table| claimed_from(table, me)),
+        Option::is_some,
+    )
 }

@@ -15,7 +15,7 @@ use crate::runtime::liveness;
 use crate::runtime::notify;
 use crate::runtime::shmem::{self, Counter};
 use crate::storage::jsonb::Jsonb;
-use crate::storage::statements::{self, params, Statement};
+use crate::storage::statements::{self, params, Param, Statement};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 
 static COMPLETE: Statement = statement!("complete");
@@ -27,6 +27,16 @@ static FAIL: Statement = statement!("fail");
 static HEARTBEAT: Statement = statement!("heartbeat");
 
 static RELEASE: Statement = statement!("release");
+
+/// The parameters every owner's write names its claim by: the key, its token, and who
+/// may act on it (`$holder`, sql/rules/token_holder.sql).
+fn held(key: &Key, token: i64) -> [Param<'static>; 3] {
+    params![
+        key_hash = key.hash_param(),
+        token = token,
+        holder = namespace::token_holder(),
+    ]
+}
 
 /// An owner's write took effect: its claim is resolved by itself, not by its exit.
 fn resolved_by_owner(key: &Key, done: bool, counter: Counter) -> bool {
@@ -41,17 +51,15 @@ fn resolved_by_owner(key: &Key, done: bool, counter: Counter) -> bool {
 /// claim is no longer current.
 pub fn complete(key: &Key, token: i64, result: Jsonb, policy: &Policy) -> bool {
     standby::refuse_writes("complete_key");
-    let args = params![
-        key_hash = key.hash_param(),
-        token = token,
-        holder = namespace::token_holder(),
-        result = result,
-        draw = freshness::jitter_draw(),
-        now = TimestampWithTimeZone::try_from(crate::runtime::wait::now())
-            .expect("the server's clock is a valid timestamp"),
-    ]
-    .into_iter()
-    .chain(policy.params());
+    let args = held(key, token)
+        .into_iter()
+        .chain(params![
+            result = result,
+            draw = freshness::jitter_draw(),
+            now = TimestampWithTimeZone::try_from(crate::runtime::wait::now())
+                .expect("the server's clock is a valid timestamp"),
+        ])
+        .chain(policy.params());
     let ended = statements::run(&COMPLETE, args, |table| {
         if table.is_empty() {
             return Ok(None);
@@ -80,13 +88,9 @@ pub fn complete(key: &Key, token: i64, result: Jsonb, policy: &Policy) -> bool {
 /// Record a failure of a claim; false when the claim is no longer current.
 pub fn fail(key: &Key, token: i64, error: String, retry_after: Interval) -> bool {
     standby::refuse_writes("fail_key");
-    let args = params![
-        key_hash = key.hash_param(),
-        token = token,
-        holder = namespace::token_holder(),
-        error = error,
-        retry_after = retry_after,
-    ];
+    let args = held(key, token)
+        .into_iter()
+        .chain(params![error = error, retry_after = retry_after]);
     let done = statements::run(&FAIL, args, |table| Ok(table.len() == 1));
     resolved_by_owner(key, done, Counter::Failed)
 }
@@ -94,12 +98,7 @@ pub fn fail(key: &Key, token: i64, error: String, retry_after: Interval) -> bool
 /// Extend a claim's lease; None when the claim is no longer current.
 pub fn heartbeat(key: &Key, token: i64, lease: Interval) -> Option<TimestampWithTimeZone> {
     standby::refuse_writes("heartbeat_key");
-    let args = params![
-        key_hash = key.hash_param(),
-        token = token,
-        holder = namespace::token_holder(),
-        lease = lease,
-    ];
+    let args = held(key, token).into_iter().chain(params![lease = lease]);
     statements::run(&HEARTBEAT, args, |table| {
         if table.is_empty() {
             Ok(None)
@@ -112,12 +111,7 @@ pub fn heartbeat(key: &Key, token: i64, lease: Interval) -> Option<TimestampWith
 /// Give a claim back unfailed; false when the claim is no longer current.
 pub fn release(key: &Key, token: i64) -> bool {
     standby::refuse_writes("release_key");
-    let args = params![
-        key_hash = key.hash_param(),
-        token = token,
-        holder = namespace::token_holder(),
-    ];
-    let done = statements::run(&RELEASE, args, |table| Ok(table.len() == 1));
+    let done = statements::run(&RELEASE, held(key, token), |table| Ok(table.len() == 1));
     resolved_by_owner(key, done, Counter::Released)
 }
 
