@@ -138,11 +138,11 @@ pub fn count_change(trigger: &pgrx::PgTrigger<'_>) {
 /// and role, so the label carries both.
 pub fn label(key: &str) -> String {
     let prefix = namespace::prefix_of(key).unwrap_or_default();
-    match crate::protocol::cached::role_of(key) {
+    match namespace::cached_key_role(key) {
         None => prefix,
         Some(role) => format!(
             "{prefix}{}{}:{}",
-            crate::protocol::cached::MARK,
+            namespace::CACHED_MARK,
             role.to_u32(),
             "0".repeat(64)
         ),

@@ -23,7 +23,6 @@
 //! role-membership test. The read takes no lock past itself (see `read_all`).
 
 use crate::errors;
-use crate::protocol::rules::statement;
 use crate::runtime::wait;
 use crate::storage::statements::{self, params, Statement};
 use crate::storage::watched::Watched;
@@ -201,8 +200,21 @@ pub fn admits_key(key: &str) -> bool {
 
 /// Unless `key` is a once.cached key of another role than the caller's.
 fn admits_cached(key: &str) -> bool {
-    crate::protocol::cached::role_of(key)
-        .is_none_or(|role| role == caller() || caller_administers())
+    cached_key_role(key).is_none_or(|role| role == caller() || caller_administers())
+}
+
+/// What separates a once.cached key from the caller's key in it.
+pub const CACHED_MARK: &str = "#cached:";
+
+/// The role whose once.cached key `key` is, if it is one (see protocol::cached): such a
+/// key is that role's alone.
+pub fn cached_key_role(key: &str) -> Option<pg_sys::Oid> {
+    let at = key.rfind(CACHED_MARK)?;
+    let (role, digest) = key[at + CACHED_MARK.len()..].split_once(':')?;
+    if digest.len() != 64 {
+        return None;
+    }
+    role.parse::<u32>().ok().map(pg_sys::Oid::from)
 }
 
 /// The prefix of the namespace `key` belongs to, if any.
@@ -345,7 +357,9 @@ static HANDED_OVER: Statement = Statement::new(concat!(
     "(key), '')) < length($prefix) OR $owner_changes)"
 ));
 
-static PURGE_HANDED_OVER: Statement = statement!("purge_handed_over");
+// A statement file (protocol::rules) that names no rule: loaded without them, so that
+// namespaces, which the rules consult (claimant_params), do not depend on the rules.
+static PURGE_HANDED_OVER: Statement = Statement::new(include_str!("sql/purge_handed_over.sql"));
 
 /// once.create_namespace: register (or change) the namespace `prefix`.
 ///
