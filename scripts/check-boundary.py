@@ -91,7 +91,7 @@ def sql_functions():
     for file in SQL_FILES:
         for symbol, (name, args, result) in declarations((root / file).read_text()).items():
             if result == "trigger":
-                continue  # #[pg_trigger] functions in src/protocol/, no SQL arguments
+                continue  # #[pg_trigger] functions in src/api/triggers.rs, no SQL arguments
             rust = re.fullmatch(r"(\w+)_wrapper", symbol)
             if not rust or not re.fullmatch(rf"{name}(_\d+_\d+)?", rust.group(1)):
                 print(f"{file}: once.{name} must be AS 'MODULE_PATHNAME', '{name}_wrapper' "

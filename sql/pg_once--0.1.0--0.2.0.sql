@@ -130,7 +130,7 @@ ALTER TABLE once.entries
     ADD COLUMN rerun text,
     ADD COLUMN rerun_stale interval;
 
--- Tokens belong to the role that claimed (rules::token_holder); NULL for 0.1.0's claims.
+-- Tokens belong to the role that claimed (protocol/sql/rules/token_holder.sql); NULL for 0.1.0's claims.
 ALTER TABLE once.entries ADD COLUMN owner_role oid;
 COMMENT ON COLUMN once.entries.owner_role IS
     'The role that made the current or last claim: only it, or an administrator, may complete, fail, heartbeat or release the claim with its token. NULL for claims made before 0.2.0.';

@@ -285,7 +285,7 @@ CREATE TABLE once.entries (
     rerun            text,
     rerun_stale      interval,
     -- 0.2.0: the role that made the running claim; only it (or an administrator) may end
-    -- or extend the claim with its token (rules::token_holder). NULL for claims of 0.1.0.
+    -- or extend the claim with its token (protocol/sql/rules/token_holder.sql). NULL for claims of 0.1.0.
     owner_role       oid,
     CONSTRAINT entries_pkey PRIMARY KEY (key_hash)
 )
@@ -434,7 +434,7 @@ CREATE INDEX attempts_key_idx ON once.attempts (key_hash, finished_at);
 -- reap_stale's purge reads the oldest rows past the retention from the left end of this
 -- index, and finds that there are none with one probe. (0.1.0 had a BRIN index here,
 -- cheaper per insert, but a BRIN scan reads every range not yet summarized: the newest
--- rows, between two vacuums, on every round; src/protocol/claim.rs, PURGE_HISTORY.)
+-- rows, between two vacuums, on every round; src/protocol/reap.rs, PURGE_HISTORY.)
 CREATE INDEX attempts_finished_idx ON once.attempts (finished_at);
 
 -- Cached results and queue work survive pg_dump / pg_restore.

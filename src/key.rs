@@ -71,3 +71,9 @@ pub fn tag_of(digest: &[u8]) -> u64 {
     tag.copy_from_slice(&digest[..8]);
     u64::from_le_bytes(tag).max(1) // 0 means "not waiting"
 }
+
+/// The tag of anything a waiter waits for that is not a key (a queue: runtime::wait::queue_tag),
+/// named by `bytes`, made as a key's is, from the SHA-256 digest: the one tag function.
+pub fn tag_of_bytes(bytes: &[u8]) -> u64 {
+    tag_of(&sha256::digest(bytes))
+}

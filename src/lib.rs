@@ -1,18 +1,10 @@
 //! pg_once: compute each expensive, cacheable key once across a fleet of processes.
 //!
 //! The SQL objects are declared by hand in sql/; this crate provides the C functions
-//! behind them. Layers, each calling only those below it; the full map, file by file, is
-//! CONTRIBUTING.md's "Layers" (kept there once):
-//! - `api`: the SQL surface, one function per SQL function (arguments checked in `args`,
-//!   each body in `body`), the hints for calls PostgreSQL cannot match, internal helpers.
-//! - `protocol`: what the calls mean: `claim`, `queue`, `waiting`, `freshness`,
-//!   `namespace`, `cached`, `counts` (once.stats' key counts), `standby`, `rules`.
-//! - `storage`: once.entries below the protocol: `statements`, `entry`, `subxact`, `jsonb`,
-//!   `installed` (version check), `tokens` (the fencing-token floor), `watched`
-//!   (per-backend copies of small tables).
-//! - `runtime`: `shmem`, `wait`, `liveness`, `notify`, `launcher`, `worker`, `guc`.
-//! - Used by all: `key` (a key, its digest in `key::sha256`, its tag), `errors`, `schema`,
-//!   `pg_compat` (what differs between PostgreSQL majors, and only that).
+//! behind them. The modules are layers, each calling only those below it: the entry
+//! points (`api`, the SQL and trigger functions; `workers`, the background workers), then
+//! `protocol`, `runtime`, `storage`, and beside them all `key`, `errors`, `schema`,
+//! `pg_compat`. What each file holds is CONTRIBUTING.md's "Layers", the one map.
 
 use pgrx::prelude::*;
 
@@ -27,6 +19,7 @@ mod pg_compat;
 mod protocol;
 mod runtime;
 mod storage;
+mod workers;
 
 #[cfg(any(test, feature = "pg_test"))]
 mod tests;
@@ -54,7 +47,7 @@ pub extern "C-unwind" fn _PG_init() {
     // trigger NOTIFYs directly and reap_stale is called by a scheduler.
     if preloading {
         runtime::shmem::request();
-        runtime::launcher::register();
+        workers::launcher::register();
     }
 }
 

@@ -1,7 +1,8 @@
 //! Where pg_once's SQL objects live: the API in schema `once` (the control file's), and
 //! what only pg_once itself calls or reads in `once_internal`, out of the way of `\df
 //! once.*` (sql/schema.sql says what goes there and why nobody is granted USAGE on it).
-//! Every statement that names an internal object takes the schema from here.
+//! Every statement in Rust that names an internal object takes the schema from here; the
+//! statement files of protocol/sql/, plain SQL, write it out (`once_internal.name`).
 
 use std::ffi::CStr;
 

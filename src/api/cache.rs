@@ -4,11 +4,10 @@ use super::args;
 use super::{body, claim_owner, refuse_wait_under_snapshot_isolation, usable_key};
 use crate::key::Key;
 use crate::protocol::cached;
-use crate::protocol::claim::{self, Claim};
-use crate::protocol::waiting;
-use crate::runtime::liveness::{self, OwnerWatch};
+use crate::protocol::claim::{self, Claim, Kept, Taken};
+use crate::protocol::{reap, rerun, resolve, waiting};
+use crate::runtime::liveness;
 use crate::storage::jsonb::Jsonb;
-use crate::storage::subxact::LockBudget;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -36,21 +35,11 @@ fn claim_key_0_2(
             "serve_stale",
             "Pass true to be answered refresh and stale (see Freshness), false for the four outcomes of pg_once 0.1.",
         );
-        let claim = if wait_micros > 0 {
+        if wait_micros > 0 {
             refuse_wait_under_snapshot_isolation("claim_key");
-            waiting::claim_key(&key, lease, owner, wait_micros, serve_stale)
-        } else {
-            // wait => 0 never waits for a lock: an uncommitted claim answers `wait` at once.
-            claim::attempt(
-                &key,
-                lease,
-                owner,
-                &mut OwnerWatch::default(),
-                LockBudget(1),
-                serve_stale,
-            )
-        };
-        claim_row(fcinfo, claim, serve_stale)
+        }
+        let claim = waiting::claim_key(&key, lease, owner, wait_micros, serve_stale);
+        claim_row(fcinfo, claim)
     })
 }
 
@@ -91,7 +80,7 @@ fn complete_key_0_2(
         );
         args::result_size(result.size(), "result");
         let policy = args::policy(ttl, stale, beta, jitter);
-        claim::complete(&key, token, result, &policy)
+        resolve::complete(&key, token, result, &policy)
     })
 }
 
@@ -111,7 +100,7 @@ fn fail_key(
         );
         args::error_size(&error);
         let retry_after = args::retry_after(retry_after);
-        claim::fail(&key, token, error, retry_after)
+        resolve::fail(&key, token, error, retry_after)
     })
 }
 
@@ -124,7 +113,7 @@ fn heartbeat_key(
     body(|| {
         let (key, token) = claim_of(key, token, "heartbeat_key");
         let lease = args::lease(lease);
-        claim::heartbeat(&key, token, lease)
+        resolve::heartbeat(&key, token, lease)
     })
 }
 
@@ -132,13 +121,13 @@ fn heartbeat_key(
 fn release_key(key: Option<&str>, token: Option<i64>) -> bool {
     body(|| {
         let (key, token) = claim_of(key, token, "release_key");
-        claim::release(&key, token)
+        resolve::release(&key, token)
     })
 }
 
 #[pg_extern(sql = false)]
 fn invalidate_key(key: Option<&str>) -> bool {
-    body(|| claim::invalidate(&usable_key(key, "invalidate_key")))
+    body(|| rerun::invalidate(&usable_key(key, "invalidate_key")))
 }
 
 #[pg_extern(sql = false)]
@@ -146,11 +135,11 @@ fn refresh_key(key: Option<&str>, stale: Option<Interval>) -> &'static str {
     body(|| {
         let key = usable_key(key, "refresh_key");
         let stale = args::stale(stale);
-        match claim::request_refresh(&key, stale) {
-            claim::Refreshed::Absent => "absent",
-            claim::Refreshed::Expired => "expired",
-            claim::Refreshed::Rerun => "rerun",
-            claim::Refreshed::Pending => "pending",
+        match rerun::request_refresh(&key, stale) {
+            rerun::Refreshed::Absent => "absent",
+            rerun::Refreshed::Expired => "expired",
+            rerun::Refreshed::Rerun => "rerun",
+            rerun::Refreshed::Pending => "pending",
         }
     })
 }
@@ -165,7 +154,7 @@ fn reap_stale() -> TableIterator<
     ),
 > {
     body(|| {
-        let reaped = claim::reap();
+        let reaped = reap::reap();
         TableIterator::once((reaped.reclaimed, reaped.expired, reaped.history))
     })
 }
@@ -175,26 +164,12 @@ fn claim_of<'a>(key: Option<&'a str>, token: Option<i64>, function: &str) -> (Ke
     (usable_key(key, function), args::token(token))
 }
 
-/// The once.claim row this call returns, each value set by its column's name. A refresh
-/// is answered `claimed` (with the result it kept) to a caller without `serve_stale`.
+/// The once.claim row this call returns, each value set by its column's name.
 fn claim_row(
     fcinfo: pg_sys::FunctionCallInfo,
     claim: Claim,
-    serve_stale: bool,
 ) -> PgHeapTuple<'static, AllocatedByRust> {
     let mut row = ClaimRow::for_call(fcinfo);
-    let (claim, kept) = match claim {
-        Claim::Refresh {
-            claimed,
-            result,
-            expires_at,
-        } => (*claimed, Some((result, expires_at))),
-        other => (other, None),
-    };
-    if let Some((result, expires_at)) = kept {
-        row.set("result", result);
-        row.set("expires_at", expires_at);
-    }
     let (outcome, token, attempts) = match claim {
         Claim::Hit {
             token,
@@ -206,20 +181,15 @@ fn claim_row(
             row.set("expires_at", expires_at);
             ("hit", Some(token), Some(attempts))
         }
-        Claim::Claimed {
-            token,
-            owner,
-            lease_expires_at,
-            attempts,
-        } => {
-            row.set("owner", owner);
-            row.set("lease_expires_at", lease_expires_at);
-            let outcome = if kept.is_some() && serve_stale {
-                "refresh"
-            } else {
-                "claimed"
-            };
-            (outcome, Some(token), Some(attempts))
+        Claim::Claimed { taken, kept } => {
+            if let Some(kept) = kept {
+                row.set_kept(kept);
+            }
+            row.set_taken("claimed", taken)
+        }
+        Claim::Refresh { taken, kept } => {
+            row.set_kept(kept);
+            row.set_taken("refresh", taken)
         }
         // A waiter is told who computes the key and until when, never the running claim's
         // token (nor is a stale answer): the token is the owner's alone.
@@ -259,7 +229,6 @@ fn claim_row(
             row.set("error", error);
             ("stale", None, Some(attempts))
         }
-        Claim::Refresh { .. } => unreachable!("unwrapped above"),
     };
     row.set("outcome", outcome);
     row.set("token", token);
@@ -316,6 +285,23 @@ impl ClaimRow {
             Some(i) => self.datums[i] = value.into_datum(),
             None => error!("pg_once: once.claim has no column {column} of the type this call sets"),
         }
+    }
+
+    /// The columns of a claim this call took; its outcome, token and attempts.
+    fn set_taken(
+        &mut self,
+        outcome: &'static str,
+        taken: Taken,
+    ) -> (&'static str, Option<i64>, Option<i32>) {
+        self.set("owner", taken.owner);
+        self.set("lease_expires_at", taken.lease_expires_at);
+        (outcome, Some(taken.token), Some(taken.attempts))
+    }
+
+    /// The result a refresh keeps, served to others meanwhile.
+    fn set_kept(&mut self, kept: Kept) {
+        self.set("result", kept.result);
+        self.set("expires_at", kept.expires_at);
     }
 
     fn build(self) -> PgHeapTuple<'static, AllocatedByRust> {

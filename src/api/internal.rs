@@ -9,7 +9,7 @@ use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-/// The owner-gone test of the protocol's statements (protocol::rules::owner_gone).
+/// The owner-gone test of the protocol's statements (protocol/sql/rules/owner_gone.sql).
 #[pg_extern(sql = false)]
 fn backend_alive(pid: Option<i32>, started: Option<TimestampWithTimeZone>) -> Option<bool> {
     Some(liveness::backend_alive(pid?, started?.into_inner()))

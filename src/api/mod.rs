@@ -17,6 +17,7 @@ mod internal;
 mod namespace;
 mod queue;
 mod retired;
+mod triggers;
 
 use crate::errors;
 use crate::key::Key;

@@ -203,12 +203,10 @@ fn claim_next(
         let n = args::batch_size(n);
         let wait_micros = args::wait(wait);
         let owner = claim_owner(owner_pid);
-        let claimed = if wait_micros > 0 {
+        if wait_micros > 0 {
             refuse_wait_under_snapshot_isolation("claim_next");
-            waiting::claim_next(queue_name, lease, worker, owner, n, wait_micros)
-        } else {
-            queue::claim_next(queue_name, lease, worker, owner, n)
-        };
+        }
+        let claimed = waiting::claim_next(queue_name, lease, worker, owner, n, wait_micros);
         TableIterator::new(
             claimed
                 .into_iter()

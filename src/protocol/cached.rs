@@ -22,9 +22,6 @@ use crate::protocol::namespace;
 use pgrx::pg_sys;
 use std::ffi::CString;
 
-/// What separates a once.cached key from the caller's key in it.
-pub const MARK: &str = "#cached:";
-
 /// The key once.cached keeps `query`'s rows under, for the calling role and the schemas
 /// its search_path resolves to.
 pub fn key_for(key: &str, query: &str) -> String {
@@ -45,17 +42,11 @@ pub fn key_for(key: &str, query: &str) -> String {
     // list and query can read as another pair.
     let bound = format!("{}\n{query}", schemas.join(","));
     let digest: String = key::sha256_hex(bound.as_bytes());
-    format!("{key}{MARK}{}:{digest}", namespace::caller().to_u32())
-}
-
-/// The role whose once.cached key `key` is, if it is one (see the module comment).
-pub fn role_of(key: &str) -> Option<pg_sys::Oid> {
-    let at = key.rfind(MARK)?;
-    let (role, digest) = key[at + MARK.len()..].split_once(':')?;
-    if digest.len() != 64 {
-        return None;
-    }
-    role.parse::<u32>().ok().map(pg_sys::Oid::from)
+    format!(
+        "{key}{}{}:{digest}",
+        namespace::CACHED_MARK,
+        namespace::caller().to_u32()
+    )
 }
 
 /// Raise 42601 unless `query` is exactly one SELECT statement (or VALUES, TABLE); a

@@ -27,6 +27,7 @@
 
 use crate::pg_compat;
 use crate::protocol::namespace;
+use crate::storage::entry::KeyState;
 use crate::storage::statements::{self, params, Statement};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -56,12 +57,12 @@ impl Counts {
     /// Running rows are not counted here: once.stats counts them (and their errors and
     /// attempts) from the running keys themselves, which their partial index keeps few.
     /// So a claim of a new key, the commonest write after a hit, changes no count.
-    fn add(&mut self, sign: i64, state: &str, errors: i32, attempts: i32) {
+    fn add(&mut self, sign: i64, state: KeyState, errors: i32, attempts: i32) {
         let count = match state {
-            "queued" => &mut self.queued,
-            "done" => &mut self.done,
-            "running" => return,
-            _ => &mut self.failed,
+            KeyState::Queued => &mut self.queued,
+            KeyState::Done => &mut self.done,
+            KeyState::Running => return,
+            KeyState::Failed => &mut self.failed,
         };
         *count += sign;
         self.errors += sign * i64::from(errors);
@@ -91,13 +92,11 @@ fn transaction_slot() -> i32 {
     -2 - (xid.into_inner() & 0x3FFF_FFFF) as i32
 }
 
-/// Trigger on once.entries, for each row inserted, updated or deleted. Updates that change
-/// no count are passed over here rather than by a WHEN clause, which PostgreSQL would read
-/// from the catalog and compile again for every UPDATE statement.
-#[pg_trigger(sql = false)]
-fn count_key<'a>(
-    trigger: &'a pgrx::PgTrigger<'a>,
-) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, PgHeapTupleError> {
+/// A row of once.entries was inserted, updated or deleted (the count_key trigger): its
+/// change of the counts is added to this (sub)transaction's. Updates that change no count
+/// are passed over here rather than by a WHEN clause, which PostgreSQL would read from the
+/// catalog and compile again for every UPDATE statement.
+pub fn count_change(trigger: &pgrx::PgTrigger<'_>) {
     let data = trigger.trigger_data();
     let op = trigger.op().unwrap_or_else(|e| error!("pg_once: {e}"));
     // SAFETY: the trigger data of an AFTER ROW trigger: tg_trigtuple is the row inserted
@@ -112,15 +111,15 @@ fn count_key<'a>(
         let mut change = Counts::default();
         for (tuple, sign) in [(old, -1), (new, 1)] {
             if !tuple.is_null() {
-                let state = crate::storage::entry::state_label(datum_of(tuple, tupdesc, c"state"));
+                let state = KeyState::of_datum(datum_of(tuple, tupdesc, c"state"));
                 let errors = datum_of(tuple, tupdesc, c"errors").value() as i32;
                 let attempts = datum_of(tuple, tupdesc, c"attempts").value() as i32;
-                change.add(sign, &state, errors, attempts);
+                change.add(sign, state, errors, attempts);
             }
         }
         // An update that changed none of them (a heartbeat, a refresh's bookkeeping).
         if change.is_zero() {
-            return Ok(None);
+            return;
         }
         let key_tuple = if old.is_null() { new } else { old };
         let key = text_of(key_tuple, tupdesc, c"key");
@@ -128,7 +127,6 @@ fn count_key<'a>(
         let level = pg_sys::GetCurrentSubTransactionId();
         PENDING.with_borrow_mut(|pending| add_pending(pending, level, prefix, change));
     }
-    Ok(None)
 }
 
 /// What a key's counts are kept under (key_counts.namespace): the prefix of its namespace
@@ -140,11 +138,11 @@ fn count_key<'a>(
 /// and role, so the label carries both.
 pub fn label(key: &str) -> String {
     let prefix = namespace::prefix_of(key).unwrap_or_default();
-    match crate::protocol::cached::role_of(key) {
+    match namespace::cached_key_role(key) {
         None => prefix,
         Some(role) => format!(
             "{prefix}{}{}:{}",
-            crate::protocol::cached::MARK,
+            namespace::CACHED_MARK,
             role.to_u32(),
             "0".repeat(64)
         ),
@@ -233,15 +231,6 @@ static ADD: Statement = Statement::new(concat!(
           failed = failed + $failed, errors = errors + $errors, attempts = attempts + $attempts
       WHERE slot = $slot AND namespace = $namespace"
 ));
-
-/// Trigger on once.entries, for TRUNCATE: no key is left, count again.
-#[pg_trigger(sql = false)]
-fn write_key_counts<'a>(
-    _trigger: &'a pgrx::PgTrigger<'a>,
-) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, PgHeapTupleError> {
-    recount();
-    Ok(None)
-}
 
 /// Write `sums` into `slot`'s rows.
 fn write(slot: i32, sums: &[(String, Counts)], sign: i64) {

@@ -35,7 +35,7 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// The parameters of rules::completed.
+    /// The parameters of protocol/sql/rules/completed.sql.
     pub fn params(&self) -> [Param<'static>; 4] {
         params![
             ttl = self.ttl,

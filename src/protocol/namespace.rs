@@ -200,8 +200,21 @@ pub fn admits_key(key: &str) -> bool {
 
 /// Unless `key` is a once.cached key of another role than the caller's.
 fn admits_cached(key: &str) -> bool {
-    crate::protocol::cached::role_of(key)
-        .is_none_or(|role| role == caller() || caller_administers())
+    cached_key_role(key).is_none_or(|role| role == caller() || caller_administers())
+}
+
+/// What separates a once.cached key from the caller's key in it.
+pub const CACHED_MARK: &str = "#cached:";
+
+/// The role whose once.cached key `key` is, if it is one (see protocol::cached): such a
+/// key is that role's alone.
+pub fn cached_key_role(key: &str) -> Option<pg_sys::Oid> {
+    let at = key.rfind(CACHED_MARK)?;
+    let (role, digest) = key[at + CACHED_MARK.len()..].split_once(':')?;
+    if digest.len() != 64 {
+        return None;
+    }
+    role.parse::<u32>().ok().map(pg_sys::Oid::from)
 }
 
 /// The prefix of the namespace `key` belongs to, if any.
@@ -280,8 +293,8 @@ pub fn caller_administers() -> bool {
     }
 }
 
-/// The `$holder` of rules::token_holder: the caller, whose own claims it may end with
-/// their tokens, or None (NULL) for an administrator, who may end any.
+/// The `$holder` of protocol/sql/rules/token_holder.sql: the caller, whose own claims it
+/// may end with their tokens, or None (NULL) for an administrator, who may end any.
 pub fn token_holder() -> Option<pg_sys::Oid> {
     (!caller_administers()).then(caller)
 }
@@ -344,13 +357,9 @@ static HANDED_OVER: Statement = Statement::new(concat!(
     "(key), '')) < length($prefix) OR $owner_changes)"
 ));
 
-static PURGE_HANDED_OVER: Statement = Statement::new(concat!(
-    "DELETE FROM once.entries
-      WHERE left(key, length($prefix)) = $prefix
-        AND (length(coalesce(",
-    internal!("key_namespace"),
-    "(key), '')) < length($prefix) OR $owner_changes)"
-));
+// A statement file (protocol::rules) that names no rule: loaded without them, so that
+// namespaces, which the rules consult (claimant_params), do not depend on the rules.
+static PURGE_HANDED_OVER: Statement = Statement::new(include_str!("sql/purge_handed_over.sql"));
 
 /// once.create_namespace: register (or change) the namespace `prefix`.
 ///
@@ -424,7 +433,7 @@ pub fn remove(prefix: &str) -> bool {
     // and so is a queue being created in the namespace (create_queue checks the namespace
     // again after its write, which waits for this lock).
     lock_against_writes();
-    crate::protocol::queue::lock_against_new_queues();
+    lock_against_new_queues();
     let keys: i64 = statements::run(&KEYS_IN, params![prefix = prefix], |table| {
         Ok(table.first().get(1)?.unwrap_or(0))
     });
@@ -448,13 +457,26 @@ pub fn remove(prefix: &str) -> bool {
     })
 }
 
-/// Trigger on once_internal.namespace_owners: every backend's kept copy is out of date.
-#[pg_trigger(sql = false)]
-fn namespaces_changed<'a>(
-    trigger: &'a pgrx::PgTrigger<'a>,
-) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, PgHeapTupleError> {
-    let table = trigger.relid().unwrap_or_else(|e| error!("pg_once: {e}"));
+/// Lock once.queues against writes until this transaction ends (SHARE ROW EXCLUSIVE):
+/// drop_namespace's, so that no queue is created in the namespace between its count of
+/// the namespace's queues and its commit. Only create_queue and drop_queue write the
+/// table, briefly, so waiting for them holds up nothing else.
+pub fn lock_against_new_queues() {
+    // SAFETY: catalog lookups by name, then a lock released by the transaction's end.
+    unsafe {
+        let schema = pg_sys::get_namespace_oid(crate::schema::API.as_ptr(), false);
+        let queues = pg_sys::get_relname_relid(c"queues".as_ptr(), schema);
+        if queues == pg_sys::InvalidOid {
+            error!("pg_once: relation once.queues is missing; reinstall the extension");
+        }
+        pg_sys::LockRelationOid(queues, pg_sys::ShareRowExclusiveLock as pg_sys::LOCKMODE);
+    }
+}
+
+/// A table whose rows backends keep a copy of changed (once_internal.namespace_owners,
+/// once.queues: the statement trigger once_internal.namespaces_changed): every backend's
+/// copy is out of date.
+pub fn kept_copies_outdated(table: pg_sys::Oid) {
     // SAFETY: queues a relcache invalidation, sent to every backend at commit.
     unsafe { pg_sys::CacheInvalidateRelcacheByRelid(table) };
-    Ok(None)
 }

@@ -4,7 +4,8 @@
 //! time. Workers take due keys with claim_next, which is `FOR UPDATE SKIP LOCKED` over a
 //! partial index of queued keys: no global lock, no hot row, and two workers never get
 //! the same key. They finish with the same complete_key / fail_key / heartbeat_key as any
-//! owner; fail_key sends a queued key back with a backoff (rules::failed_attempt).
+//! owner; fail_key sends a queued key back with a backoff
+//! (protocol/sql/rules/failed_attempt.sql).
 //!
 //! Plans: every statement that writes rows found by a CTE also names them as
 //! `key_hash = ANY (...)`, so that its plan looks them up in the primary key whatever the
@@ -32,7 +33,6 @@
 
 use crate::errors;
 use crate::key::Key;
-use crate::protocol::claim::claimant_params;
 use crate::protocol::freshness::Policy;
 use crate::protocol::namespace;
 use crate::protocol::rules::*;
@@ -40,12 +40,12 @@ use crate::protocol::standby;
 use crate::runtime::liveness::{self, Me, Owner};
 use crate::runtime::notify;
 use crate::runtime::shmem::{self, Counter};
+use crate::runtime::wait;
 use crate::storage::jsonb::{Jsonb, JsonbArray};
 use crate::storage::statements::{self, params, Statement};
 use crate::storage::subxact::{self, Blocked, LockBudget};
 use crate::storage::watched::Watched;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
-use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -73,208 +73,19 @@ static DROP_QUEUE: Statement = Statement::new("DELETE FROM once.queues WHERE nam
 static KEY_STATE: Statement =
     Statement::new("SELECT state::text FROM once.entries WHERE key_hash = $key_hash");
 
-static ENQUEUE_NEW: Statement = Statement::new(
-    "INSERT INTO once.entries (key_hash, key, state, token, queue, payload, priority, run_at,
-                               max_attempts, enqueued_at)
-     VALUES ($key_hash, $key, 'queued', 0, $queue, $payload, $priority,
-             coalesce($run_at, clock_timestamp()), $max_attempts, clock_timestamp())
-     ON CONFLICT (key_hash) DO NOTHING",
-);
+static ENQUEUE_NEW: Statement = statement!("enqueue_new");
 
-// A key that failed for good, whose result expired, or (with refresh) whose result is
-// still fresh, goes back in the queue with a new budget of attempts. A fresh result stays
-// and is served until the new one lands; errors are kept, so a key that keeps failing
-// stays behind healthier ones. (A running key asked to refresh: ENQUEUE_RERUN.)
-static ENQUEUE_AGAIN: Statement = Statement::new(
-    "UPDATE once.entries
-        SET state = 'queued', queue = $queue, payload = $payload, priority = $priority,
-            run_at = coalesce($run_at, clock_timestamp()), max_attempts = $max_attempts,
-            enqueued_at = clock_timestamp(), attempts = 0, retry_at = NULL,
-            updated_at = clock_timestamp()
-      WHERE key_hash = $key_hash
-        AND (state = 'failed'
-             OR (state = 'done' AND ($refresh OR expires_at <= clock_timestamp())))",
-);
+static ENQUEUE_AGAIN: Statement = statement!("enqueue_again");
 
-// A running key enqueued with refresh is neither left alone (the request would be lost)
-// nor queued beside its run (two computations at once): it goes back to the queue when
-// the run ends, with this payload, whose result is served meanwhile (rules::completed).
-static ENQUEUE_RERUN: Statement = Statement::new(concat!(
-    "UPDATE once.entries
-        SET queue = $queue, payload = $payload, priority = $priority,
-            max_attempts = $max_attempts, ",
-    rerun_requested!("'keep'", "NULL::interval"),
-    "
-      WHERE key_hash = $key_hash AND state = 'running' AND $refresh"
-));
+static ENQUEUE_RERUN: Statement = statement!("enqueue_rerun");
 
-// enqueue_keys: ENQUEUE_NEW, ENQUEUE_AGAIN, ENQUEUE_RERUN and KEY_STATE for a whole batch,
-// in one statement, each key with its own payload. `locked` locks the keys that exist in
-// key_hash order and reads the latest version of each (FOR UPDATE in READ COMMITTED), and
-// what becomes of a key is decided on that version (l.), not on the statement's snapshot,
-// which a commit since may have outdated. The keys it did not find are then inserted, in
-// key_hash order too: a row passes `NOT IN (... locked)` only once every key is locked, so
-// each call locks, then inserts, each in key_hash order, and two batches cannot wait for
-// each other in a cycle (the module's comment, "Deadlocks"). A key found by neither (not
-// in the snapshot, and inserted meanwhile by a transaction that committed while the INSERT
-// waited for it) has outcome NULL: enqueue_many runs the statement again for those keys
-// alone (`$pending`; NULL: every key), with a snapshot that sees them. Its generic plan
-// must look keys up in the primary key however few rows the table had when it was made:
-// enqueue_keys is declared with enable_seqscan off (sql/functions.sql says why).
-static ENQUEUE_MANY: Statement = Statement::new(concat!(
-    "WITH input AS (
-         SELECT i.* FROM unnest($key_hashes::bytea[], $keys::text[], $payloads::jsonb[])
-                             WITH ORDINALITY AS i(key_hash, key, payload, ord)
-          WHERE $pending::bigint[] IS NULL OR i.ord = ANY ($pending)),
-     locked AS (
-         SELECT key_hash, state, expires_at FROM once.entries
-          WHERE key_hash = ANY ($pending_hashes::bytea[])
-          ORDER BY key_hash
-            FOR UPDATE),
-     again AS (
-         UPDATE once.entries AS e
-            SET state = 'queued', queue = $queue, payload = i.payload, priority = $priority,
-                run_at = coalesce($run_at, clock_timestamp()), max_attempts = $max_attempts,
-                enqueued_at = clock_timestamp(), attempts = 0, retry_at = NULL,
-                updated_at = clock_timestamp()
-           FROM input i, locked l
-          WHERE e.key_hash = ANY ($pending_hashes) AND e.key_hash = l.key_hash
-            AND e.key_hash = i.key_hash
-            AND (l.state = 'failed'
-                 OR (l.state = 'done' AND ($refresh OR l.expires_at <= clock_timestamp())))
-         RETURNING e.key_hash),
-     rerun AS (
-         UPDATE once.entries AS e
-            SET queue = $queue, payload = i.payload, priority = $priority,
-                max_attempts = $max_attempts, ",
-    rerun_requested!("'keep'", "NULL::interval"),
-    "
-           FROM input i, locked l
-          WHERE e.key_hash = ANY ($pending_hashes) AND e.key_hash = l.key_hash
-            AND e.key_hash = i.key_hash AND l.state = 'running' AND $refresh
-         RETURNING e.key_hash),
-     new AS (
-         INSERT INTO once.entries (key_hash, key, state, token, queue, payload, priority,
-                                   run_at, max_attempts, enqueued_at)
-         SELECT i.key_hash, i.key, 'queued', 0, $queue, i.payload, $priority,
-                coalesce($run_at, clock_timestamp()), $max_attempts, clock_timestamp()
-           FROM input i
-          WHERE i.key_hash NOT IN (SELECT key_hash FROM locked)
-          ORDER BY i.key_hash
-         ON CONFLICT (key_hash) DO NOTHING
-         RETURNING key_hash)
-     SELECT i.ord,
-            CASE WHEN n.key_hash IS NOT NULL THEN 'queued'
-                 WHEN a.key_hash IS NOT NULL OR r.key_hash IS NOT NULL THEN 'requeued'
-                 WHEN l.state = 'done' THEN 'cached'
-                 WHEN l.key_hash IS NOT NULL THEN 'duplicate'
-            END AS outcome,
-            n.key_hash IS NOT NULL OR a.key_hash IS NOT NULL AS due
-       FROM input i
-       LEFT JOIN new n ON n.key_hash = i.key_hash
-       LEFT JOIN again a ON a.key_hash = i.key_hash
-       LEFT JOIN rerun r ON r.key_hash = i.key_hash
-       LEFT JOIN locked l ON l.key_hash = i.key_hash"
-));
+static ENQUEUE_MANY: Statement = statement!("enqueue_many");
 
-// once_internal.row_taken: see storage::entry::taken.
-//
-// A claim reads only due jobs, whatever the queue holds. entries_queue_idx orders a queue
-// by (errors, priority, run_at), and jobs not due sort within each (errors, priority)
-// group after the due ones: so the claim walks the groups in order, one probe each for the
-// group's first entry (`groups`, a loose index scan), and in each takes the due jobs as a
-// range of run_at, up to n in all, locking them as it goes (SKIP LOCKED in the group's
-// scan: a locked job is passed over and the next taken, as in one scan). The outer LIMIT
-// stops it at n: a group after that is never read. The due bound is a scalar subquery,
-// computed once, so that it is an index condition: `run_at <= clock_timestamp()`, volatile,
-// was a filter on the row, and with 200,000 jobs due tomorrow each claim read all 200,000
-// rows (BENCHMARKS.md, "Scale").
-static CLAIM_NEXT: Statement = Statement::new(concat!(
-    "WITH RECURSIVE groups AS (
-         (SELECT errors, priority FROM once.entries
-           WHERE state = 'queued' AND queue = $queue
-           ORDER BY errors, priority LIMIT 1)
-         UNION ALL
-         SELECT n.errors, n.priority
-           FROM groups g,
-                LATERAL (SELECT errors, priority FROM once.entries
-                          WHERE state = 'queued' AND queue = $queue
-                            AND (errors, priority) > (g.errors, g.priority)
-                          ORDER BY errors, priority LIMIT 1) n),
-     now AS (SELECT clock_timestamp() AS due),
-     next AS (
-         SELECT d.ctid
-           FROM groups g,
-                LATERAL (SELECT ctid FROM once.entries
-                          WHERE state = 'queued' AND queue = $queue
-                            AND errors = g.errors AND priority = g.priority
-                            AND run_at <= (SELECT due FROM now)
-                            AND NOT ",
-    internal!("row_taken"),
-    "(ctid)
-                          ORDER BY run_at
-                          LIMIT $n
-                            FOR UPDATE SKIP LOCKED) d
-          LIMIT $n)
-     UPDATE once.entries AS e
-        SET (",
-    claimant_columns!(),
-    ") = (",
-    claimant_values!(),
-    "),
-            attempts = e.attempts + 1
-      WHERE e.ctid = ANY (ARRAY(SELECT ctid FROM next))
-     RETURNING e.key, e.token, e.payload, e.attempts, e.key_hash"
-));
+static CLAIM_NEXT: Statement = statement!("claim_next");
 
-// Locks in key_hash order (the ORDER BY sits below the row locking), then deletes. Only
-// keys the caller may use (namespaces): may_use_key answers from memory.
-static INVALIDATE_MANY: Statement = Statement::new(concat!(
-    "WITH doomed AS (
-         SELECT key_hash FROM once.entries
-          WHERE ($queue::text IS NULL OR queue = $queue)
-            AND ($prefix::text IS NULL OR left(key, length($prefix)) = $prefix)
-            AND ",
-    internal!("may_use_key"),
-    "(key)
-          ORDER BY key_hash
-            FOR UPDATE)
-     DELETE FROM once.entries AS e USING doomed
-      WHERE e.key_hash = ANY (ARRAY(SELECT key_hash FROM doomed)) AND e.key_hash = doomed.key_hash"
-));
+static INVALIDATE_MANY: Statement = statement!("invalidate_many");
 
-// Each (key, token, result) completes like complete_key; rows are locked in key_hash
-// order first, so two batches (or a batch and invalidate_keys) cannot deadlock.
-static COMPLETE_MANY: Statement = Statement::new(concat!(
-    "WITH input AS (
-         SELECT i.*, random() AS draw, clock_timestamp() AS now
-           FROM unnest($key_hashes::bytea[], $tokens::bigint[], $results::jsonb[])
-                    AS i(key_hash, token, result)),
-     locked AS (
-         SELECT key_hash FROM once.entries
-          WHERE key_hash = ANY ($key_hashes) AND state = 'running'
-          ORDER BY key_hash
-            FOR UPDATE),
-     ended AS (
-         UPDATE once.entries AS e
-            SET ",
-    completed!("i.result", "i."),
-    "
-           FROM input i, locked l
-          WHERE e.key_hash = ANY ($key_hashes) AND e.key_hash = l.key_hash
-            AND e.key_hash = i.key_hash AND e.token = i.token AND e.state = 'running'
-            AND ",
-    token_holder!("e."),
-    "
-         RETURNING ",
-    ended_attempt_columns!(),
-    "),
-     recorded AS (",
-    completions_recorded!("ended"),
-    "
-     )
-     SELECT key FROM ended"
-));
+static COMPLETE_MANY: Statement = statement!("complete_many");
 
 /// A queue, as a call names it.
 pub struct Queue<'a> {
@@ -331,38 +142,9 @@ pub fn require<'a>(name: &'a str, function: &str) -> Queue<'a> {
     Queue { name, namespace }
 }
 
-/// What a worker waiting in claim_next for `queue` announces in its backend slot: a 64-bit
-/// FNV-1a hash of "queue", a NUL and the queue's name. Key tags come from SHA-256 digests,
-/// so the two meet only by chance, and a collision only causes a spurious wake-up.
-pub fn wait_tag(queue: &str) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in b"queue\0".iter().chain(queue.as_bytes()) {
-        hash ^= u64::from(*byte);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash.max(1)
-}
-
 /// Keys of `queue` became due in this transaction: wake its waiting workers after commit.
-pub(crate) fn has_work(queue: &str) {
-    notify::wake_after_commit(wait_tag(queue));
-}
-
-/// Trigger: a running key went back to its queue (a failure with retries left, a release,
-/// a reaped claim).
-#[pg_trigger(sql = false)]
-fn wake_queue<'a>(
-    trigger: &'a pgrx::PgTrigger<'a>,
-) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, PgHeapTupleError> {
-    if let Some(new) = trigger.new() {
-        if let Some(queue) = new
-            .get_by_name::<&str>("queue")
-            .unwrap_or_else(|e| error!("pg_once: {e}"))
-        {
-            has_work(queue);
-        }
-    }
-    Ok(None)
+pub fn has_work(queue: &str) {
+    notify::wake_after_commit(wait::queue_tag(queue));
 }
 
 // The queue's namespace, and whether the call would leave the row as it is.
@@ -429,22 +211,6 @@ pub fn upsert_queue(
         // A drop_namespace that committed meanwhile (its lock made this write wait) must
         // not leave a queue naming a namespace that is gone, which every role could use.
         namespace::require_named(prefix, "create_queue");
-    }
-}
-
-/// Lock once.queues against writes until this transaction ends (SHARE ROW EXCLUSIVE):
-/// drop_namespace's, so that no queue is created in the namespace between its count of
-/// the namespace's queues and its commit. Only create_queue and drop_queue write the
-/// table, briefly, so waiting for them holds up nothing else.
-pub fn lock_against_new_queues() {
-    // SAFETY: catalog lookups by name, then a lock released by the transaction's end.
-    unsafe {
-        let schema = pg_sys::get_namespace_oid(crate::schema::API.as_ptr(), false);
-        let queues = pg_sys::get_relname_relid(c"queues".as_ptr(), schema);
-        if queues == pg_sys::InvalidOid {
-            error!("pg_once: relation once.queues is missing; reinstall the extension");
-        }
-        pg_sys::LockRelationOid(queues, pg_sys::ShareRowExclusiveLock as pg_sys::LOCKMODE);
     }
 }
 

@@ -1,5 +1,6 @@
-//! claim_key(..., wait => ...) and claim_next(..., wait => ...): look, and while there is
-//! nothing to take, sleep (runtime::wait) until something changes or the wait runs out.
+//! claim_key and claim_next, as the SQL surface calls them: without `wait`, one look;
+//! with it, look, and while there is nothing to take, sleep (runtime::wait) until
+//! something changes or the wait runs out.
 //!
 //! Each look takes its locks only if it can have them at once and releases them at once,
 //! and a look that would write (claim) waits for another transaction's lock at most until
@@ -14,7 +15,7 @@ use crate::protocol::claim::{self, Claim};
 use crate::protocol::queue::{self, Claimed};
 use crate::protocol::standby;
 use crate::runtime::liveness::{Owner, OwnerWatch};
-use crate::runtime::wait::{Waiter, SAFETY_SLEEP_MICROS, SHORT_POLL_MICROS};
+use crate::runtime::wait::{self, Waiter, SAFETY_SLEEP_MICROS, SHORT_POLL_MICROS};
 use crate::storage::subxact::LockBudget;
 use pgrx::datum::Interval;
 
@@ -34,6 +35,11 @@ pub fn claim_key(
     wait_micros: i128,
     serve_stale: bool,
 ) -> Claim {
+    if wait_micros <= 0 {
+        // wait => 0 never waits for a lock: an uncommitted claim answers `wait` at once.
+        let mut watch = OwnerWatch::default();
+        return claim::attempt(key, lease, owner, &mut watch, LockBudget(1), serve_stale);
+    }
     let mut waiter = Waiter::new(key.tag, wait_micros);
     let mut watch = OwnerWatch::default();
     loop {
@@ -57,7 +63,7 @@ pub fn claim_key(
             // Nobody wakes us when another transaction commits or aborts its claim.
             SHORT_POLL_MICROS
         } else if waiter.is_woken_by_changes() && !standby::active() {
-            let now = crate::runtime::wait::now() as i128;
+            let now = wait::now() as i128;
             let lease_end = lease_expires_at.map_or(i128::MAX, |t| t.into_inner() as i128);
             let lease_left = lease_end.saturating_sub(now) + 1000;
             lease_left.clamp(1000, SAFETY_SLEEP_MICROS)
@@ -81,7 +87,10 @@ pub fn claim_next(
     n: i32,
     wait_micros: i128,
 ) -> Vec<Claimed> {
-    let mut waiter = Waiter::new(queue::wait_tag(queue_name), wait_micros);
+    if wait_micros <= 0 {
+        return queue::claim_next(queue_name, lease, worker, owner, n);
+    }
+    let mut waiter = Waiter::new(wait::queue_tag(queue_name), wait_micros);
     loop {
         waiter.before_look();
         if let Ok(claimed) =
@@ -99,7 +108,7 @@ pub fn claim_next(
                 // A key that is due already but was not ours to take (another worker is
                 // claiming it): look again shortly.
                 Ok(Some(due)) => {
-                    let now = crate::runtime::wait::now() as i128;
+                    let now = wait::now() as i128;
                     (due.into_inner() as i128 - now).max(SHORT_POLL_MICROS)
                 }
                 Ok(None) => SAFETY_SLEEP_MICROS,

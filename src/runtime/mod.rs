@@ -1,13 +1,10 @@
 //! The server-side machinery: shared memory (backend slots, relay queues, counters),
-//! sleeping and waking, backend liveness, notifications, the launcher and the
-//! per-database workers it starts, and the once.* settings. Knows nothing of the
-//! protocol's statements; the worker is the one entry point besides the SQL surface, and
-//! it calls protocol::claim::reap.
+//! sleeping and waking, backend liveness, notifications and the once.* settings. Knows
+//! nothing of the protocol's statements; the background workers that use it live above
+//! the protocol, in workers/.
 
 pub mod guc;
-pub mod launcher;
 pub mod liveness;
 pub mod notify;
 pub mod shmem;
 pub mod wait;
-pub mod worker;

@@ -1,9 +1,9 @@
 //! Telling the world that a key left the running state: waking waiters in shared memory
 //! and notifying LISTENers on channel `once`.
 //!
-//! The trigger on once.entries (protocol::claim::notify_key_resolved) calls `key_resolved`
-//! for every key that leaves `running`, with the payload its namespace chooses (the key,
-//! or its digest). Nothing is sent before commit:
+//! The trigger on once.entries (api::triggers::notify_key_resolved, through
+//! protocol::resolve) calls `key_resolved` for every key that leaves `running`, with the
+//! payload its namespace chooses (the key, or its digest). Nothing is sent before commit:
 //! - waiters sleeping in claim_key are woken from the commit callback, which PostgreSQL
 //!   calls after the transaction is visible to others, so a woken waiter always sees the
 //!   change it was woken for;
@@ -175,7 +175,7 @@ pub fn key_resolved(payload: &str, tag: u64) {
 }
 
 /// Wake the waiters announced on `tag` once this transaction commits (a queue's workers
-/// waiting in claim_next: see protocol::queue::wait_tag).
+/// waiting in claim_next: see runtime::wait::queue_tag).
 pub fn wake_after_commit(tag: u64) {
     if shmem::shared().is_some() {
         PENDING.with_borrow_mut(|p| p.wake.push(tag));

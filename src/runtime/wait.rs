@@ -10,6 +10,7 @@
 //! right after committing, and an owner that exits sets it too. Without shared memory
 //! nobody can wake a waiter, and it looks again every once.poll_interval.
 
+use crate::key;
 use crate::runtime::guc;
 use crate::runtime::shmem::{self, BackendSlot, Counter};
 use pgrx::pg_sys;
@@ -129,4 +130,15 @@ fn sleep_micros(micros: i128) -> bool {
     // without a Rust backtrace: see api::body, around every SQL function, and errors::plain).
     check_for_interrupts!();
     events & pg_sys::WL_LATCH_SET as i32 != 0
+}
+
+/// What a worker waiting in claim_next for `queue` announces in its backend slot: the tag
+/// of "queue", a NUL and the queue's name. A key's tag is that of its text, and key text
+/// holds no NUL, so a queue's tag and a key's meet only by chance, and a collision only
+/// causes a spurious wake-up.
+pub fn queue_tag(queue: &str) -> u64 {
+    let mut name = Vec::with_capacity(6 + queue.len());
+    name.extend_from_slice(b"queue\0");
+    name.extend_from_slice(queue.as_bytes());
+    key::tag_of_bytes(&name)
 }

@@ -4,7 +4,7 @@
 //! waiting claim_key repeats. Through SPI it costs a full executor start per call (plan
 //! revalidation, executor state, projection), which made a hit cost twice a plain
 //! primary-key SELECT. An index lookup with the same MVCC rules is a fraction of that.
-//! Writes stay SQL (see claim.rs): they need triggers, ON CONFLICT and index upkeep.
+//! Writes stay SQL (see protocol::claim): they need triggers, ON CONFLICT and index upkeep.
 
 use crate::errors;
 use crate::key::Key;
@@ -18,9 +18,42 @@ use pgrx::prelude::*;
 use std::cell::{Cell, RefCell};
 use std::ffi::CStr;
 
+/// A key's state: the value of once.entries.state (the enum once.key_state).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum KeyState {
+    Queued,
+    Running,
+    Done,
+    Failed,
+}
+
+impl KeyState {
+    /// The label once.key_state gives it.
+    pub fn label(self) -> &'static str {
+        match self {
+            KeyState::Queued => "queued",
+            KeyState::Running => "running",
+            KeyState::Done => "done",
+            KeyState::Failed => "failed",
+        }
+    }
+
+    fn from_label(label: &str) -> KeyState {
+        match label {
+            "queued" => KeyState::Queued,
+            "running" => KeyState::Running,
+            "done" => KeyState::Done,
+            "failed" => KeyState::Failed,
+            other => {
+                error!("pg_once: once.key_state has a value {other:?} this library does not know")
+            }
+        }
+    }
+}
+
 /// A key's row as the claim protocol needs it, and the time it was read.
 pub struct Entry {
-    pub state: String,
+    pub state: KeyState,
     pub token: i64,
     pub result: Option<Jsonb>,
     pub expires_at: Option<TimestampWithTimeZone>,
@@ -163,7 +196,7 @@ unsafe fn scan(
                 (*(*slot).tts_values.add(at), *(*slot).tts_isnull.add(at))
             };
             Some(Entry {
-                state: state_label(value(0).0),
+                state: KeyState::of_datum(value(0).0),
                 token: copy::<i64>(value(1)).expect("token is NOT NULL"),
                 result: copy(value(2)),
                 expires_at: copy(value(3)),
@@ -538,29 +571,33 @@ unsafe fn copy<T: FromDatum>((datum, isnull): (pg_sys::Datum, bool)) -> Option<T
 }
 
 thread_local! {
-    /// Labels of once.key_state by value OID, as read: enum_out is a syscache probe and a
-    /// palloc per read. A reinstalled type gets new OIDs, which are simply looked up anew.
-    static STATE_LABELS: RefCell<Vec<(pg_sys::Datum, String)>> = const { RefCell::new(Vec::new()) };
+    /// once.key_state's values by OID, as read: enum_out is a syscache probe and a palloc
+    /// per read. A reinstalled type gets new OIDs, which are simply looked up anew.
+    static STATES: RefCell<Vec<(pg_sys::Datum, KeyState)>> = const { RefCell::new(Vec::new()) };
 }
 
-/// The label of a once.key_state value.
-pub unsafe fn state_label(datum: pg_sys::Datum) -> String {
-    if let Some(label) = STATE_LABELS.with_borrow(|labels| {
-        labels
-            .iter()
-            .find(|(value, _)| *value == datum)
-            .map(|(_, label)| label.clone())
-    }) {
-        return label;
+impl KeyState {
+    /// The state a once.key_state value read from once.entries holds.
+    ///
+    /// # Safety
+    /// `datum` is a once.key_state value.
+    pub unsafe fn of_datum(datum: pg_sys::Datum) -> KeyState {
+        if let Some(state) = STATES.with_borrow(|states| {
+            states
+                .iter()
+                .find(|(value, _)| *value == datum)
+                .map(|(_, state)| *state)
+        }) {
+            return state;
+        }
+        // SAFETY: enum_out of a once.key_state value read from once.entries.
+        let state = unsafe {
+            let label =
+                pgrx::fcinfo::direct_function_call_as_datum(pg_sys::enum_out, &[Some(datum)])
+                    .expect("enum_out returns a label");
+            KeyState::from_label(&CStr::from_ptr(label.cast_mut_ptr()).to_string_lossy())
+        };
+        STATES.with_borrow_mut(|states| states.push((datum, state)));
+        state
     }
-    // SAFETY: enum_out of a once.key_state value read from once.entries.
-    let label = unsafe {
-        let label = pgrx::fcinfo::direct_function_call_as_datum(pg_sys::enum_out, &[Some(datum)])
-            .expect("enum_out returns a label");
-        CStr::from_ptr(label.cast_mut_ptr())
-            .to_string_lossy()
-            .into_owned()
-    };
-    STATE_LABELS.with_borrow_mut(|labels| labels.push((datum, label.clone())));
-    label
 }

@@ -186,7 +186,7 @@ mod tests {
     fn reap_stale_purges_more_history_than_one_batch() {
         // One call a once.reaper_naptime: a call that purged one batch (PURGE_BATCH) capped
         // the purge below what a busy queue completes, and the history grew without bound.
-        let rows = crate::protocol::claim::PURGE_BATCH * 5 / 2;
+        let rows = crate::protocol::reap::PURGE_BATCH * 5 / 2;
         Spi::run(&format!(
             "INSERT INTO once.attempts (key_hash, key, queue, token, started_at, finished_at, outcome)
              SELECT once.key_hash('h' || i), 'h' || i, 'default', i, now(), now() - interval '8 days' - i * interval '1 ms', 'completed'
@@ -199,7 +199,7 @@ mod tests {
         // at least: more than one batch either way.
         let first = one::<i64>("SELECT history FROM once.reap_stale()").unwrap();
         assert!(
-            first > crate::protocol::claim::PURGE_BATCH,
+            first > crate::protocol::reap::PURGE_BATCH,
             "one call purged {first} rows"
         );
         let mut purged = first;

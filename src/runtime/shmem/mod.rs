@@ -40,7 +40,7 @@ pub struct Shared {
     /// worker sets when it exits.
     launcher_pid: AtomicI32,
     launcher_proc_number: AtomicI32,
-    /// Worker starts so far: each start gets the next number (see runtime::launcher).
+    /// Worker starts so far: each start gets the next number (see workers::launcher).
     launches: AtomicU32,
     // followed by `backends` BackendSlots
 }

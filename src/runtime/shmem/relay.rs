@@ -11,7 +11,7 @@
 //!
 //! A queue also records the worker that serves its database, the one registry of running
 //! workers: committing backends relay only to a database whose worker runs, once.stats
-//! counts it, and the launcher (runtime::launcher) reads it to tell whether a worker it
+//! counts it, and the launcher (workers::launcher) reads it to tell whether a worker it
 //! did not start itself is still running and whether a worker got through its start.
 //! A worker clears its pid however it exits (`detach_relay` runs from an exit callback):
 //! a worker that dies without running it (SIGKILL, a crash) makes the postmaster
@@ -124,7 +124,7 @@ pub(super) struct RelayQueue {
     worker_proc_number: AtomicI32,
     /// An owner session exited: the worker should reap now rather than at its next round.
     reap_requested: AtomicBool,
-    /// Launch number (see runtime::launcher) of the last worker here that got through its
+    /// Launch number (see workers::launcher) of the last worker here that got through its
     /// first round: the launcher's test of whether a worker that stopped had started well.
     ready_launch: AtomicU32,
     /// Only touched under the queue's LWLock (`Shared::ring`).

@@ -1,5 +1,5 @@
 //! The pg_once launcher: the one static background worker pg_once registers (when
-//! preloaded). It starts a worker (runtime::worker) for each database named in
+//! preloaded). It starts a worker (workers::worker) for each database named in
 //! once.databases, and starts it again whenever it stops, however it stopped: a worker
 //! that the postmaster restarted itself would be gone for good after exiting with code 0
 //! (pg_terminate_backend), and would be restarted every second, forever, where its
@@ -28,7 +28,7 @@
 
 use crate::runtime::guc;
 use crate::runtime::shmem::{self, Shared};
-use crate::runtime::worker::Launch;
+use crate::workers::worker::Launch;
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BackgroundWorkerStatus, BgWorkerStartTime,
     DynamicBackgroundWorker, SignalWakeFlags,

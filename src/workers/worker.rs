@@ -1,5 +1,5 @@
 //! The pg_once worker: one per database named in once.databases, started by the pg_once
-//! launcher (runtime::launcher) when pg_once is in shared_preload_libraries. It
+//! launcher (workers::launcher) when pg_once is in shared_preload_libraries. It
 //! - runs reap_stale every once.reaper_naptime, so abandoned claims and expired results
 //!   go away with no client help;
 //! - sends the notifications that committing transactions handed over (once.notify =
@@ -8,7 +8,7 @@
 //! It does nothing where the extension is not installed, and exits on SIGTERM or with the
 //! postmaster. The launcher starts it again however it ended.
 
-use crate::protocol::claim;
+use crate::protocol;
 use crate::runtime::shmem::{self, AttachError};
 use crate::runtime::{guc, notify};
 use crate::storage::installed;
@@ -216,7 +216,7 @@ fn reap() {
             return;
         }
         MISMATCH_LOGGED.set(false);
-        let r = claim::reap();
+        let r = protocol::reap::reap();
         if r.reclaimed > 0 || r.expired > 0 || r.history > 0 {
             debug1!(
                 "pg_once: reclaimed {} claims, purged {} expired results and {} history rows",
