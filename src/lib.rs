@@ -11,7 +11,7 @@
 //!   `installed` (version check), `tokens` (the fencing-token floor), `watched`
 //!   (per-backend copies of small tables).
 //! - `runtime`: `shmem`, `wait`, `liveness`, `notify`, `launcher`, `worker`, `guc`.
-//! - Used by all: `key` (a key, its digest in `key::sha256`, its tag), `errors`, `schema`,
+//! - Used by all: `key` (a key, its SHA-256 digest, its tag), `errors`, `schema`,
 //!   `pg_compat` (what differs between PostgreSQL majors, and only that).
 
 use pgrx::prelude::*;
