@@ -3,8 +3,8 @@
 
     python bench/freshness.py run --dsn "host=127.0.0.1 port=5432 user=postgres dbname=postgres" \
         [--modes a,b,c,d] [--duration 60] > rows.jsonl
-    python bench/freshness.py table rows.jsonl      # the markdown table
-    python bench/freshness.py model rows.jsonl      # XFetch (mode c) against the paper's model
+
+bench/report.py renders its table and the XFetch check (tables freshness and xfetch).
 
 Not a test: `run` prints one JSON line per mode. Simulated traffic: KEYS keys, RATE
 requests/s in all, Poisson arrivals (the sum of PROCESSES independent Poisson streams,
@@ -527,78 +527,6 @@ def ks_distance(early, lam, beta, ttl):
     return d
 
 
-# -- table -------------------------------------------------------------------------------
-
-def ms(v):
-    """Milliseconds to two significant digits at least, without a spurious fraction."""
-    return "%.0f" % v if v >= 100 else "%.1f" % v if v >= 1 else "%.2f" % v
-
-
-def table(path):
-    rows = {r["mode"]: r for r in (json.loads(line) for line in open(path) if line.strip())}
-
-    def ratio(r, base, field):
-        b = rows.get(base)
-        if not b or not b[field]:
-            return "-"
-        return "%.2gx" % (r[field] / b[field])
-
-    def spread(r, field):
-        values = [x[field] for x in r["rounds_latency"]]
-        return "%s (%s-%s)" % (ms(r[field]), ms(min(values)), ms(max(values)))
-
-    print("| mode | computations per key per ttl | computations per refresh | p50 ms | p99 ms | max ms "
-          "| answers over 50 ms | answers stale | largest staleness | p99 vs (a) / (d) "
-          "| computations vs (a) / (d) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for mode in sorted(rows):
-        r = rows[mode]
-        print("| (%s) %s | %.2f | %.2f | %s | %s | %s | %.2f%% | %.1f%% | %s | %s / %s | %s / %s |" % (
-            mode, r["label"], r["computations_per_key_per_ttl"], r["computations_per_episode"],
-            spread(r, "p50_ms"), spread(r, "p99_ms"), spread(r, "max_ms"),
-            100 * r["slow_share"], 100 * r["stale_share"],
-            "%.0f ms" % (1e3 * r["max_staleness_s"]) if r["max_staleness_s"] else "-",
-            ratio(r, "a", "p99_ms"), ratio(r, "d", "p99_ms"),
-            ratio(r, "a", "computations"), ratio(r, "d", "computations")))
-    print()
-    for mode in sorted(rows):
-        r = rows[mode]
-        print("(%s): %d answers (%s), %d computations in %d refreshes; all rounds together: p50 %s ms, "
-              "p99 %s ms, max %s ms; the answering statement in the server: p50 %s ms, p99 %s ms, "
-              "max %s ms; client start lag p50 %.2f ms, p99 %.2f ms, max %.1f ms; client "
-              "processes %.0f%% of a core; %d errors%s." % (
-                  mode, r["answers"], ", ".join("%s %d" % kv for kv in sorted(r["outcomes"].items())),
-                  r["computations"], r["episodes"], ms(r["pooled_p50_ms"]), ms(r["pooled_p99_ms"]),
-                  ms(r["pooled_max_ms"]), ms(r["server_p50_ms"]), ms(r["server_p99_ms"]),
-                  ms(r["server_max_ms"]), r["lag_p50_ms"], r["lag_p99_ms"], r["lag_max_ms"],
-                  100 * r["client_cpu_share"],
-                  r["errors"], (": " + "; ".join(r["error_samples"])) if r["errors"] else ""))
-
-
-def model(path):
-    rows = {r["mode"]: r for r in (json.loads(line) for line in open(path) if line.strip())}
-    x = rows.get("c", {}).get("xfetch")
-    if x and not x["generations"]:
-        print("XFetch model check (c): no result lived its whole ttl inside a measured window "
-              "(measure longer).")
-    elif x:
-        late = sum(1 for s, d in x["early"] if s < d)
-        model_late = statistics.fmean(model_cdf(d, x["lambda_per_key"], x["beta"], d, x["ttl_s"])
-                                      for _, d in x["early"])
-        print("XFetch model check (c): beta = %g, %.0f reads/s per key, delta (the compute_time the "
-              "server measured for each result) median %.1f ms, 10%%-90%% %.1f-%.1f ms. %d results lived their whole ttl inside the measured window; %d (%.1f%%) drew no early "
-              "refresh (model: %.1f%%); %d drew two; %.1f%% drew it less than their delta before the "
-              "expiry, so that callers past the expiry waited for it (model: %.1f%%). Kolmogorov-Smirnov distance between the measured "
-              "and the model distribution of how long before expiry the refresh was drawn: %.3f "
-              "(5%% critical value for n = %d: %.3f)." % (
-                  x["beta"], x["lambda_per_key"], 1e3 * x["delta_s"], 1e3 * x["delta_p10_s"],
-                  1e3 * x["delta_p90_s"], x["generations"], x["no_early_refresh"],
-                  100 * x["no_early_refresh"] / max(1, x["generations"]), 100 * x["model_no_early"],
-                  x["generations_with_two_refreshes"], 100 * late / len(x["early"]), 100 * model_late,
-                  x["ks_d"], x["generations"],
-                  1.36 / math.sqrt(max(1, x["generations"]))))
-
-
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "child":
         args = json.loads(sys.stdin.readline())
@@ -608,9 +536,6 @@ def main():
             import uvloop
             asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
         asyncio.run(child_main(args))
-        return
-    if len(sys.argv) > 2 and sys.argv[1] in ("table", "model"):
-        {"table": table, "model": model}[sys.argv[1]](sys.argv[2])
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["run"])

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The benchmark command: sets up throwaway clusters, measures pg_once against its
-# baselines side by side, and writes BENCHMARKS.md plus plots in bench/results/.
+# baselines side by side, and writes BENCHMARKS.md plus plots in bench/results/. Each
+# section appends its figures to bench/results/results.jsonl as JSON lines; every table
+# and plot is rendered from those by bench/report.py (`render`), and this script writes
+# the prose around them.
 #
 #   1. claim+complete cycles/s on distinct keys vs the hand-made protocol, at 1, 8 and 32
 #      clients (pgbench), and over TCP with RTT_US of added round trip; cache hits
@@ -156,22 +159,13 @@ tps() {
         sed -n 's/^tps = \([0-9.]*\) .*/\1/p'
 }
 
-# stats "v1 v2 ...": median min max
-stats() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{a[NR]=$1} END {printf "%.0f %.0f %.0f", a[int((NR+1)/2)], a[1], a[NR]}'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
-# ratio_of_column ROW BASE_ROW FIELD: the median in markdown column FIELD (counting the
-# empty one before the first |) of ROW over that of BASE_ROW, to two significant digits.
-ratio_of_column() {
-    local a b
-    a=$(awk -F'|' -v f="$3" '{split($f, v, " "); print v[1]}' <<<"$1")
-    b=$(awk -F'|' -v f="$3" '{split($f, v, " "); print v[1]}' <<<"$2")
-    awk -v a="$a" -v b="$b" 'BEGIN {printf "%.2g", a / b}'
-}
+# render TABLE: one table of the report, in markdown, from the JSON lines the sections
+# appended to $RESULTS (bench/report.py is the one renderer; this script writes the prose).
+render() { python3 "$REPO_ROOT/bench/report.py" table "$1" "$RESULTS"; }
 progress() { printf '\r  %-60s' "$*" >&2; }
 progress_done() { printf '\r%70s\r' '' >&2; }
 
-# compare A B CLIENTS LABEL [LINK [ROLE]]: alternate A and B, print a markdown row, log
-# JSON.
+# compare A B CLIENTS LABEL [LINK [ROLE]]: alternate A and B; log JSON (table cycles).
 compare() {
     local a=$1 b=$2 clients=$3 label=$4 link=${5:-socket} role=${6:-postgres} runs_a="" runs_b=""
     for ((r = 1; r <= ROUNDS; r++)); do
@@ -180,12 +174,8 @@ compare() {
         runs_b+=" $(tps "$b" "$clients" "$link" "$role")"
     done
     progress_done
-    local ma mina maxa mb minb maxb
-    read -r ma mina maxa <<<"$(stats "$runs_a")"
-    read -r mb minb maxb <<<"$(stats "$runs_b")"
-    printf '| %s | %s (%s-%s) | %s (%s-%s) | %sx |\n' "$label" "$ma" "$mina" "$maxa" "$mb" "$minb" "$maxb" "$(ratio "$ma" "$mb")"
-    printf '{"bench":"pgbench","a":"%s","b":"%s","clients":%s,"link":"%s","a_tps":[%s],"b_tps":[%s]}\n' \
-        "$a" "$b" "$clients" "$link" "$(tr ' ' ',' <<<"${runs_a# }")" "$(tr ' ' ',' <<<"${runs_b# }")" >>"$RESULTS"
+    printf '{"bench":"pgbench","label":"%s","a":"%s","b":"%s","clients":%s,"link":"%s","a_tps":[%s],"b_tps":[%s]}\n' \
+        "$label" "$a" "$b" "$clients" "$link" "$(tr ' ' ',' <<<"${runs_a# }")" "$(tr ' ' ',' <<<"${runs_b# }")" >>"$RESULTS"
 }
 
 harness() { "$BIN/bench" --rounds "${HARNESS_ROUNDS:-$ROUNDS}" --json-out "$RESULTS" "$@"; }
@@ -221,36 +211,8 @@ pooled_section() {
     echo "count from the common start; \"db calls\" are statements per caller (the client's"
     echo "through its pool, not counting its LISTEN connection). One run of each row."
     echo
-    python3 - "$rows" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-label = {"raw-direct": "raw SQL, direct connection per caller",
-         "raw-pgbouncer": "raw SQL, PgBouncer connection per caller",
-         "direct": "client, direct", "pgbouncer": "client, PgBouncer (pool 6)",
-         "psycopg_pool": "client, psycopg_pool (4 per process)"}
-base = {r["callers"]: r for r in rows if r.get("row") == "callers" and r["setup"] == "raw-direct"}
-print("| setup | callers / processes | computations | answered | p50 | p99 | p99 / raw direct (100) | db calls per caller |")
-print("|---|---|---|---|---|---|---|---|")
-for r in rows:
-    if r.get("row") != "callers":
-        continue
-    b = base.get(100)
-    ratio = "%.2fx" % (r["p99_s"] / b["p99_s"]) if b and r["p99_s"] and b["p99_s"] else "-"
-    fmt = lambda v: "%.2f s" % v if v is not None else "-"
-    print("| %s | %d / %d | %d | %d of %d | %s | %s | %s | %.2f |" % (
-        label[r["setup"]], r["callers"], r["processes"], r["computations"], r["answered"],
-        r["callers"], fmt(r["p50_s"]), fmt(r["p99_s"]), ratio, r["db_calls_per_caller"]))
-print()
-print("A killed owner process (SIGKILL mid-compute, 30 s lease), time until a waiting process")
-print("of the same setup took the key over:")
-print()
-print("| setup | takeover |")
-print("|---|---|")
-for r in rows:
-    if r.get("row") == "takeover":
-        print("| %s | %.0f ms |" % (label[r["setup"]], r["takeover_ms"]))
-print()
-PY
+    render pooled
+    echo
 }
 
 # built_commit: the commit the installed extension was built from, and whether the
@@ -354,7 +316,7 @@ other work share.
 $machine
 
 EOF
-    "$venv/bin/python" "$REPO_ROOT/bench/freshness.py" table "$rows"
+    render freshness
     cat <<EOF
 
 **XFetch against its model.** The paper's rule makes one read that comes s before the
@@ -375,7 +337,7 @@ result is taken with its own delta, the \`compute_time\` the server stored with 
 and what the machine adds; the draws on it use that one); nothing is fitted.
 
 EOF
-    "$venv/bin/python" "$REPO_ROOT/bench/freshness.py" model "$rows"
+    render xfetch
     echo
     echo "![XFetch early refreshes against the model](bench/results/freshness.png)"
     echo
@@ -405,7 +367,8 @@ index_curve_section() {
     echo
     "$BIN/bench" --dsn "host=127.0.0.1 port=$PORT user=postgres dbname=curve" bloat --keys 10000 \
         --cycles "$CURVE_CYCLES" --workers 8 --every 250000 2>/dev/null |
-        sed 's/"bench":"bloat"/"bench":"curve"/' | tee -a "$RESULTS" | python3 "$REPO_ROOT/bench/curve.py"
+        sed 's/"bench":"bloat"/"bench":"curve"/' >>"$RESULTS"
+    render curve
 }
 
 # Section 8: the queue under a held snapshot, in a database of its own that the pg_once
@@ -417,12 +380,12 @@ growth_and_memory_section() {
     cluster_psql bench "$PORT" -q -c "DROP DATABASE IF EXISTS hold" -c "CREATE DATABASE hold" >/dev/null
     cluster_psql bench "$PORT" -q -d hold -c "CREATE EXTENSION pg_once" \
         -c "ALTER DATABASE hold SET once.history_retention = '1min'" >/dev/null
-    local hold_dsn="host=127.0.0.1 port=$PORT user=postgres dbname=hold" rows=() with
+    local hold_dsn="host=127.0.0.1 port=$PORT user=postgres dbname=hold" with
     for with in $sides; do
         progress "held snapshot, $with"
-        rows+=("$(HARNESS_ROUNDS=1 harness --dsn "$hold_dsn" --label "$with" hold --with "$with" \
+        HARNESS_ROUNDS=1 harness --dsn "$hold_dsn" --label "$with" hold --with "$with" \
             --workers 4 --batch 10 --keys 10000 --warmup "$warmup" --before "$before" \
-            --hold "$hold" --after "$after" --interval 5 2>/dev/null | tail -1)")
+            --hold "$hold" --after "$after" --interval 5 >/dev/null 2>&1
     done
     progress_done
     echo "## 8. Growth under a held snapshot; memory"
@@ -435,28 +398,11 @@ growth_and_memory_section() {
     echo "queue table bloats in production), then commits; the run goes on for ${after} s. Jobs/s are"
     echo "medians of 5 s intervals (after: the last 30 s); the sizes below are at the end of each phase."
     echo
-    echo "| queue | before jobs/s | held | after | back to 90% of before | first autovacuum after the release |"
-    echo "|---|---|---|---|---|---|"
-    local row
-    for row in "${rows[@]}"; do echo "$row"; done
+    render hold
     echo
     echo "Sizes of the queue table (heap / indexes) at the end of each phase:"
     echo
-    python3 - "$RESULTS" <<'PY'
-import json, sys
-runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-runs = [r for r in runs if r.get("bench") == "hold"][-2:]
-mb = lambda b: "%.1f MB" % (b / 1e6)
-print("| queue | before | held | after |")
-print("|---|---|---|---|")
-for r in runs:
-    ends = {}
-    for i in r["intervals"]:
-        ends[i["phase"]] = i
-    cells = [f"{mb(ends[p]['heap_bytes'])} / {mb(ends[p]['index_bytes'])}" if p in ends else "-"
-             for p in ("before", "held", "after")]
-    print(f"| {r['with']} | " + " | ".join(cells) + " |")
-PY
+    render hold_sizes
     echo
     ulimit -n 4096
     local counts="100 1000"
@@ -469,8 +415,6 @@ PY
     echo "(shared_memory_size) with max_connections = 1100; pg_once's grows with max_connections"
     echo "(a slot per backend), not with the connections open."
     echo
-    echo "| connections | private MB median | private MB max | Pss MB median | Pss MB max | pg_once shared MB | server shared MB |"
-    echo "|---|---|---|---|---|---|---|"
     local n
     for n in $counts; do
         progress "memory, $n connections"
@@ -478,6 +422,7 @@ PY
         HARNESS_ROUNDS=1 harness --dsn "$DSN" --label "plain connection, $n" memory --connections "$n" --baseline 2>/dev/null
     done
     progress_done
+    render memory
     echo
 }
 
@@ -508,11 +453,8 @@ echo "with pg_once (claim_key, complete_key) and three with the hand-made protoc
 echo "INSERT ... ON CONFLICT DO NOTHING, UPDATE with a NOTIFY trigger). The proxy adds ${RTT_US} us of"
 echo "round-trip time, as between a pod and its database."
 echo
-echo "| A vs B | A tx/s | B tx/s | A / B |"
-echo "|---|---|---|---|"
 if quick; then
     compare once_hit pk_select 8 "claim_key hit vs primary-key SELECT, 8 clients"
-    echo
 fi
 if ! quick; then
 for c in 1 8 32; do
@@ -529,8 +471,9 @@ compare once_hit pk_select 8 "claim_key hit vs primary-key SELECT, 8 clients, ${
 # lets through at once), on a key inside a namespace it belongs to vs a key outside.
 cluster_psql bench "$PORT" -q -f "$SQL/namespace_setup.sql" >/dev/null
 compare once_hit_namespace once_hit 8 "claim_key hit in a namespace vs outside, 8 clients, as an application role" socket bench_app
-echo
 fi
+render cycles
+echo
 
 fi
 
@@ -548,33 +491,25 @@ echo "session holds while it computes (the usual way to make callers wait for on
 echo "plain PostgreSQL); its commit releases them all at once, and each then reads a row by"
 echo "primary key in the same statement. PostgreSQL's lock manager wakes them."
 echo
-echo "| how callers wait | computations | p50 ms | p99 ms | max ms | max vs retry every 100 ms |"
-echo "|---|---|---|---|---|---|"
 stampede_callers="20 200"
 quick && stampede_callers=200
 for callers in $stampede_callers; do
     progress "stampede, $callers callers"
-    base=$(harness --dsn "$DSN" --label "$callers callers, retry claim_key every 100 ms" stampede --strategy poll100 --callers "$callers")
-    rows=(
-        "$(harness --dsn "$DSN" --label "$callers callers, claim_key(wait), preloaded: woken" stampede --strategy server --callers "$callers")"
-        "$(harness --dsn "$PLAIN_DSN" --label "$callers callers, claim_key(wait), not preloaded: polls every 20 ms" stampede --strategy server --callers "$callers")"
-    )
+    # The table (bench/report.py) orders the rows by how callers wait, whatever the order
+    # they ran in, and divides by the retry every 100 ms.
+    harness --dsn "$DSN" --label "$callers callers, retry claim_key every 100 ms" stampede --strategy poll100 --callers "$callers"
+    harness --dsn "$DSN" --label "$callers callers, claim_key(wait), preloaded: woken" stampede --strategy server --callers "$callers"
+    quick || harness --dsn "$PLAIN_DSN" --label "$callers callers, claim_key(wait), not preloaded: polls every 20 ms" stampede --strategy server --callers "$callers"
     if [ "$callers" = 200 ] && ! quick; then
-        rows+=(
-            "$(harness --dsn "$DSN" --label "200 callers, LISTEN first, preloaded: relayed NOTIFY" stampede --strategy listen)"
-            "$(harness --dsn "$PLAIN_DSN" --label "200 callers, LISTEN first, not preloaded: direct NOTIFY" stampede --strategy listen)"
-        )
+        harness --dsn "$DSN" --label "200 callers, LISTEN first, preloaded: relayed NOTIFY" stampede --strategy listen
+        harness --dsn "$PLAIN_DSN" --label "200 callers, LISTEN first, not preloaded: direct NOTIFY" stampede --strategy listen
     fi
-    quick && rows=("${rows[0]}")
     # PostgreSQL's own wake-up of as many sessions at one commit, without pg_once.
-    rows+=("$(harness --dsn "$PLAIN_DSN" --label "$callers callers, no pg_once: blocked on an advisory lock, released by a commit" stampede --strategy lock --callers "$callers")")
-    rows+=("$base")
-    [ "$callers" = 200 ] && ! quick && rows+=("$(harness --dsn "$DSN" --label "200 callers, retry claim_key every 1 s" stampede --strategy poll1000)")
+    harness --dsn "$PLAIN_DSN" --label "$callers callers, no pg_once: blocked on an advisory lock, released by a commit" stampede --strategy lock --callers "$callers"
+    [ "$callers" = 200 ] && ! quick && harness --dsn "$DSN" --label "200 callers, retry claim_key every 1 s" stampede --strategy poll1000
     progress_done
-    for row in "${rows[@]}"; do
-        echo "$row $(ratio_of_column "$row" "$base" 6)x |"
-    done
 done
+render stampede
 echo
 
 fi
@@ -585,17 +520,12 @@ echo "## 3. Failover: a killed owner"
 echo
 echo "Milliseconds from pg_terminate_backend of the owner to a waiting caller holding the claim."
 echo
-echo "| design | takeover ms | vs lease only |"
-echo "|---|---|---|"
 progress "failover"
-base=$(harness --dsn "$DSN" --label "lease only (once.backend_liveness = off), 5 s lease" takeover --lease-s 5 --lease-only)
-rows=("$(harness --dsn "$DSN" --label "pg_once preloaded, 30 s lease" takeover)")
-quick || rows+=("$(harness --dsn "$PLAIN_DSN" --label "pg_once not preloaded, 30 s lease" takeover)")
-rows+=("$base")
+harness --dsn "$DSN" --label "lease only (once.backend_liveness = off), 5 s lease" takeover --lease-s 5 --lease-only
+harness --dsn "$DSN" --label "pg_once preloaded, 30 s lease" takeover
+quick || harness --dsn "$PLAIN_DSN" --label "pg_once not preloaded, 30 s lease" takeover
 progress_done
-for row in "${rows[@]}"; do
-    echo "$row $(ratio_of_column "$row" "$base" 3)x |"
-done
+render takeover
 echo
 
 fi
@@ -608,8 +538,6 @@ echo "claim+complete cycles/s, 8 clients. Idle listeners LISTEN and then never r
 echo "still delivers to their sockets); reading listeners receive every notification, on this"
 echo "same machine."
 echo
-echo "| listeners | once.notify | tx/s | vs off |"
-echo "|---|---|---|---|"
 listener_kinds="idle reading" notify_modes="off relay direct"
 quick && listener_kinds=reading notify_modes="off relay"
 for kind in $listener_kinds; do
@@ -628,14 +556,12 @@ for kind in $listener_kinds; do
         done
     done
     progress_done
-    read -r off _ _ <<<"$(stats "$runs_off")"
     for mode in $notify_modes; do
         runs_var="runs_$mode"
-        read -r m min max <<<"$(stats "${!runs_var}")"
-        printf '| 100 %s | %s | %s (%s-%s) | %.0f%% |\n' "$kind" "$mode" "$m" "$min" "$max" "$(awk -v a="$m" -v b="$off" 'BEGIN {print 100 * a / b}')"
         printf '{"bench":"listeners","kind":"%s","notify":"%s","tps":[%s]}\n' "$kind" "$mode" "$(tr ' ' ',' <<<"$(echo ${!runs_var})")" >>"$RESULTS"
     done
 done
+render listeners
 echo
 
 fi
@@ -657,8 +583,6 @@ echo "transaction mode), and 64 workers with a connection each, of which at most
 echo "claim+complete cycle at once (64 server processes still take turns on the CPUs, but only"
 echo "$POOL claims run together)."
 echo
-echo "| workers | n | pg_once jobs/s | plain jobs/s | pg_once / plain | pg_once of peak | plain of peak |"
-echo "|---|---|---|---|---|---|---|"
 # The queue rounds run in a database of their own: the harness empties pg_once's tables
 # after each round there (the plain side drops its table), so that no round inherits the
 # dead index entries of the ones before it.
@@ -678,10 +602,9 @@ QUEUE_DSN="host=127.0.0.1 port=$PORT user=postgres dbname=queue"
 if [ -n "${PGMQ_SQL:-}" ]; then
     cluster_psql bench "$PORT" -q -d queue -v ON_ERROR_STOP=1 -f "$PGMQ_SQL" >/dev/null
 fi
-# queue_round IMPL WORKERS N [bench options]: one 4 s round; prints jobs/s.
+# queue_round IMPL WORKERS N [bench options]: one 4 s round (a JSON line: table queue).
 queue_round() {
-    HARNESS_ROUNDS=1 harness --dsn "$QUEUE_DSN" --label x queue --with "$1" --workers "$2" --batch "$3" --seconds 4 "${@:4}" |
-        awk -F'|' '{split($3, v, " "); print v[1]}'
+    HARNESS_ROUNDS=1 harness --dsn "$QUEUE_DSN" --label x queue --with "$1" --workers "$2" --batch "$3" --seconds 4 "${@:4}"
 }
 # Worker setups: a count (one connection each), COUNTcPOOL (sharing POOL connections) or
 # COUNTfPOOL (POOL in flight).
@@ -704,54 +627,28 @@ quick && SETUPS=4 QUEUE_BATCHES=10
 # autovacuum of what earlier sections left) lands on several of them rather than on all
 # rounds of one.
 for n in $QUEUE_BATCHES; do
-    declare -A once_runs=() plain_runs=() pgmq_runs=()
-    peak_once=0 peak_plain=0
     for ((r = 1; r <= QUEUE_ROUNDS; r++)); do
         for w in $SETUPS; do
             progress "queue, n = $n, round $r/$QUEUE_ROUNDS, workers: $(setup_label "$w")"
             # shellcheck disable=SC2046 # the options are words
-            once_runs[$w]+=" $(queue_round once "${w%%[cf]*}" "$n" $(setup_options "$w"))"
+            queue_round once "${w%%[cf]*}" "$n" $(setup_options "$w")
             # shellcheck disable=SC2046
-            plain_runs[$w]+=" $(queue_round plain "${w%%[cf]*}" "$n" $(setup_options "$w"))"
+            queue_round plain "${w%%[cf]*}" "$n" $(setup_options "$w")
             if [ -n "${PGMQ_SQL:-}" ]; then
                 # shellcheck disable=SC2046
-                pgmq_runs[$w]+=" $(queue_round pgmq "${w%%[cf]*}" "$n" $(setup_options "$w"))"
+                queue_round pgmq "${w%%[cf]*}" "$n" $(setup_options "$w")
             fi
         done
     done
-    for w in $SETUPS; do
-        [[ $w == *[cf]* ]] && continue
-        read -r m _ _ <<<"$(stats "${once_runs[$w]}")"
-        peak_once=$(awk -v a="$m" -v b="$peak_once" 'BEGIN {print (a > b ? a : b)}')
-        read -r m _ _ <<<"$(stats "${plain_runs[$w]}")"
-        peak_plain=$(awk -v a="$m" -v b="$peak_plain" 'BEGIN {print (a > b ? a : b)}')
-    done
-    progress_done
-    for w in $SETUPS; do
-        read -r ma mina maxa <<<"$(stats "${once_runs[$w]}")"
-        read -r mb minb maxb <<<"$(stats "${plain_runs[$w]}")"
-        printf '| %s | %s | %s (%s-%s) | %s (%s-%s) | %sx | %.0f%% | %.0f%% |\n' "$(setup_label "$w")" "$n" \
-            "$ma" "$mina" "$maxa" "$mb" "$minb" "$maxb" "$(ratio "$ma" "$mb")" \
-            "$(awk -v a="$ma" -v b="$peak_once" 'BEGIN {print 100 * a / b}')" \
-            "$(awk -v a="$mb" -v b="$peak_plain" 'BEGIN {print 100 * a / b}')"
-    done
-    pgmq_rows=""
-    for w in $SETUPS; do
-        [ -n "${pgmq_runs[$w]:-}" ] || continue
-        read -r ma _ _ <<<"$(stats "${once_runs[$w]}")"
-        read -r mc minc maxc <<<"$(stats "${pgmq_runs[$w]}")"
-        pgmq_rows+="$(printf '| %s | %s | %s | %s (%s-%s) | %sx |' "$(setup_label "$w")" "$n" "$ma" "$mc" "$minc" "$maxc" "$(ratio "$ma" "$mc")")"$'\n'
-    done
-    pgmq_tables+=$pgmq_rows
-    unset once_runs plain_runs pgmq_runs
 done
+progress_done
+render queue
 echo
-if [ -n "${pgmq_tables:-}" ]; then
+pgmq_table=$(render pgmq)
+if [ -n "$pgmq_table" ]; then
     echo "The same rounds with ${PGMQ_LABEL:-pgmq} (its plain-SQL install): pgmq.read (30 s visibility timeout) and pgmq.delete, no history kept."
     echo
-    echo "| workers | n | pg_once jobs/s | pgmq jobs/s | pg_once / pgmq |"
-    echo "|---|---|---|---|---|"
-    printf '%s' "$pgmq_tables"
+    echo "$pgmq_table"
     echo
 fi
 if ! quick; then
@@ -762,18 +659,8 @@ echo
 cluster_psql bench "$PORT" -q -c "CREATE DATABASE bloat" >/dev/null
 cluster_psql bench "$PORT" -q -d bloat -c "CREATE EXTENSION pg_once" \
     -c "ALTER DATABASE bloat SET once.history_retention = '1min'" >/dev/null
-"$BIN/bench" --dsn "host=127.0.0.1 port=$PORT user=postgres dbname=bloat" bloat --keys 10000 --cycles "$BLOAT_CYCLES" --workers 8 --every $((BLOAT_CYCLES / 10)) 2>/dev/null | tee -a "$RESULTS" |
-    python3 -c '
-import json, sys
-r = json.loads(sys.stdin.read())
-mb = lambda b: "%.1f MB" % (b / 1e6)
-print("| after cycles | heap | indexes | dead rows | once.attempts |")
-print("|---|---|---|---|---|")
-for s in r["sizes"]:
-    print("| %d | %s | %s | %d | %s |" % (s["cycles"], mb(s["heap_bytes"]), mb(s["index_bytes"]), s["dead_tuples"], mb(s["attempts_bytes"])))
-print()
-print("%d cycles in %.0f s (%.0f cycles/s)." % (r["cycles"], r["seconds"], r["cycles"] / r["seconds"]))
-'
+"$BIN/bench" --dsn "host=127.0.0.1 port=$PORT user=postgres dbname=bloat" bloat --keys 10000 --cycles "$BLOAT_CYCLES" --workers 8 --every $((BLOAT_CYCLES / 10)) 2>/dev/null >>"$RESULTS"
+render bloat
 fi
 fi
 
@@ -832,6 +719,6 @@ say "plotting"
 venv=$PG_ONCE_WORK/plot-venv
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/pip" install --quiet --disable-pip-version-check matplotlib
-"$venv/bin/python" "$REPO_ROOT/bench/plot.py" "$RESULTS" "$OUT"
+"$venv/bin/python" "$REPO_ROOT/bench/report.py" plots "$RESULTS" "$OUT"
 say "wrote $REPORT and plots in $OUT ($((SECONDS / 60)) minutes)"
 cat "$REPORT"

@@ -26,6 +26,9 @@
 //! - `index_beginscan`: PostgreSQL 18 added an `instrument` argument (NULL: no EXPLAIN
 //!   ANALYZE counts).
 //! - `proc_exit` is declared `-> !` by pgrx's bindings up to 17, not for 18.
+//! - A backend's random numbers: PostgreSQL 15 added `pg_prng` and its per-process
+//!   `pg_global_prng_state`; 14 has the C library's `random()`, which it seeds per process
+//!   the same way (InitProcessGlobals: strong random bits, else the pid and start time).
 //!
 //! pg_once is tested on 15 to 18 and type-checked on 14 against pgrx's bindings of it
 //! (CONTRIBUTING.md, "PostgreSQL versions").
@@ -84,6 +87,27 @@ unsafe fn proc_number(proc_: *const pg_sys::PGPROC) -> i32 {
 pub fn latch_of(proc_number: i32) -> *mut pg_sys::Latch {
     // SAFETY: allProcs lives for the server's lifetime and proc_number indexes it.
     unsafe { &raw mut (*(*pg_sys::ProcGlobal).allProcs.add(proc_number as usize)).procLatch }
+}
+
+/// A uniform draw in [0, 1) from this backend's generator, which PostgreSQL seeds in
+/// every process (InitProcessGlobals). Not for secrets; it does not move SQL's random(),
+/// which keeps a state of its own (setseed).
+pub fn random_fraction() -> f64 {
+    #[cfg(feature = "pg14")]
+    {
+        extern "C" {
+            fn random() -> std::ffi::c_long;
+        }
+        // SAFETY: the C library's generator, which only this backend's thread uses.
+        let draw = unsafe { random() };
+        // 31 random bits, below 2^31.
+        draw as f64 / (1u64 << 31) as f64
+    }
+    // SAFETY: the backend's global generator state, which only its thread uses.
+    #[cfg(not(feature = "pg14"))]
+    unsafe {
+        pg_sys::pg_prng_double(&raw mut pg_sys::pg_global_prng_state)
+    }
 }
 
 /// MaxBackends. On 14 it is computed only after preloaded libraries ask for shared memory,

@@ -15,10 +15,10 @@
 //! expiry, near-certain in the last delta. The claim it takes is conditional on the key
 //! being unchanged, so of several readers that draw at once only one refreshes.
 
+use crate::pg_compat;
 use crate::storage::entry::Entry;
 use crate::storage::statements::{params, Param};
 use pgrx::datum::Interval;
-use pgrx::pg_sys;
 use std::cell::Cell;
 
 /// How a completed result stays servable: complete_key's ttl, stale, beta and jitter,
@@ -46,31 +46,10 @@ impl Policy {
     }
 }
 
-thread_local! {
-    /// State of this backend's generator (splitmix64), seeded on first use.
-    static STATE: Cell<u64> = const { Cell::new(0) };
-}
-
 /// A uniform draw in (0, 1]. Not for secrets: it only spreads early refreshes. PostgreSQL's
-/// own generator (pg_prng) is not in every supported version, and one multiply-xorshift
-/// per hit is all this needs.
+/// own per-backend generator (pg_prng), so nothing here needs seeding.
 fn uniform() -> f64 {
-    STATE.with(|state| {
-        let mut s = state.get();
-        if s == 0 {
-            // SAFETY: reads the clock and this backend's pid.
-            let (now, pid) = unsafe { (pg_sys::GetCurrentTimestamp(), pg_sys::MyProcPid) };
-            s = (now as u64) ^ ((pid as u64) << 32) ^ 0x9e37_79b9_7f4a_7c15;
-        }
-        s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        state.set(s);
-        let mut z = s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        // 53 random bits, shifted into (0, 1].
-        ((z >> 11) + 1) as f64 / (1u64 << 53) as f64
-    })
+    1.0 - pg_compat::random_fraction()
 }
 
 thread_local! {

@@ -11,11 +11,12 @@ use crate::key::Key;
 use crate::pg_compat;
 use crate::storage::jsonb::Jsonb;
 use crate::storage::subxact::Blocked;
+use crate::storage::watched::Watched;
 use pgrx::datum::{FromDatum, Interval, TimestampWithTimeZone};
 use pgrx::memcxt::PgMemoryContexts;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::ffi::CStr;
 
 /// A key's state: the value of once.entries.state (the enum once.key_state).
@@ -262,31 +263,14 @@ struct Relations {
 }
 
 thread_local! {
-    static RELATIONS: Cell<Option<Relations>> = const { Cell::new(None) };
-    static CALLBACK_REGISTERED: Cell<bool> = const { Cell::new(false) };
-}
-
-/// A relcache invalidation of once.entries, its primary key, or of every relation: it
-/// only forgets, as an invalidation callback must (no catalog access).
-#[pg_guard]
-unsafe extern "C-unwind" fn forget_relations(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
-    if let Some(known) = RELATIONS.get() {
-        if relid == pg_sys::InvalidOid || relid == known.table || relid == known.index {
-            RELATIONS.set(None);
-        }
-    }
+    static RELATIONS: Watched<Relations> = const { Watched::of_relations() };
 }
 
 fn relations() -> Relations {
-    if let Some(known) = RELATIONS.get() {
-        return known;
-    }
-    if !CALLBACK_REGISTERED.replace(true) {
-        // SAFETY: registers a callback for the lifetime of the backend.
-        unsafe {
-            pg_sys::CacheRegisterRelcacheCallback(Some(forget_relations), pg_sys::Datum::from(0))
-        };
-    }
+    RELATIONS.with(|kept| kept.get(read_relations))
+}
+
+fn read_relations() -> (Relations, [pg_sys::Oid; 2]) {
     // SAFETY: syscache lookups by name, in a transaction (every caller runs in one).
     let found = unsafe {
         let namespace = pg_sys::get_namespace_oid(crate::schema::API.as_ptr(), false);
@@ -308,8 +292,7 @@ fn relations() -> Relations {
             attnums: COLUMNS.map(|name| attnum(table, name)),
         }
     };
-    RELATIONS.set(Some(found));
-    found
+    (found, [found.table, found.index])
 }
 
 /// The role that owns the pg_once extension's objects (once.entries among them), whose
@@ -317,7 +300,7 @@ fn relations() -> Relations {
 /// where there is no once.entries: pg_once is not installed in this database (the worker
 /// asking whether it is, or CREATE EXTENSION before creating the table).
 pub fn extension_owner() -> Option<pg_sys::Oid> {
-    if let Some(known) = RELATIONS.get() {
+    if let Some(known) = RELATIONS.with(Watched::kept) {
         return Some(known.owner);
     }
     // Not through `relations()`, which also looks up the columns this library reads: the
@@ -388,7 +371,7 @@ unsafe fn open_locked(
                 pg_sys::UnlockRelationOid(relations.table, lock);
                 return None;
             }
-            if RELATIONS.get().is_none() {
+            if RELATIONS.with(Watched::kept).is_none() {
                 if with_index {
                     pg_sys::UnlockRelationOid(relations.index, lock);
                 }

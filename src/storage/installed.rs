@@ -15,9 +15,8 @@
 
 use crate::errors;
 use crate::storage::statements::{self, Statement};
+use crate::storage::watched::Watched;
 use pgrx::pg_sys;
-use pgrx::prelude::*;
-use std::cell::Cell;
 
 /// This library's version, as built.
 pub const LIBRARY_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -35,30 +34,18 @@ pub fn installed_version() -> Option<String> {
 }
 
 thread_local! {
-    /// The installed version was found equal to LIBRARY_VERSION, and no function's
-    /// catalog entry has changed since.
-    static MATCHED: Cell<bool> = const { Cell::new(false) };
-    static CALLBACK_REGISTERED: Cell<bool> = const { Cell::new(false) };
+    /// Kept once the installed version was found equal to LIBRARY_VERSION, until any
+    /// function's catalog entry changes.
+    static MATCHED: Watched = const { Watched::of_catalog(pg_sys::SysCacheIdentifier::PROCOID) };
 }
 
 /// Refuse the call (55000) unless this database's pg_once is this library's version.
 pub fn require_matching_version() {
-    if MATCHED.get() {
+    if MATCHED.with(Watched::kept).is_some() {
         return;
     }
-    if !CALLBACK_REGISTERED.replace(true) {
-        // SAFETY: registers a callback for the lifetime of the backend; it only resets a
-        // flag, as an invalidation callback must (no catalog access).
-        unsafe {
-            pg_sys::CacheRegisterSyscacheCallback(
-                pg_sys::SysCacheIdentifier::PROCOID as i32,
-                Some(forget),
-                pg_sys::Datum::from(0),
-            )
-        };
-    }
     match installed_version() {
-        Some(version) if version == LIBRARY_VERSION => MATCHED.set(true),
+        Some(version) if version == LIBRARY_VERSION => MATCHED.with(|kept| kept.keep((), [])),
         // Not installed: only while CREATE EXTENSION runs (or DROP EXTENSION, in the
         // same transaction); nothing to compare yet.
         None => {}
@@ -88,11 +75,6 @@ fn refuse(installed: &str) -> ! {
 fn newer(a: &str, b: &str) -> bool {
     let parts = |v: &str| -> Vec<u64> { v.split('.').map(|p| p.parse().unwrap_or(0)).collect() };
     parts(a) > parts(b)
-}
-
-#[pg_guard]
-unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, _cache: i32, _hash: u32) {
-    MATCHED.set(false);
 }
 
 #[cfg(test)]

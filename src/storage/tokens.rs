@@ -12,16 +12,15 @@
 //! comparison more than nextval; only the first claims after such a restore do more.
 
 use crate::storage::statements::{self, Statement};
+use crate::storage::watched::Watched;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::IntoDatum;
-use std::cell::Cell;
 
 thread_local! {
     /// The sequence and its floor (seqstart), read once per backend, and again after a
     /// relcache invalidation of the sequence (DROP and CREATE EXTENSION make a new one).
-    static SEQUENCE: Cell<Option<(pg_sys::Oid, i64)>> = const { Cell::new(None) };
-    static CALLBACK_REGISTERED: Cell<bool> = const { Cell::new(false) };
+    static SEQUENCE: Watched<(pg_sys::Oid, i64)> = const { Watched::of_relations() };
 }
 
 /// The next fencing token.
@@ -95,14 +94,10 @@ fn nextval(sequence: pg_sys::Oid) -> i64 {
 }
 
 fn sequence() -> (pg_sys::Oid, i64) {
-    if let Some(known) = SEQUENCE.get() {
-        return known;
-    }
-    if !CALLBACK_REGISTERED.replace(true) {
-        // SAFETY: registers a callback for the lifetime of the backend; it only resets a
-        // cell, as an invalidation callback must.
-        unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(forget), pg_sys::Datum::from(0)) };
-    }
+    SEQUENCE.with(|kept| kept.get(read_sequence))
+}
+
+fn read_sequence() -> ((pg_sys::Oid, i64), [pg_sys::Oid; 1]) {
     static FLOOR: Statement = Statement::new(concat!(
         "SELECT s.seqrelid, s.seqstart FROM pg_catalog.pg_sequence s \
          WHERE s.seqrelid = '",
@@ -116,15 +111,5 @@ fn sequence() -> (pg_sys::Oid, i64) {
             row.get::<i64>(2)?.expect("seqstart is NOT NULL"),
         ))
     });
-    SEQUENCE.set(Some(known));
-    known
-}
-
-#[pg_guard]
-unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
-    if let Some((sequence, _)) = SEQUENCE.get() {
-        if relid == sequence || relid == pg_sys::InvalidOid {
-            SEQUENCE.set(None);
-        }
-    }
+    (known, [known.0])
 }

@@ -50,7 +50,7 @@ mod tests {
         );
     }
 
-    /// pg_once computes key digests itself (key::sha256), not through the server's
+    /// pg_once computes key digests itself (key::digest), not through the server's
     /// sha256(): every key length around the 64-byte block and its padding, multi-byte
     /// text and the longest key must still get the digest once.key_hash gives.
     #[pg_test]

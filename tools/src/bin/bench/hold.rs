@@ -260,20 +260,6 @@ pub async fn hold(dsn: &str, label: &str, shape: Shape, at: Schedule) -> Result<
         .iter()
         .find(|s| s.elapsed > released_at && s.autovacuums > vacuums_at_release)
         .map(|s| (s.elapsed - released_at).as_secs_f64());
-    let rate = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{r:.0}"));
-    let within = |s: Option<f64>| {
-        s.map_or(format!("not within {} s", at.after.as_secs()), |s| {
-            format!("{s:.0} s")
-        })
-    };
-    println!();
-    println!(
-        "| {label} | {before:.0} | {} | {} | {} | {} |",
-        rate(held),
-        rate(after),
-        within(recovery),
-        within(vacuumed),
-    );
     Ok(json!({
         "bench": "hold", "with": format!("{with:?}").to_lowercase(), "workers": workers,
         "batch": batch, "keys": keys,

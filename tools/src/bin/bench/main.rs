@@ -2,8 +2,8 @@
 //! and latency from completion to each caller's answer), takeover after a killed owner,
 //! idle LISTEN connections, queues (also under a held snapshot, and their sizes over
 //! millions of cycles) and the memory of many idle connections. scripts/bench.sh drives
-//! it; each run prints markdown rows (or, for bloat, one JSON line) and appends its raw
-//! figures to --json-out.
+//! it; each round appends its raw figures to --json-out, one JSON line, which
+//! bench/report.py renders into BENCHMARKS.md (bloat prints its line instead).
 
 mod hold;
 mod memory;
@@ -22,10 +22,10 @@ use tokio_postgres::Client;
 struct Args {
     #[arg(long, env = "PG_ONCE_DSN")]
     dsn: String,
-    /// Repeats; the markdown row shows the median round and the range over rounds.
+    /// Repeats, each a line of --json-out (the report shows the median and the range).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
-    /// Label of the markdown row.
+    /// Label of the report's row.
     #[arg(long, default_value = "")]
     label: String,
     /// Append every round's raw figures here, one JSON object per line.
@@ -179,7 +179,6 @@ const LEASE: Duration = Duration::from_secs(30);
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    let mut rounds = Vec::new();
     for _ in 0..args.rounds {
         let round = match args.what {
             What::Stampede {
@@ -259,11 +258,9 @@ async fn main() -> Result<()> {
             }
         };
         append_json(args.json_out.as_deref(), &args.label, &round)?;
-        rounds.push(round);
         // Let the backends of this round's connections exit before the next round.
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    println!("{}", markdown_row(&args.label, &rounds));
     Ok(())
 }
 
@@ -283,38 +280,6 @@ fn append_json(
     line["label"] = json!(label);
     writeln!(file, "{line}")?;
     Ok(())
-}
-
-/// `| label | figure: median (min-max) | ... |` over rounds, for the figures a bench reports.
-fn markdown_row(label: &str, rounds: &[serde_json::Value]) -> String {
-    // (figure, decimals)
-    let figures: Vec<(&str, usize)> = match rounds[0]["bench"].as_str() {
-        Some("stampede") => vec![
-            ("computations", 0),
-            ("p50_ms", 1),
-            ("p99_ms", 1),
-            ("max_ms", 1),
-        ],
-        Some("queue") => vec![("cycles_per_s", 1)],
-        Some("memory") => vec![
-            ("private_median_mb", 2),
-            ("private_max_mb", 2),
-            ("pss_median_mb", 2),
-            ("pss_max_mb", 2),
-            ("once_shmem_mb", 2),
-            ("shared_memory_mb", 0),
-        ],
-        _ => vec![("takeover_ms", 1)],
-    };
-    let mut row = format!("| {label} |");
-    for (figure, decimals) in figures {
-        let mut values: Vec<f64> = rounds.iter().filter_map(|r| r[figure].as_f64()).collect();
-        values.sort_by(f64::total_cmp);
-        let median = values[values.len() / 2];
-        let (min, max) = (values[0], values[values.len() - 1]);
-        row += &format!(" {median:.decimals$} ({min:.decimals$}-{max:.decimals$}) |");
-    }
-    row
 }
 
 fn fresh_key(what: &str) -> String {
