@@ -169,8 +169,8 @@ $$;
 -- SHA-256 of a key. Keys may be up to 7,500 bytes, far beyond a btree entry's limit (~2,700
 -- bytes), so the primary key is the key's digest rather than the key itself. It is the
 -- server's own sha256(bytea), applied to the text's bytes (text and bytea share a layout);
--- the C functions compute the same digest in Rust (src/key/sha256.rs, checked against this
--- function by src/tests/keys.rs), without a call into the server per key.
+-- the C functions compute the same digest in Rust (src/key.rs, with the sha2 crate; checked
+-- against this function by src/tests/keys.rs), without a call into the server per key.
 CREATE FUNCTION once.key_hash(key text) RETURNS bytea
     LANGUAGE internal IMMUTABLE STRICT PARALLEL SAFE
     AS 'sha256_bytea';
