@@ -9,6 +9,22 @@ use tokio_postgres::Client;
 
 pub use pg_once_tools as once;
 
+/// Whether `write` answers within 5 s (its own error, if it failed); `what` names what it
+/// would have waited for. Tests that hold something open end it after this, whatever the
+/// answer, and only then return the error.
+pub async fn answers_in_time<T, E>(
+    write: impl std::future::Future<Output = std::result::Result<T, E>>,
+    what: &str,
+) -> Result<()>
+where
+    anyhow::Error: From<E>,
+{
+    match tokio::time::timeout(Duration::from_secs(5), write).await {
+        Ok(answer) => answer.map(|_| ()).map_err(anyhow::Error::from),
+        Err(_) => anyhow::bail!("a write waited 5 s for {what}"),
+    }
+}
+
 /// A connection to the test server, with pg_once created if it is not yet.
 pub async fn admin() -> Result<Client> {
     // One test at a time: two concurrent CREATE EXTENSION IF NOT EXISTS both find it

@@ -530,17 +530,6 @@ async fn a_waiting_call_holds_no_lock_on_the_namespace_table() -> Result<()> {
     Ok(())
 }
 
-/// Whether `write` answers within 5 s; `what` says what it waited for if not.
-async fn answers_in_time<T>(
-    write: impl std::future::Future<Output = Result<T>>,
-    what: &str,
-) -> Result<()> {
-    match tokio::time::timeout(Duration::from_secs(5), write).await {
-        Ok(answer) => answer.map(|_| ()),
-        Err(_) => anyhow::bail!("a victim's write waited 5 s for {what}"),
-    }
-}
-
 // 14. reap_stale folded the backends' key counts (once_internal.key_counts) into slot -1
 // in its caller's transaction, keeping the rows it folded and slot -1's locked until that
 // transaction ended: an application role that called it and left its transaction open (or
@@ -565,7 +554,7 @@ async fn an_open_reap_stale_holds_up_no_other_writer_nor_the_worker() -> Result<
         .query_one("SELECT pg_backend_pid()", &[])
         .await?
         .get(0);
-    let victims_write = answers_in_time(
+    let victims_write = pg_once_multi::answers_in_time(
         complete(&victim, &fresh_key("victim"), json!(2)),
         "an open transaction that called reap_stale",
     )
@@ -627,7 +616,7 @@ async fn a_prepared_transaction_holds_up_no_later_backend() -> Result<()> {
     drop(backends);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let client = pg_once_multi::roles::connect_as(&victim).await?;
-    let victims_write = answers_in_time(
+    let victims_write = pg_once_multi::answers_in_time(
         complete(&client, &fresh_key("victim"), json!(1)),
         "a prepared transaction of a backend that had its number",
     )
