@@ -67,10 +67,6 @@ pub async fn hold(dsn: &str, label: &str, shape: Shape, at: Schedule) -> Result<
         !at.interval.is_zero() && keys as i64 >= 2 * workers as i64 * batch as i64,
         "hold needs a positive --interval and at least 2 x workers x batch keys"
     );
-    anyhow::ensure!(
-        with != QueueImpl::Pgmq,
-        "hold compares pg_once with the plain table only"
-    );
     let admin = once::connect(dsn).await?;
     let name = format!("hold_{}", std::process::id());
     let table = match with {
@@ -87,10 +83,11 @@ pub async fn hold(dsn: &str, label: &str, shape: Shape, at: Schedule) -> Result<
                 .await?;
             "once.entries".to_string()
         }
-        QueueImpl::Plain | QueueImpl::Pgmq => {
+        QueueImpl::Plain => {
             super::create_plain_queue(&admin, &name, keys as i64).await?;
             name.clone()
         }
+        QueueImpl::Pgmq => anyhow::bail!("hold compares pg_once with the plain table only"),
     };
     admin.batch_execute("VACUUM ANALYZE").await?;
     super::settle(&admin).await?;
@@ -133,6 +130,7 @@ pub async fn hold(dsn: &str, label: &str, shape: Shape, at: Schedule) -> Result<
                 QueueImpl::Once => client.prepare(
                     "SELECT count(once.enqueue_key(k, queue => $2, refresh => true)) FROM unnest($1::text[]) k",
                 ).await?,
+                // (pgmq never gets here: refused before the queue is made.)
                 QueueImpl::Plain | QueueImpl::Pgmq => client.prepare(&format!(
                     "UPDATE {name} SET state = 'queued', worker = NULL, locked_at = NULL
                       WHERE id = ANY($1::text[]::bigint[]) AND $2::text IS NOT NULL"
