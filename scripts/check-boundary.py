@@ -35,6 +35,7 @@ RUST_TO_SQL = {
     "JsonbArray": "jsonb[]",
     "Vec<Option<String>>": "text[]",
     "Vec<Option<i64>>": "bigint[]",
+    "&[u8]": "bytea",
     "pg_sys::ItemPointerData": "tid",
     # An Oid argument is a role: regrole's datum is the role's oid.
     "pg_sys::Oid": "regrole",

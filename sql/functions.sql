@@ -16,12 +16,13 @@ CREATE FUNCTION once.claim_key(
     lease       interval DEFAULT '30 seconds',
     wait        interval DEFAULT '0',
     owner_pid   integer DEFAULT NULL,
-    serve_stale boolean DEFAULT false)
+    serve_stale boolean DEFAULT false,
+    fingerprint bytea DEFAULT NULL)
 RETURNS once.claim
 LANGUAGE c VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
-AS 'MODULE_PATHNAME', 'claim_key_0_2_wrapper';
+AS 'MODULE_PATHNAME', 'claim_key_0_3_wrapper';
 
-COMMENT ON FUNCTION once.claim_key(text, interval, interval, integer, boolean) IS
+COMMENT ON FUNCTION once.claim_key(text, interval, interval, integer, boolean, bytea) IS
 $$Claim a key or get its cached result, in one round trip. outcome is:
 hit (result is set), claimed (you own the key: compute, then complete_key with token),
 failed (the last attempt failed and retry_at is in the future: error is set), or
@@ -31,6 +32,9 @@ With serve_stale => true, also refresh (you own the key and result is the previo
 serve it, recompute, complete_key) and stale (result is the previous one, served at once
 while someone refreshes it); without it a refresh is answered claimed and a stale result
 wait (or failed), as before pg_once 0.2.
+fingerprint (1 to 64 bytes: a digest of the request, e.g. for an Idempotency-Key) is stored
+with the claim it takes; while the key runs or its result is served, a call with another
+fingerprint gets outcome mismatch and changes nothing. NULL on either side never mismatches.
 With wait > 0 the call blocks, holding no lock, until the key resolves, its owner is gone
 (then you are given the claim) or wait elapses (then it returns wait), whatever other
 transactions hold; wait => 0 never waits for a lock.

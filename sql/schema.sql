@@ -102,7 +102,7 @@ CREATE TYPE once.key_state AS ENUM ('queued', 'running', 'done', 'failed');
 -- What one claim_key call decided. outcome is one of hit | claimed | wait | failed, and,
 -- for a caller that passes serve_stale => true, refresh | stale.
 CREATE TYPE once.claim AS (
-    outcome          text,         -- hit | claimed | wait | failed | refresh | stale
+    outcome          text,         -- hit | claimed | wait | failed | refresh | stale | mismatch
     token            bigint,       -- claimed/refresh: your fencing token; wait/stale: the owner's
     result           jsonb,        -- hit, refresh, stale: the (previous) result
     error            text,         -- failed: the last attempt's error; stale: a failed refresh's
@@ -115,7 +115,7 @@ CREATE TYPE once.claim AS (
 COMMENT ON TYPE once.claim IS
     'What one once.claim_key call decided (outcome) and what goes with it.';
 COMMENT ON COLUMN once.claim.outcome IS
-    'What the call decided: hit (result is set), claimed (you own the key: compute, then complete_key with token), failed (error is set, until retry_at) or wait (someone else computes it). With serve_stale => true also refresh (you own the key and result is the previous one: serve it, recompute, complete_key) and stale (result is the previous one, served while someone refreshes it).';
+    'What the call decided: hit (result is set), claimed (you own the key: compute, then complete_key with token), failed (error is set, until retry_at) or wait (someone else computes it). With serve_stale => true also refresh (you own the key and result is the previous one: serve it, recompute, complete_key) and stale (result is the previous one, served while someone refreshes it). With a fingerprint also mismatch (the key runs or its result is served for a request of another fingerprint: nothing was changed, every other column is NULL).';
 COMMENT ON COLUMN once.claim.token IS
     'claimed or refresh: your fencing token, to pass to complete_key, fail_key, heartbeat_key or release_key. wait or stale: the owner''s token (stale: NULL when nobody refreshes right now). NULL otherwise.';
 COMMENT ON COLUMN once.claim.result IS
@@ -287,6 +287,10 @@ CREATE TABLE once.entries (
     -- 0.2.0: the role that made the running claim; only it (or an administrator) may end
     -- or extend the claim with its token (protocol/sql/rules/token_holder.sql). NULL for claims of 0.1.0.
     owner_role       oid,
+    -- 0.3.0: the fingerprint of the request that made the key's current attempt (claim_key's
+    -- fingerprint: a digest, at most 64 bytes); a claim with another one is answered
+    -- mismatch while the key runs or its result is served. NULL: claimed without one.
+    fingerprint      bytea,
     CONSTRAINT entries_pkey PRIMARY KEY (key_hash)
 )
 -- No CHECK constraints and no generated column, on purpose: PostgreSQL re-reads and
@@ -358,6 +362,8 @@ COMMENT ON COLUMN once.entries.rerun_stale IS
     'With rerun stale: how long the result of the run in progress is served as stale after it ends.';
 COMMENT ON COLUMN once.entries.owner_role IS
     'The role that made the current or last claim: only it, or an administrator, may complete, fail, heartbeat or release the claim with its token. NULL for claims made before 0.2.0.';
+COMMENT ON COLUMN once.entries.fingerprint IS
+    'The fingerprint (claim_key''s, a digest of the request) the current or last claim was made with: while the key runs or its result is served, a claim with another one is answered mismatch. NULL: claimed without one (then any claim is compared with nothing).';
 COMMENT ON COLUMN once.entries.created_at IS
     'When the key''s row was created.';
 COMMENT ON COLUMN once.entries.claimed_at IS

@@ -1,4 +1,4 @@
--- A database as pg_once 0.1.0 leaves it after some use, made with 0.1.0's functions only:
+-- A database as pg_once 0.2.0 leaves it after some use, made with 0.2.0's functions only:
 -- results with and without a ttl, a failed key waiting for its retry, a running claim,
 -- queued jobs in two queues with payloads, a job that exhausted its attempts (a dead
 -- letter), attempt history, and tokens drawn for keys since invalidated.
@@ -28,26 +28,28 @@ SELECT once.fail_key(c.key, c.token, 'bounced', retry_after => '0')
 SELECT once.complete_key(c.key, c.token, '"sent"')
   FROM once.claim_next('default', owner_pid => 0) AS c;
 
--- An application role granted what it uses: the update replaces claim_key, complete_key
--- and complete_keys (new signatures), and must carry these grants over (upgrade-test.sh
--- gives a fresh install the same grants, pg_test/upgrade/grants.sql, and compares).
+-- A result with a stale window and early refreshes (0.2.0's freshness).
+SELECT once.complete_key('up:fresh', (once.claim_key('up:fresh', owner_pid => 0)).token,
+                         '"fresh"', ttl => '1 day', stale => '1 hour', beta => 1.0);
+
+-- An application role granted what it uses: the update replaces claim_key (a new
+-- signature), and must carry these grants over (upgrade-test.sh gives a fresh install
+-- the same grants, pg_test/upgrade/grants.sql, and compares).
 CREATE ROLE up_app;
 GRANT USAGE ON SCHEMA once TO up_app;
-GRANT EXECUTE ON FUNCTION once.claim_key(text, interval, interval, integer),
-                          once.complete_key(text, bigint, jsonb, interval),
-                          once.complete_keys(text[], bigint[], jsonb[], interval),
+GRANT EXECUTE ON FUNCTION once.claim_key(text, interval, interval, integer, boolean),
+                          once.get(text),
+                          once.complete_key(text, bigint, jsonb, interval, interval, float8, float8),
+                          once.complete_keys(text[], bigint[], jsonb[], interval, interval, float8, float8),
                           once.fail_key(text, bigint, text, interval),
-                          once.enqueue_key(text, jsonb, text, integer, timestamptz, boolean, integer)
+                          once.enqueue_key(text, jsonb, text, integer, timestamptz, boolean, integer),
+                          once.enqueue_keys(text[], jsonb[], text, integer, timestamptz, boolean, integer),
+                          once.create_queue(text, integer, interval, interval, text)
     TO up_app;
-
--- The update drops and creates once.stats (its columns change) and create_queue (a new
--- signature): what was granted on them is granted again (grants.sql). It moves what only
--- pg_once calls into once_internal, where nothing is granted to anyone: these grants go
--- (a fresh install has none).
 GRANT SELECT ON once.stats TO up_app;
-GRANT EXECUTE ON FUNCTION once.create_queue(text, integer, interval, interval) TO up_app;
-GRANT EXECUTE ON FUNCTION once.backend_alive(integer, timestamptz), once.row_taken(tid) TO up_app;
-GRANT USAGE, SELECT ON SEQUENCE once.token_seq TO up_app;
+-- Nothing in once_internal is granted to anyone: the update takes this back (a fresh
+-- install has none).
+GRANT EXECUTE ON FUNCTION once_internal.row_taken(tid) TO up_app;
 -- The upgrading role's default privileges give nothing the update creates to anyone
 -- (grants.sql sets the same ones after a fresh install, so that both dumps list them).
 CREATE ROLE up_intruder;

@@ -77,6 +77,32 @@ pub fn lease(lease: Option<Interval>) -> Interval {
     lease
 }
 
+/// The most bytes a fingerprint may have: 64, a SHA-512 digest, the largest digest a
+/// caller is likely to use. A fingerprint is compared, never read back, so a digest of the
+/// request is all it needs to be; the bound keeps once.entries' rows small (a claim's
+/// update stays on its page) and refuses the mistake of passing the request body itself.
+pub const MAX_FINGERPRINT_BYTES: usize = 64;
+
+/// claim_key's fingerprint: NULL (none), or 1 to MAX_FINGERPRINT_BYTES bytes. Empty is
+/// refused: it is what a digest of nothing is not, and most likely a caller's bug.
+pub fn fingerprint(fingerprint: Option<&[u8]>) -> Option<&[u8]> {
+    let hint = "Pass a digest of the request, e.g. sha256(convert_to(method || ' ' || path || ' ' || body, 'UTF8')) (32 bytes), or NULL to claim without one.";
+    let fingerprint = fingerprint?;
+    if fingerprint.is_empty() {
+        errors::invalid_argument("fingerprint must not be empty".to_string(), hint);
+    }
+    if fingerprint.len() > MAX_FINGERPRINT_BYTES {
+        errors::invalid_argument(
+            format!(
+                "fingerprint must be at most {MAX_FINGERPRINT_BYTES} bytes, got {}",
+                fingerprint.len()
+            ),
+            hint,
+        );
+    }
+    Some(fingerprint)
+}
+
 /// How long claim_key may block: zero (do not wait) up to one day.
 pub fn wait(wait: Option<Interval>) -> i128 {
     let hint =

@@ -14,15 +14,17 @@ use pgrx::prelude::*;
 use pgrx::PgTupleDesc;
 use std::cell::RefCell;
 
-/// Named for the release of its signature: 0.2.0 added `serve_stale` to 0.1.0's
-/// claim_key (symbol claim_key_wrapper; CONTRIBUTING.md, "Upgrades").
+/// Named for the release of its signature: 0.3.0 added `fingerprint` to 0.2.0's
+/// claim_key (symbol claim_key_0_2_wrapper, which added `serve_stale` to 0.1.0's
+/// claim_key_wrapper; CONTRIBUTING.md, "Upgrades").
 #[pg_extern(sql = false)]
-fn claim_key_0_2(
+fn claim_key_0_3(
     key: Option<&str>,
     lease: Option<Interval>,
     wait: Option<Interval>,
     owner_pid: Option<i32>,
     serve_stale: Option<bool>,
+    fingerprint: Option<&[u8]>,
     fcinfo: pg_sys::FunctionCallInfo,
 ) -> pgrx::composite_type!('static, "claim") {
     body(|| {
@@ -35,10 +37,11 @@ fn claim_key_0_2(
             "serve_stale",
             "Pass true to be answered refresh and stale (see Freshness), false for the four outcomes of pg_once 0.1.",
         );
+        let fingerprint = args::fingerprint(fingerprint);
         if wait_micros > 0 {
             refuse_wait_under_snapshot_isolation("claim_key");
         }
-        let claim = waiting::claim_key(&key, lease, owner, wait_micros, serve_stale);
+        let claim = waiting::claim_key(&key, lease, owner, wait_micros, serve_stale, fingerprint);
         claim_row(fcinfo, claim)
     })
 }
@@ -229,6 +232,8 @@ fn claim_row(
             row.set("error", error);
             ("stale", None, Some(attempts))
         }
+        // Says nothing of the key: the caller's request is not the one it stands for.
+        Claim::Mismatch => ("mismatch", None, None),
     };
     row.set("outcome", outcome);
     row.set("token", token);

@@ -332,6 +332,11 @@ fn wrong_type(param: &Param, given: &str) -> String {
             "{name} is jsonb, got {given}: pass value::jsonb for JSON text, or to_jsonb(value) \
              to store the value itself (a string becomes a JSON string)."
         ),
+        // claim_key's fingerprint: a text or a number is most likely the request itself.
+        "bytea" => format!(
+            "{name} is bytea, got {given}: pass a digest of it, e.g. \
+             {name} => sha256(convert_to(value, 'UTF8'))."
+        ),
         expected => {
             format!("{name} is {expected}, got {given}: cast it, {name} => value::{expected}.")
         }
@@ -346,7 +351,17 @@ mod tests {
     fn the_install_script_gives_every_api_function_its_parameters() {
         let claim_key = api().iter().find(|f| f.name == "claim_key").unwrap();
         let names: Vec<_> = claim_key.params.iter().map(|p| p.name.as_str()).collect();
-        assert_eq!(names, ["key", "lease", "wait", "owner_pid", "serve_stale"]);
+        assert_eq!(
+            names,
+            [
+                "key",
+                "lease",
+                "wait",
+                "owner_pid",
+                "serve_stale",
+                "fingerprint"
+            ]
+        );
         assert!(!claim_key.params[0].has_default && claim_key.params[2].has_default);
         assert_eq!(claim_key.params[2].type_name, "interval");
         assert!(api().iter().any(|f| f.name == "key_hash"));

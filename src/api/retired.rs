@@ -30,10 +30,16 @@ fn create_queue() -> bool {
     retired("create_queue_wrapper")
 }
 
-/// 0.1.0's once.claim_key(text, interval, interval, integer) (now claim_key_0_2).
+/// 0.1.0's once.claim_key(text, interval, interval, integer) (then claim_key_0_2, now claim_key_0_3).
 #[pg_extern(sql = false)]
 fn claim_key() -> bool {
     retired("claim_key_wrapper")
+}
+
+/// 0.2.0's once.claim_key(text, interval, interval, integer, boolean) (now claim_key_0_3).
+#[pg_extern(sql = false)]
+fn claim_key_0_2() -> bool {
+    retired("claim_key_0_2_wrapper")
 }
 
 /// 0.1.0's once.complete_key(text, bigint, jsonb, interval) (now complete_key_0_2).

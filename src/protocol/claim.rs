@@ -76,6 +76,10 @@ pub enum Claim {
         error: Option<String>,
         attempts: i32,
     },
+    /// The key's current attempt was claimed with another fingerprint and still counts (it
+    /// runs, or its result is served): this caller's request is not the one the key
+    /// stands for. Nothing was changed (see `mismatches`).
+    Mismatch,
 }
 
 /// A claim this call took.
@@ -100,7 +104,8 @@ static TAKE_CLAIM: Statement = statement!("take_claim");
 /// waits for another transaction's lock at most `budget`. `serve_stale`: the caller takes
 /// the answers `refresh` and `stale`; otherwise it is answered as before they existed (a
 /// refresh as `claimed`, a stale result as the state of the key says: `wait`, `failed`,
-/// or a claim). What it changes is decided in one place, StaleRule.
+/// or a claim). What it changes is decided in one place, StaleRule. `fingerprint`: the
+/// caller's request, stored with a claim it takes and compared with the key's (`mismatches`).
 pub fn attempt(
     key: &Key,
     lease: Interval,
@@ -108,6 +113,7 @@ pub fn attempt(
     watch: &mut OwnerWatch,
     budget: LockBudget,
     serve_stale: bool,
+    fingerprint: Option<&[u8]>,
 ) -> Claim {
     let rule = StaleRule { serve_stale };
     loop {
@@ -124,18 +130,22 @@ pub fn attempt(
                 Ok(Some(pending)) => return busy(Some(&pending)),
                 Err(Blocked) => return busy(None),
             }
-            match insert_claim(key, lease, owner, budget) {
+            match insert_claim(key, lease, owner, budget, fingerprint) {
                 Ok(Some(taken)) => return Claim::Claimed { taken, kept: None },
                 Ok(None) => continue, // someone else inserted it first: look again
                 Err(Blocked) => return busy(None),
             }
         };
+        if mismatches(&entry, fingerprint) {
+            return Claim::Mismatch;
+        }
         if entry.fresh() {
             // A fresh result, also while the key is recomputed (a refresh, an early one, a
             // queued key enqueued with refresh): it is served until the new one lands. A
             // done key may draw an early refresh; losing the race for it is a hit.
             if draws_early_refresh(&entry) {
-                if let Ok(Some(taken)) = take_claim(key, &entry, lease, owner, None, budget, true) {
+                let early = take_claim(key, &entry, lease, owner, None, budget, true, fingerprint);
+                if let Ok(Some(taken)) = early {
                     return rule.refreshing(taken, entry);
                 }
             }
@@ -174,7 +184,17 @@ pub fn attempt(
             return rule.unavailable(entry, Unavailable::Busy);
         }
         let keep = entry.servable_stale();
-        match take_claim(key, &entry, lease, owner, gone_reason, budget, keep) {
+        let taken = take_claim(
+            key,
+            &entry,
+            lease,
+            owner,
+            gone_reason,
+            budget,
+            keep,
+            fingerprint,
+        );
+        match taken {
             Ok(Some(taken)) if keep => return rule.refreshing(taken, entry),
             Ok(Some(taken)) => return Claim::Claimed { taken, kept: None },
             Ok(None) => {} // the key changed between our read and our write: look again
@@ -211,6 +231,21 @@ fn draws_early_refresh(entry: &Entry) -> bool {
         && !standby::active()
         && freshness::draws_early_refresh(entry)
         && !entry::held_elsewhere(entry)
+}
+
+/// Is the caller's request (`fingerprint`) not the one `entry`'s current attempt was
+/// claimed for, while that attempt still counts? It counts while the key runs (its owner
+/// alive or not: a takeover is a retry of the same request) and while its result is
+/// served (fresh, or in its stale window). A key without a fingerprint, or a caller
+/// without one, never mismatches: absent fingerprints behave as before they existed. Once
+/// the attempt no longer counts (failed, result expired, released, invalidated) a claim
+/// takes the key and stores its own fingerprint; a failure still served until retry_at
+/// is answered `failed` to every caller, as before.
+fn mismatches(entry: &Entry, fingerprint: Option<&[u8]>) -> bool {
+    let (Some(theirs), Some(mine)) = (entry.fingerprint.as_deref(), fingerprint) else {
+        return false;
+    };
+    theirs != mine && (entry.state == KeyState::Running || entry.fresh() || entry.servable_stale())
 }
 
 /// Why a key past its ttl cannot be handed to this caller now.
@@ -349,8 +384,13 @@ fn insert_claim(
     lease: Interval,
     owner: Owner,
     budget: LockBudget,
+    fingerprint: Option<&[u8]>,
 ) -> Result<Option<Taken>, Blocked> {
-    let args = params![key_hash = key.hash_param(), key = key.text_param()];
+    let args = params![
+        key_hash = key.hash_param(),
+        key = key.text_param(),
+        fingerprint = fingerprint,
+    ];
     let claim = claim_by(&INSERT_CLAIM, key, args, lease, owner, budget)?;
     if claim.is_some() {
         namespace::recheck_key(key.text, "claim_key");
@@ -358,6 +398,7 @@ fn insert_claim(
     Ok(claim)
 }
 
+#[allow(clippy::too_many_arguments)] // each is one of take_claim.sql's parameters
 fn take_claim(
     key: &Key,
     seen: &Entry,
@@ -366,6 +407,7 @@ fn take_claim(
     gone_reason: Option<&str>,
     budget: LockBudget,
     keep_result: bool,
+    fingerprint: Option<&[u8]>,
 ) -> Result<Option<Taken>, Blocked> {
     let args = params![
         key_hash = key.hash_param(),
@@ -373,6 +415,7 @@ fn take_claim(
         seen_state = seen.state.label(),
         gone_reason = gone_reason,
         keep_result = keep_result,
+        fingerprint = fingerprint,
     ];
     let claim = claim_by(&TAKE_CLAIM, key, args, lease, owner, budget)?;
     if claim.is_some() && gone_reason.is_some() {

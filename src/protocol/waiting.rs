@@ -34,17 +34,36 @@ pub fn claim_key(
     owner: Owner,
     wait_micros: i128,
     serve_stale: bool,
+    fingerprint: Option<&[u8]>,
 ) -> Claim {
     if wait_micros <= 0 {
         // wait => 0 never waits for a lock: an uncommitted claim answers `wait` at once.
         let mut watch = OwnerWatch::default();
-        return claim::attempt(key, lease, owner, &mut watch, LockBudget(1), serve_stale);
+        let budget = LockBudget(1);
+        return claim::attempt(
+            key,
+            lease,
+            owner,
+            &mut watch,
+            budget,
+            serve_stale,
+            fingerprint,
+        );
     }
     let mut waiter = Waiter::new(key.tag, wait_micros);
     let mut watch = OwnerWatch::default();
     loop {
         waiter.before_look();
-        let claim = claim::attempt(key, lease, owner, &mut watch, budget(&waiter), serve_stale);
+        let budget = budget(&waiter);
+        let claim = claim::attempt(
+            key,
+            lease,
+            owner,
+            &mut watch,
+            budget,
+            serve_stale,
+            fingerprint,
+        );
         let Claim::Wait {
             lease_expires_at,
             uncommitted,

@@ -71,6 +71,8 @@ pub struct Entry {
     /// complete_key's beta (early refreshes), and how long the result took to compute.
     pub beta: Option<f64>,
     pub compute_time: Option<Interval>,
+    /// The fingerprint the key's current attempt was claimed with (claim_key's).
+    pub fingerprint: Option<Vec<u8>>,
     /// Server clock (what clock_timestamp() reads) right after the row was read.
     pub read_at: pg_sys::TimestampTz,
     /// Where the version read lies in once.entries.
@@ -102,7 +104,7 @@ impl Entry {
 }
 
 /// The columns read, in the order of `COLUMNS`.
-const COLUMNS: [&CStr; 15] = [
+const COLUMNS: [&CStr; 16] = [
     c"state",
     c"token",
     c"result",
@@ -118,6 +120,7 @@ const COLUMNS: [&CStr; 15] = [
     c"stale_until",
     c"beta",
     c"compute_time",
+    c"fingerprint",
 ];
 
 /// The current version of `key`'s row, as a fresh snapshot sees it (READ COMMITTED: every
@@ -212,6 +215,7 @@ unsafe fn scan(
                 stale_until: copy(value(12)),
                 beta: copy(value(13)),
                 compute_time: copy(value(14)),
+                fingerprint: copy(value(15)),
                 read_at: pg_sys::GetCurrentTimestamp(),
                 tid: (*slot).tts_tid,
             })

@@ -9,6 +9,7 @@
 mod bad_input;
 mod claims;
 mod compat;
+mod fingerprints;
 mod freshness;
 mod get;
 mod keys;

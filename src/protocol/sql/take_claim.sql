@@ -5,6 +5,9 @@
 -- nothing having changed since the key was read, and a running key is taken only if its
 -- owner is still gone when the row is locked (a heartbeat may have just extended the
 -- lease). Run through subxact::keep_if, so a lost race leaves no lock behind.
+-- The new attempt is the request of $fingerprint (NULL: none); a refresh, which serves the
+-- kept result meanwhile, keeps the kept result's fingerprint when it is given none, so
+-- that a request the result does not answer is still told mismatch (protocol::claim).
 UPDATE once.entries
         SET ({{claimant_columns}}) = ({{claimant_values}}),
             attempts = CASE WHEN state = 'done' THEN 1 ELSE attempts + 1 END,
@@ -17,7 +20,9 @@ UPDATE once.entries
             result = CASE WHEN $keep_result THEN result END,
             expires_at = CASE WHEN $keep_result THEN expires_at END,
             stale_until = CASE WHEN $keep_result THEN stale_until END,
-            retry_at = NULL
+            retry_at = NULL,
+            fingerprint = CASE WHEN $keep_result THEN COALESCE($fingerprint, fingerprint)
+                               ELSE $fingerprint END
       WHERE key_hash = $key_hash AND token = $seen_token AND state = $seen_state::once.key_state
         AND (state <> 'running' OR {{owner_gone(row=)}})
      RETURNING token, lease_expires_at, attempts
