@@ -146,17 +146,19 @@ upgrade_test() {
         snapshot() { psql_ -c "SET snapshot.columns = '$columns'" -f pg_test/upgrade/snapshot.sql; }
         snapshot >"$work/before.txt"
         echo "$(wc -l <"$work/before.txt") rows and sequence values kept before the upgrade" >&2
-        # (e) A database whose owner, no superuser, made schema once before a superuser
-        # installed pg_once there, and planted an operator int[] < int[] in it that the
-        # update's version check would resolve instead of pg_catalog's: the update refuses
-        # the schema before anything in it runs (sql/schema.sql's $trust$ block).
+        # (e) A database whose owner, no superuser, was given schema once after a superuser
+        # installed pg_once there (since 0.2.0 the install itself refuses a schema once
+        # another role made), and planted an operator int[] < int[] in it that the update's
+        # version check would resolve instead of pg_catalog's: the update refuses the
+        # schema before anything in it runs (sql/schema.sql's $trust$ block).
         psql_ -q -c "CREATE ROLE up_dbowner" -c "CREATE DATABASE pg_once_planted OWNER up_dbowner" \
-            -c "\\c pg_once_planted" -c "SET ROLE up_dbowner" -c "CREATE SCHEMA once" \
+            -c "\\c pg_once_planted" -c "CREATE EXTENSION pg_once" \
+            -c "ALTER SCHEMA once OWNER TO up_dbowner" -c "SET ROLE up_dbowner" \
             -c "CREATE TABLE once.sprung (ran_as name)" \
             -c "CREATE FUNCTION once.trap(int[], int[]) RETURNS boolean LANGUAGE sql
                     AS 'INSERT INTO once.sprung VALUES (current_user) RETURNING false'" \
             -c "CREATE OPERATOR once.< (LEFTARG = int[], RIGHTARG = int[], FUNCTION = once.trap)" \
-            -c "RESET ROLE" -c "CREATE EXTENSION pg_once" -c "TRUNCATE once.sprung"
+            -c "RESET ROLE"
 
         say "9/9 the new files installed while the server runs the old library"
         upgrade_install "$work/current" "$root"
