@@ -393,6 +393,12 @@ mod tests {
         assert!(hint.contains("needs token, result as well"), "{hint}");
         let hint = hint_for("function once.complete_key(unknown, integer, text) does not exist");
         assert!(hint.unwrap().starts_with("result is jsonb, got text"));
+        let hint = "function once.claim_key(unknown, fingerprint => text) does not exist";
+        let hint = hint_for(hint).unwrap();
+        assert!(
+            hint.contains("fingerprint => sha256(convert_to(value"),
+            "{hint}"
+        );
         assert_eq!(
             hint_for("function other.claim_key(integer) does not exist"),
             None

@@ -67,4 +67,10 @@ SELECT outcome, result FROM once.claim_key('https://example.com/d');
 SELECT once.refresh_key('https://example.com/d', stale => '1 minute');
 -- cached
 SELECT once.cached('report:superusers', 'SELECT rolname FROM pg_roles WHERE rolsuper ORDER BY 1', ttl => '5 minutes');
+-- fingerprints
+SELECT once.complete_key('order:7f3a', token, '{"status": 201, "order": 42}')
+  FROM once.claim_key('order:7f3a', fingerprint => sha256('POST /orders {"sku": 1}'));
+SELECT outcome, result FROM once.claim_key('order:7f3a', fingerprint => sha256('POST /orders {"sku": 1}'));
+SELECT outcome, result FROM once.claim_key('order:7f3a', fingerprint => sha256('POST /orders {"sku": 2}'));
+SELECT outcome FROM once.claim_key('order:7f3a', fingerprint => convert_to(repeat('POST /orders {"sku": 2} ', 3), 'UTF8'));
 DROP EXTENSION pg_once;
