@@ -270,8 +270,18 @@ class WsgiService:
         self.middleware.close()
 
 
+@pytest.fixture(scope="session")
+def demo_tables(extension):
+    """The orders table of clients/conformance/http/README.md, which the handler writes."""
+    with psycopg.connect(DIRECT, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA IF NOT EXISTS idem_demo")
+        conn.execute("CREATE TABLE IF NOT EXISTS idem_demo.orders (id bigserial PRIMARY KEY,"
+                     " idempotency_key text, sku jsonb, pid int,"
+                     " at timestamptz NOT NULL DEFAULT clock_timestamp())")
+
+
 @pytest.fixture(params=["asgi", "wsgi"])
-def service(request, extension):
+def service(request, demo_tables):
     """service(**middleware options): a service of the test's flavour, closed after it."""
     pytest.importorskip("starlette" if request.param == "asgi" else "flask")
     made = []
@@ -437,7 +447,7 @@ def test_a_lost_claim_rolls_the_handler_back(service, new_key, admin):
     assert admin.execute(ORDERS, (I.entry_key("", None, key),)).fetchone()[0] == 0
 
 
-def test_a_lost_claim_made_into_an_error_page_is_a_conflict(new_key, admin):
+def test_a_lost_claim_made_into_an_error_page_is_a_conflict(new_key, admin, demo_tables):
     """Flask's own 500 page for the ClaimLost (without PROPAGATE_EXCEPTIONS) is replaced."""
     pytest.importorskip("flask")
     need_server()
@@ -493,7 +503,7 @@ def test_unreachable_store_runs_nothing(service, new_key):
     assert s.post(json={}).status_code == 201   # without a key: passes through
 
 
-def test_starlette_add_middleware_owns_its_client(new_key):
+def test_starlette_add_middleware_owns_its_client(new_key, extension):
     """app.add_middleware(IdempotencyMiddleware, conninfo=...): opened at lifespan startup,
     closed at shutdown."""
     pytest.importorskip("starlette")
@@ -517,3 +527,52 @@ def test_starlette_add_middleware_owns_its_client(new_key):
         assert http.post("/", headers={"Idempotency-Key": key}).status_code == 201
         assert http.post("/", headers={"Idempotency-Key": key}).headers["idempotent-replayed"]
     assert middleware._gate._client is None           # closed at shutdown
+
+
+def test_the_response_is_stored_before_its_end_reaches_the_caller(new_key, admin):
+    """A retry sent the moment the caller has the whole response must be replayed, not
+    told it still runs: the entry is done when the last bytes are handed to the server."""
+    need_server()
+    from pg_once.asgi import IdempotencyMiddleware as Asgi
+    from pg_once.wsgi import IdempotencyMiddleware as Wsgi
+    key = new_key()
+    entry_state = lambda k: admin.execute(
+        "SELECT state::text FROM once.entries WHERE key = %s", (I.entry_key("", None, k),)).fetchone()[0]
+
+    async def asgi_app(scope, receive, send):
+        await receive()
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        for part in (b"a", b"b"):
+            await send({"type": "http.response.body", "body": part, "more_body": part == b"a"})
+
+    async def asgi_request():
+        middleware = Asgi(asgi_app, conninfo=DIRECT)
+        states = []
+
+        async def receive():
+            return {"type": "http.request", "body": b"{}", "more_body": False}
+
+        async def send(message):
+            if message["type"] == "http.response.body":
+                states.append(entry_state(key))
+        scope = {"type": "http", "method": "POST", "path": "/", "raw_path": b"/",
+                 "query_string": b"", "headers": [(b"idempotency-key", key.encode())]}
+        try:
+            await middleware(scope, receive, send)
+        finally:
+            await middleware.close()
+        return states
+    assert asyncio.run(asgi_request()) == ["running", "done"]
+
+    def wsgi_app(environ, start_response):
+        start_response("201 Created", [("Content-Length", "2")])
+        return [b"a", b"b"]
+    key = new_key()
+    middleware = Wsgi(wsgi_app, conninfo=DIRECT)
+    try:
+        environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/", "QUERY_STRING": "",
+                   "HTTP_IDEMPOTENCY_KEY": key, "CONTENT_LENGTH": "0", "wsgi.input": None}
+        states = [entry_state(key) for _ in middleware(environ, lambda *a: None)]
+    finally:
+        middleware.close()
+    assert states == ["running", "done"]

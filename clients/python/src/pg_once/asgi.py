@@ -130,7 +130,10 @@ class IdempotencyMiddleware:
             elif kind == "http.response.body" and not state["swallowed"]:
                 response.add(message.get("body", b""))
                 if not message.get("more_body", False):
+                    # Stored before its end reaches the caller, so that a retry sent on
+                    # seeing the end is replayed rather than told it still runs.
                     state["ended"] = True
+                    await self._gate.finish(claim, response)
             if not state["swallowed"]:
                 await send(message)
 
@@ -149,9 +152,7 @@ class IdempotencyMiddleware:
             return
         if state["swallowed"]:
             await _answer(send, I.in_flight(self.options).reply())
-        elif state["ended"]:
-            await self._gate.finish(claim, response)
-        else:   # the handler returned without answering in full
+        elif not state["ended"]:   # the handler returned without answering in full
             await self._gate.give_back(claim)
 
     # -- the lifespan: the middleware's own client -------------------------------------------

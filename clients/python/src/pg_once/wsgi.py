@@ -101,6 +101,7 @@ class IdempotencyMiddleware:
             yield from self._failed(claim, exc, start_response)
             return
         sent = False
+        last = b""   # held back until the response is stored (below)
         try:
             for chunk in result:
                 if not sent and started:
@@ -110,7 +111,9 @@ class IdempotencyMiddleware:
                     sent = True
                 if chunk:
                     response.add(chunk)
-                    yield chunk
+                    if last:
+                        yield last
+                    last = chunk
             if not claim.lost and not sent:
                 start_response(started["status"], started["headers"], started["exc_info"])
                 sent = True
@@ -129,7 +132,11 @@ class IdempotencyMiddleware:
             return
         response.status = int(started["status"].split()[0])
         response.headers = started["headers"]
+        # Stored before the response's last bytes reach the caller, so that a retry sent on
+        # seeing its end is replayed rather than told it still runs.
         self._gate.finish(claim, response)
+        if last:
+            yield last
 
     def _failed(self, claim: RequestClaim, exc: Exception, start_response) -> Iterator[bytes]:
         if claim.lost or isinstance(exc, ClaimLost):
