@@ -507,11 +507,9 @@ def test_starlette_add_middleware_owns_its_client(new_key, extension):
     """app.add_middleware(IdempotencyMiddleware, conninfo=...): opened at lifespan startup,
     closed at shutdown."""
     pytest.importorskip("starlette")
-    need_server()
     from starlette.applications import Starlette
     from starlette.responses import PlainTextResponse
     from starlette.routing import Route
-    from starlette.testclient import TestClient
 
     from pg_once.asgi import IdempotencyMiddleware
 
@@ -519,14 +517,27 @@ def test_starlette_add_middleware_owns_its_client(new_key, extension):
         return PlainTextResponse("hello", status_code=201)
     app = Starlette(routes=[Route("/", hello, methods=["POST"])])
     app.add_middleware(IdempotencyMiddleware, conninfo=DIRECT)
-    key = new_key()
-    with TestClient(app) as http:
+
+    async def serve():
+        inbox, outbox = asyncio.Queue(), asyncio.Queue()
+        lifespan = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"}},
+                                           inbox.get, outbox.put))
+        await inbox.put({"type": "lifespan.startup"})
+        assert (await outbox.get())["type"] == "lifespan.startup.complete"
         middleware = app.middleware_stack.app
         assert isinstance(middleware, IdempotencyMiddleware)
         assert middleware._gate._client is not None   # opened at startup
-        assert http.post("/", headers={"Idempotency-Key": key}).status_code == 201
-        assert http.post("/", headers={"Idempotency-Key": key}).headers["idempotent-replayed"]
-    assert middleware._gate._client is None           # closed at shutdown
+        key = new_key()
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app),
+                                     base_url="http://service") as http:
+            assert (await http.post("/", headers={"Idempotency-Key": key})).status_code == 201
+            again = await http.post("/", headers={"Idempotency-Key": key})
+            assert again.headers["idempotent-replayed"] == "true"
+        await inbox.put({"type": "lifespan.shutdown"})
+        assert (await outbox.get())["type"] == "lifespan.shutdown.complete"
+        await lifespan
+        assert middleware._gate._client is None       # closed at shutdown
+    asyncio.run(serve())
 
 
 def test_the_response_is_stored_before_its_end_reaches_the_caller(new_key, admin):
