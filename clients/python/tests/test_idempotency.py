@@ -7,7 +7,6 @@ run the example services under uvicorn and gunicorn."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import concurrent.futures
 import json
 import threading
@@ -19,7 +18,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from pg_once import _idempotency as I
-from conformance import cases, load, value
+from conformance import load, value
 from conftest import DIRECT, need_server
 
 httpx = pytest.importorskip("httpx", reason="pip install the [test] extra to test the middlewares")
