@@ -586,3 +586,15 @@ def test_the_response_is_stored_before_its_end_reaches_the_caller(new_key, admin
     finally:
         middleware.close()
     assert states == ["running", "done"]
+
+
+def test_a_key_failed_elsewhere_is_a_conflict_until_retry_at(service, new_key, admin):
+    s = service()
+    key = new_key()
+    entry = I.entry_key("", None, key)
+    admin.execute("SELECT once.fail_key(%s, token, 'failed elsewhere', retry_after => '30 s')"
+                  " FROM once.claim_key(%s)", (entry, entry))
+    r = s.post(headers={"Idempotency-Key": key}, json={})
+    problem(r, 409, "in_flight")
+    assert 29 <= int(r.headers["retry-after"]) <= 30
+    assert s.runs == []
