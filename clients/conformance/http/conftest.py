@@ -13,16 +13,9 @@ import psycopg
 import pytest
 
 from services import Running, ServiceError, discover
-from support import Api, Db
+from support import Api, Db, create_schema
 
 DSN = os.environ.get("PG_ONCE_DSN")
-SCHEMA = """
-CREATE SCHEMA IF NOT EXISTS idem_demo;
-CREATE TABLE IF NOT EXISTS idem_demo.started (id bigserial PRIMARY KEY, idempotency_key text, pid int,
-                                              at timestamptz NOT NULL DEFAULT clock_timestamp());
-CREATE TABLE IF NOT EXISTS idem_demo.orders (id bigserial PRIMARY KEY, idempotency_key text, sku jsonb,
-                                             pid int, at timestamptz NOT NULL DEFAULT clock_timestamp());
-"""
 
 _running: list[Running] = []  # stopped at exit too, should pytest itself be stopped
 
@@ -47,7 +40,7 @@ def db():
     if not DSN:
         pytest.skip("PG_ONCE_DSN is not set: the HTTP scenarios need a database with pg_once")
     with psycopg.connect(DSN, autocommit=True) as conn:
-        conn.execute(SCHEMA)
+        create_schema(conn)
         yield Db(conn)
 
 

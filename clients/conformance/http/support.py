@@ -13,6 +13,19 @@ import psycopg
 
 from services import Running
 
+TABLES = """
+CREATE SCHEMA IF NOT EXISTS idem_demo;
+CREATE TABLE IF NOT EXISTS idem_demo.started (id bigserial PRIMARY KEY, idempotency_key text, pid int,
+                                              at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE TABLE IF NOT EXISTS idem_demo.orders (id bigserial PRIMARY KEY, idempotency_key text, sku jsonb,
+                                             pid int, at timestamptz NOT NULL DEFAULT clock_timestamp());
+"""
+
+
+def create_schema(conn: psycopg.Connection):
+    """Schema idem_demo with the tables of README.md, if missing (autocommit connection)."""
+    conn.execute(TABLES)
+
 
 def fresh_key() -> str:
     return str(uuid.uuid4())
