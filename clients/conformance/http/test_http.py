@@ -75,7 +75,7 @@ async def test_fingerprint_mismatch(api):
 async def test_without_key(api):
     sku = fresh_key()
     answers = [await api.post("/orders", {"sku": sku}) for _ in range(2)]
-    assert [r.status_code for r in answers] == [201, 201], summary(answers)
+    assert [r.status_code for r in answers] == [201, 201], f"two requests without a key: {summary(answers)}"
     assert not any(replayed(r) for r in answers), "a request without a key was answered as a replay"
     assert api.db.orders_of_sku(sku) == 2, "two requests without a key must both run"
 
@@ -91,7 +91,7 @@ async def test_without_key(api):
 async def test_get_passes_through(api):
     key = fresh_key()
     answers = [await api.get("/health", key) for _ in range(2)]
-    assert [r.status_code for r in answers] == [200, 200], summary(answers)
+    assert [r.status_code for r in answers] == [200, 200], f"GET /health with a key: {summary(answers)}"
     assert not any(replayed(r) for r in answers), "a GET was replayed"
     assert not api.db.has_entry(key), "a GET with a key made a pg_once entry"
 
@@ -100,7 +100,8 @@ async def test_scopes(api):
     key, body = fresh_key(), {"sku": "scoped"}
     alice = await api.post("/orders", body, key, headers={"authorization": "Bearer alice"})
     bob = await api.post("/orders", body, key, headers={"authorization": "Bearer bob"})
-    assert (alice.status_code, bob.status_code) == (201, 201), summary([alice, bob])
+    assert (alice.status_code, bob.status_code) == (201, 201), \
+        f"one key under two Authorization headers: {summary([alice, bob])}"
     assert not replayed(bob), "another Authorization got the first caller's response"
     assert len(api.db.orders(key)) == 2, "one key under two Authorization headers must run twice"
     assert_replay_of(await api.post("/orders", body, key, headers={"authorization": "Bearer alice"}), alice)
@@ -109,7 +110,8 @@ async def test_scopes(api):
 async def test_5xx_releases(api):
     key, body = fresh_key(), {"sku": "fails", "status": 500}
     answers = [await api.post("/orders", body, key) for _ in range(2)]
-    assert [r.status_code for r in answers] == [500, 500], summary(answers)
+    assert [r.status_code for r in answers] == [500, 500], \
+        f"want the handler's 500, then again for the retry (a 5xx releases the claim), got {summary(answers)}"
     assert all(r.json() == {"error": "asked"} and not replayed(r) for r in answers), \
         f"want the handler's own 500 twice, got {summary(answers)}"
     assert len(api.db.started(key)) == 2, "a 5xx was stored: the retry did not run the handler"
@@ -139,7 +141,8 @@ async def test_killed_worker(api):
                           pending=retry)
     took = time.monotonic() - killed
     answers = await retry
-    assert answers[-1].status_code == 201 and not replayed(answers[-1]), summary(answers)
+    assert answers[-1].status_code == 201 and not replayed(answers[-1]), \
+        f"the retry after the kill was answered {summary(answers)}"
     assert len(api.db.orders(key)) == 1
     outcome = await settle(doomed)
     assert not (isinstance(outcome, httpx.Response) and outcome.status_code < 300), \
@@ -193,7 +196,9 @@ async def test_streaming(api):
     assert spread >= 0.02, f"the 5 chunks, produced 10 ms apart, arrived within {spread * 1000:.1f} ms: not streamed"
 
     replay = await api.post("/orders", body, key)
-    assert replay.status_code == 201 and replayed(replay), show(replay)
+    assert replay.status_code == 201 and replayed(replay), \
+        f"a retry sent once the streamed response had ended was answered {show(replay)} (the response " \
+        "must be stored before its end reaches the caller)"
     assert replay.content == content, "the replay differs from the streamed body"
     assert len(api.db.started(key)) == 1
 
