@@ -43,10 +43,9 @@ import psycopg
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "clients" / "conformance" / "http"))
-from services import Running, discover, load  # noqa: E402
+from services import BASELINE, Running, discover, load  # noqa: E402
 from support import create_schema  # noqa: E402
 
-NAIVE = HERE / "naive"
 ROUTES = ("/orders", "/bare/orders")
 
 
@@ -59,8 +58,8 @@ def main():
     if not services:
         sys.exit("no service: none under examples/idempotency/*/service.json, and PG_ONCE_HTTP_SERVICES unset")
     out = open(args.out, "a")
-    for service in services + [load(NAIVE)]:
-        baseline = service.directory == NAIVE
+    for service in services + [load(BASELINE)]:
+        baseline = service.directory == BASELINE
         print(f"== {service.name}", file=sys.stderr)
         with Running(service, dsn) as running:
             if not baseline:

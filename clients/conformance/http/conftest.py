@@ -8,11 +8,10 @@ import atexit
 import os
 import signal
 
-import httpx
 import psycopg
 import pytest
 
-from services import Running, ServiceError, discover
+from services import BASELINE, Running, ServiceError, discover, load
 from support import Api, Db, create_schema
 
 DSN = os.environ.get("PG_ONCE_DSN")
@@ -50,7 +49,17 @@ def service(request, db, tmp_path_factory):
     if isinstance(request.param, ServiceError):
         raise request.param
     db.conn.execute("TRUNCATE idem_demo.started, idem_demo.orders")
-    running = Running(request.param, DSN, log_dir=tmp_path_factory.mktemp(request.param.name))
+    yield from run(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def baseline(db, tmp_path_factory):
+    """The check-then-set baseline of bench/idempotency/naive, two instances."""
+    yield from run(load(BASELINE), tmp_path_factory)
+
+
+def run(service, tmp_path_factory):
+    running = Running(service, DSN, log_dir=tmp_path_factory.mktemp(service.name))
     _running.append(running)
     with running:
         yield running
@@ -65,9 +74,14 @@ def anyio_backend():
 @pytest.fixture
 async def api(service, db):
     """The two instances as one client; an instance a scenario killed is restarted first."""
-    service.revive()
-    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=200)) as http:
-        yield Api(http, service, db)
+    async with Api.open(service, db) as api:
+        yield api
+
+
+@pytest.fixture
+async def baseline_api(baseline, db):
+    async with Api.open(baseline, db) as api:
+        yield api
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -75,7 +89,8 @@ def pytest_runtest_makereport(item, call):
     """A failed scenario's report ends with the last lines of the instances' logs."""
     outcome = yield
     report = outcome.get_result()
-    running = getattr(item, "funcargs", {}).get("service")
+    funcargs = getattr(item, "funcargs", {})
+    running = funcargs.get("service") or funcargs.get("baseline")
     if report.failed and isinstance(running, Running):
         report.sections.append(("service logs", running.tails()))
 

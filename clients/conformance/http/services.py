@@ -30,6 +30,8 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[3]
+# The check-then-set baseline: answers the same routes without pg_once (its README).
+BASELINE = REPO / "bench" / "idempotency" / "naive"
 DEFAULT_PORTS = "18400-18499"
 HEALTH_TIMEOUT_S = float(os.environ.get("PG_ONCE_HTTP_HEALTH_TIMEOUT", "60"))
 SETUP_TIMEOUT_S = 1800  # a first `cargo build` of a service on two shared cores

@@ -3,6 +3,7 @@ its orders, its pg_once entry), and a client that spreads requests over the inst
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import time
@@ -82,6 +83,14 @@ class Api:
     def __init__(self, http: httpx.AsyncClient, running: Running, db: Db):
         self.http, self.running, self.db = http, running, db
         self.turn = itertools.count()
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(cls, running: Running, db: Db):
+        """An Api on running's instances, restarting first any that a scenario killed."""
+        running.revive()
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=200)) as http:
+            yield cls(http, running, db)
 
     def url(self, instance: int | None) -> str:
         urls = self.running.urls
