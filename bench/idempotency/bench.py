@@ -10,9 +10,9 @@ clients/conformance/http (services.py):
 
 - throughput: POST /orders with a fresh Idempotency-Key per request (claim, handler,
   complete in the order's transaction) against POST /bare/orders (the same handler, no
-  middleware), `--concurrency` requests in flight over both instances for `--seconds`
-  per round, the two routes alternating round by round (ABBA...) so that drift in the
-  shared machine's load falls on both; requests/s, p50 and p99 per round;
+  middleware), `--concurrency` connections for `--seconds` per round, the two routes
+  alternating round by round (ABBA...) so that drift in the shared machine's load falls
+  on both; requests/s, p50 and p99 per round;
 - duplicates: `--keys` keys, one after the other, each sent `--retries` identical
   requests at once (a client's concurrent retries), the handler sleeping
   `--duplicate-sleep-ms`; handler runs per key counted in idem_demo.started. The
@@ -20,9 +20,12 @@ clients/conformance/http (services.py):
 
 One JSON line per round and per duplicates run, `"bench": "idempotency"`, appended to
 `--out` (default bench/results/idempotency.jsonl); `bench/report.py table idempotency
-FILE` and `table idempotency_duplicates FILE` render them. The load generator is this
-process (httpx, one asyncio loop) on the same machine: it caps what a fast service can
-show, the same way for both routes.
+FILE` and `table idempotency_duplicates FILE` render them.
+
+Throughput is measured by wrk (Debian package `wrk`; post.lua makes the keys) against
+the first instance, whose processes use every core; the duplicates, by httpx over both.
+Everything shares the machine: wrk's threads take CPU from the service, the same way for
+both routes.
 """
 
 from __future__ import annotations
@@ -31,9 +34,10 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
-import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -52,6 +56,7 @@ ROUTES = ("/orders", "/bare/orders")
 def main():
     args = parse_args()
     dsn = os.environ.get("PG_ONCE_DSN") or sys.exit("PG_ONCE_DSN is not set")
+    shutil.which("wrk") or sys.exit("bench.py measures with wrk: apt-get install wrk")
     with psycopg.connect(dsn, autocommit=True) as conn:
         create_schema(conn)
     services = discover()
@@ -91,51 +96,32 @@ def write(out, row):
 # -- throughput ----------------------------------------------------------------------------
 
 def throughput(urls, args):
-    """Rounds of the two routes, alternating ABBA...; one row per round."""
-    asyncio.run(load_round(urls, "/orders", 1, args.concurrency))  # warm up both routes' pools
-    asyncio.run(load_round(urls, "/bare/orders", 1, args.concurrency))
+    """Rounds of the two routes, alternating ABBA..., against the first instance (its
+    processes use every core); one row per round."""
+    for route in ROUTES:  # warm up both routes' pools
+        wrk(urls[0], route, 1, args.concurrency)
     for n in range(args.rounds):
         for route in ROUTES if n % 2 == 0 else ROUTES[::-1]:
-            row = asyncio.run(load_round(urls, route, args.seconds, args.concurrency))
-            yield {"route": route, "round": n, "concurrency": args.concurrency, **row}
+            yield {"route": route, "round": n, "concurrency": args.concurrency,
+                   **wrk(urls[0], route, args.seconds, args.concurrency)}
 
 
-async def load_round(urls, route, seconds, concurrency):
-    """`concurrency` loops posting to route for `seconds`, each with a fresh key."""
-    latencies, failures = [], Counter()
-    body = json.dumps({"sku": "bench"}).encode()
-    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=concurrency)) as http:
-        start = time.monotonic()
-        deadline = start + seconds
-
-        async def loop(n):
-            url = urls[n % len(urls)] + route
-            while time.monotonic() < deadline:
-                sent = time.monotonic()
-                try:
-                    r = await http.post(url, content=body, headers={
-                        "content-type": "application/json", "idempotency-key": str(uuid.uuid4())})
-                    if r.status_code != 201:
-                        failures[str(r.status_code)] += 1
-                        continue
-                except httpx.HTTPError as e:
-                    failures[type(e).__name__] += 1
-                    continue
-                latencies.append(time.monotonic() - sent)
-
-        await asyncio.gather(*(loop(n) for n in range(concurrency)))
-        elapsed = time.monotonic() - start
-    latencies.sort()
-    return {"seconds": round(elapsed, 3), "requests": len(latencies), "failures": dict(failures),
-            "rps": round(len(latencies) / elapsed, 1),
-            "p50_ms": round(1e3 * percentile(latencies, 0.50), 2),
-            "p99_ms": round(1e3 * percentile(latencies, 0.99), 2)}
-
-
-def percentile(sorted_values, q):
-    if not sorted_values:
-        return float("nan")
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+def wrk(url, route, seconds, concurrency):
+    """wrk (post.lua) posting to route for `seconds` with `concurrency` connections; a
+    fresh Idempotency-Key per request except on /bare/orders."""
+    run = uuid.uuid4().hex[:12]
+    argv = ["wrk", "-t", str(min(concurrency, os.cpu_count() or 1)), "-c", str(concurrency),
+            "-d", f"{seconds}s", "--timeout", "30s", "-s", str(HERE / "post.lua"), url + route, "--",
+            "plain" if route.startswith("/bare/") else "keyed", run]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"{' '.join(argv)} exited {done.returncode}:\n{done.stdout}{done.stderr}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    seconds = result["duration_us"] / 1e6
+    return {"seconds": round(seconds, 3), "requests": result["requests"],
+            "failures": {k: v for k, v in result["errors"].items() if v},
+            "rps": round(result["requests"] / seconds, 1),
+            "p50_ms": result["p50_us"] / 1e3, "p99_ms": result["p99_us"] / 1e3}
 
 
 # -- duplicates ----------------------------------------------------------------------------
