@@ -175,10 +175,11 @@ async def test_zombie(api):
     assert len(api.db.started(key)) == 2
 
     # The resumed process lost its owner session: it must open another, not fail every
-    # request from now on. Its instance may have other workers, so ask several times, each
-    # on a new connection, to reach it.
+    # request from now on. Its instance may have other worker processes, so ask three
+    # times as many times, each on a new connection, to reach it.
     after = [await api.post("/orders", {"sku": "after zombie"}, fresh_key(), instance=victim,
-                            headers={"connection": "close"}) for _ in range(6)]
+                            headers={"connection": "close"})
+             for _ in range(3 * api.running.service.processes)]
     assert all(r.status_code == 201 for r in after), \
         f"after its owner session was ended, instance {victim} (handler pid {pid}) answers {summary(after)}"
 
