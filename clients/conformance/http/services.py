@@ -26,8 +26,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote, urlencode
 
 import httpx
+from psycopg.conninfo import conninfo_to_dict
 
 REPO = Path(__file__).resolve().parents[3]
 # The check-then-set baseline: answers the same routes without pg_once (its README).
@@ -126,6 +128,22 @@ def cargo_target(directory: Path) -> str:
             raise ServiceError(f"{{cargo_target}}: `cargo metadata` in {directory} failed:\n{done.stderr}")
         _cargo_targets[directory] = json.loads(done.stdout)["target_directory"]
     return _cargo_targets[directory]
+
+
+def url_dsn(dsn: str) -> str:
+    """dsn (a URL or libpq's `key=value` form) as a postgresql:// URL, the one form that
+    libpq, node-postgres and tokio-postgres all read."""
+    params = conninfo_to_dict(dsn)
+    host = params.pop("host", "")
+    user = quote(params.pop("user", ""), safe="")
+    password = params.pop("password", None)
+    port = params.pop("port", None)
+    dbname = quote(params.pop("dbname", ""), safe="")
+    if host.startswith("/"):  # a socket directory: not a URL's host
+        params["host"], host = host, ""
+    auth = f"{user}{':' + quote(password, safe='') if password else ''}@" if user else ""
+    query = f"?{urlencode(params)}" if params else ""
+    return f"postgresql://{auth}{host}{':' + port if port else ''}/{dbname}{query}"
 
 
 # -- ports -----------------------------------------------------------------------------------
@@ -274,7 +292,7 @@ class Running:
         self.service, self.dsn, self.count = service, dsn, count
         self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix=f"idem-{service.name}-"))
         self.mark = uuid.uuid4().hex
-        self.env = {**os.environ, "PG_ONCE_DSN": dsn, RUN_MARK: self.mark}
+        self.env = {**os.environ, "PG_ONCE_DSN": url_dsn(dsn), RUN_MARK: self.mark}
         self.instances: list[Instance] = []
 
     def __enter__(self) -> "Running":
