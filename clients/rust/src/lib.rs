@@ -39,6 +39,8 @@
 mod client;
 mod conninfo;
 mod error;
+#[cfg(feature = "http")]
+pub mod http;
 pub mod key;
 mod listener;
 mod outcome;

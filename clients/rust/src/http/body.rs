@@ -1,0 +1,167 @@
+//! The body of a claimed request's response (rule I5): streamed to the caller as the
+//! handler produces it, collected meanwhile (up to `max_body`), and stored when it ends.
+//!
+//! The last frame is held back until the response is stored: when the handler's body
+//! says a frame is its last (`is_end_stream`, as a whole-buffer body does at once), or at
+//! the end of the stream. So a caller that has the whole response and retries at once is
+//! replayed it, never told the key still runs. A stream that breaks, or a caller that
+//! goes away before the end (the body is dropped), releases the claim: a retry runs the
+//! request again.
+
+use super::claim::Held;
+use super::rules;
+use bytes::{Bytes, BytesMut};
+use futures_util::future::BoxFuture;
+use http::{HeaderMap, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::combinators::UnsyncBoxBody;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+/// Errors of the bodies the middleware hands on.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body of every response of [`super::Idempotency`].
+pub type ResponseBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// What the response is stored with, besides its body.
+pub(crate) struct Store {
+    pub held: Arc<Held>,
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub ttl: Duration,
+    pub max_body: usize,
+    pub store_cookies: bool,
+}
+
+pub(crate) struct StoringBody {
+    inner: ResponseBody,
+    /// The body so far; None once it outgrew `max_body` (stored without it).
+    collected: Option<BytesMut>,
+    /// Some until the response is stored or the claim released.
+    store: Option<Store>,
+    /// Storing, then the frame held back (None: the end of the stream).
+    storing: Option<(BoxFuture<'static, ()>, Option<Frame<Bytes>>)>,
+}
+
+impl StoringBody {
+    pub(crate) fn new(inner: ResponseBody, store: Store) -> Self {
+        StoringBody {
+            inner,
+            collected: Some(BytesMut::new()),
+            store: Some(store),
+            storing: None,
+        }
+    }
+
+    fn collect(&mut self, data: &Bytes) {
+        let max = self.store.as_ref().map_or(0, |s| s.max_body);
+        if let Some(collected) = &mut self.collected {
+            if collected.len() + data.len() > max {
+                self.collected = None;
+            } else {
+                collected.extend_from_slice(data);
+            }
+        }
+    }
+
+    /// Start storing the response, holding `then` back until it is stored.
+    fn start_storing(&mut self, then: Option<Frame<Bytes>>) {
+        let Some(store) = self.store.take() else {
+            self.storing = Some((Box::pin(async {}), then));
+            return;
+        };
+        let body = self.collected.take().map(BytesMut::freeze);
+        let stored = rules::stored_response(
+            store.status,
+            &store.headers,
+            body.as_deref(),
+            store.store_cookies,
+        );
+        let storing = async move {
+            match store.held.complete(&stored, store.ttl).await {
+                Ok(true) => {}
+                Ok(false) => tracing::warn!(
+                    key = store.held.key,
+                    "pg_once: a request's claim was lost before its response was stored"
+                ),
+                Err(e) => {
+                    tracing::warn!(key = store.held.key, error = %e,
+                        "pg_once: could not store a response; releasing its claim");
+                    store.held.release().await;
+                }
+            }
+        };
+        self.storing = Some((Box::pin(storing), then));
+    }
+}
+
+impl Body for StoringBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        loop {
+            if let Some((storing, _)) = &mut this.storing {
+                ready!(storing.as_mut().poll(cx));
+                let (_, then) = this.storing.take().expect("storing");
+                return Poll::Ready(then.map(Ok));
+            }
+            if this.store.is_none() {
+                return Pin::new(&mut this.inner).poll_frame(cx);
+            }
+            match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    if let Some(data) = frame.data_ref() {
+                        this.collect(data);
+                    }
+                    if this.inner.is_end_stream() {
+                        this.start_storing(Some(frame));
+                        continue;
+                    }
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                Some(Err(e)) => {
+                    release_in_background(this.store.take());
+                    return Poll::Ready(Some(Err(e)));
+                }
+                None => this.start_storing(None),
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.store.is_none() && self.storing.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for StoringBody {
+    fn drop(&mut self) {
+        // The caller went away before the end: nothing complete was sent, so nothing is
+        // stored, and a retry runs again.
+        release_in_background(self.store.take());
+    }
+}
+
+fn release_in_background(store: Option<Store>) {
+    let Some(store) = store else { return };
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            runtime.spawn(async move { store.held.release().await });
+        }
+        Err(_) => tracing::warn!(
+            key = store.held.key,
+            "pg_once: a response ended outside a tokio runtime; its claim ends with its lease"
+        ),
+    }
+}
