@@ -257,6 +257,9 @@ async fn handle(
     if ask["panic"] == true {
         panic!("asked to panic");
     }
+    if ask["empty"] == true {
+        return Response::builder().status(204).body(Body::empty()).unwrap();
+    }
     let status = StatusCode::from_u16(ask["status"].as_u64().unwrap_or(201) as u16).unwrap();
     if n("chunks") > 0 {
         let (chunks, size, gated, broken) = (
@@ -756,5 +759,89 @@ async fn completing_in_the_handlers_transaction() {
             .batch_execute(&format!("DROP TABLE {table}"))
             .await
             .unwrap();
+    }
+}
+
+/// H1: a handler that outlives its lease keeps its claim (heartbeats every `lease / 3`),
+/// so a duplicate is still `409` rather than a second run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_handler_keeps_its_claim() {
+    for setup in setups() {
+        let client = ready_client(&setup, "rust-idem-heartbeat").await;
+        let app = App::new(client.clone(), ttl(&client).lease(Duration::from_secs(1)));
+        let key = fresh("heartbeat");
+        let body = json!({"sleep_ms": 2500});
+        let first = {
+            let (app, key, body) = (app.clone(), key.clone(), body.clone());
+            tokio::spawn(async move { app.post(Some(&key), body).await })
+        };
+        setup.until_running(&rules::entry_key("", None, &key)).await;
+        tokio::time::sleep(Duration::from_millis(1800)).await;
+        let duplicate = app.post(Some(&key), body).await;
+        assert_eq!(
+            duplicate.status, 409,
+            "[{}] the claim outlived its lease",
+            setup.name
+        );
+        assert_eq!(first.await.unwrap().status, 201);
+        assert_eq!(app.runs(), 1);
+    }
+}
+
+/// I5: served by hyper, a response is stored before its caller has all of it: a retry
+/// sent the moment the last byte arrives is replayed, never told the key still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_right_after_the_response_is_replayed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    for setup in setups() {
+        let client = ready_client(&setup, "rust-idem-served").await;
+        let app = App::new(client.clone(), ttl(&client));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let serve = axum::serve(listener, app.router.clone());
+        let server = tokio::spawn(async move { serve.await });
+        // One request on a connection of its own; the response's status and whether it
+        // was replayed, read as soon as `content-length` bytes of body have arrived.
+        let send = |key: String, body: &'static str| async move {
+            let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+            let request = format!(
+                "POST /orders HTTP/1.1\r\nhost: test\r\nidempotency-key: {key}\r\n\
+                 content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            stream.write_all(request.as_bytes()).await.unwrap();
+            let mut seen = Vec::new();
+            loop {
+                let mut chunk = [0u8; 65536];
+                let n = stream.read(&mut chunk).await.unwrap();
+                assert!(n > 0, "the connection closed early");
+                seen.extend_from_slice(&chunk[..n]);
+                let text = String::from_utf8_lossy(&seen).to_lowercase();
+                let Some(end) = text.find("\r\n\r\n") else {
+                    continue;
+                };
+                let length: usize = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .and_then(|n| n.trim().parse().ok())
+                    .unwrap_or(0);
+                if seen.len() >= end + 4 + length {
+                    return (
+                        text[9..12].to_owned(),
+                        text.contains("idempotent-replayed: true"),
+                    );
+                }
+            }
+        };
+        let asks = [(r#"{"size": 20000}"#, "201"), (r#"{"empty": true}"#, "204")];
+        for _ in 0..10 {
+            for (body, status) in asks {
+                let key = fresh("served");
+                assert_eq!(send(key.clone(), body).await, (status.to_owned(), false));
+                let retry = send(key, body).await;
+                assert_eq!(retry, (status.to_owned(), true), "[{}] {body}", setup.name);
+            }
+        }
+        server.abort();
     }
 }

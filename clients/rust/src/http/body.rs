@@ -1,10 +1,13 @@
 //! The body of a claimed request's response (rule I5): streamed to the caller as the
 //! handler produces it, collected meanwhile (up to `max_body`), and stored when it ends.
 //!
-//! The last frame is held back until the response is stored: when the handler's body
-//! says a frame is its last (`is_end_stream`, as a whole-buffer body does at once), or at
-//! the end of the stream. So a caller that has the whole response and retries at once is
-//! replayed it, never told the key still runs. A stream that breaks, or a caller that
+//! The last frame is held back until the response is stored: the frame after which the
+//! handler's body says it has ended (`is_end_stream`, as a whole-buffer body does at
+//! once) or has sent its `content-length`, else the end of the stream. So a caller that has
+//! the whole response and retries at once is replayed it, never told the key still runs.
+//! (hyper stops polling a body once it has sent `content-length` bytes: storing at the end
+//! of the stream alone would never happen for such a body, and dropping it would release
+//! the claim.) A stream that breaks, or a caller that
 //! goes away before the end (the body is dropped), releases the claim: a retry runs the
 //! request again.
 
@@ -40,6 +43,9 @@ pub(crate) struct StoringBody {
     inner: ResponseBody,
     /// The body so far; None once it outgrew `max_body` (stored without it).
     collected: Option<BytesMut>,
+    /// How many bytes were passed on, and how many the response says it has.
+    sent: u64,
+    length: Option<u64>,
     /// Some until the response is stored or the claim released.
     store: Option<Store>,
     /// Storing, then the frame held back (None: the end of the stream).
@@ -48,15 +54,22 @@ pub(crate) struct StoringBody {
 
 impl StoringBody {
     pub(crate) fn new(inner: ResponseBody, store: Store) -> Self {
+        let declared = store
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse().ok());
         StoringBody {
-            inner,
             collected: Some(BytesMut::new()),
+            sent: 0,
+            length: declared.or(inner.size_hint().exact()),
+            inner,
             store: Some(store),
             storing: None,
         }
     }
 
     fn collect(&mut self, data: &Bytes) {
+        self.sent += data.len() as u64;
         let max = self.store.as_ref().map_or(0, |s| s.max_body);
         if let Some(collected) = &mut self.collected {
             if collected.len() + data.len() > max {
@@ -74,27 +87,29 @@ impl StoringBody {
             return;
         };
         let body = self.collected.take().map(BytesMut::freeze);
-        let stored = rules::stored_response(
-            store.status,
-            &store.headers,
-            body.as_deref(),
-            store.store_cookies,
-        );
-        let storing = async move {
-            match store.held.complete(&stored, store.ttl).await {
-                Ok(true) => {}
-                Ok(false) => tracing::warn!(
-                    key = store.held.key,
-                    "pg_once: a request's claim was lost before its response was stored"
-                ),
-                Err(e) => {
-                    tracing::warn!(key = store.held.key, error = %e,
-                        "pg_once: could not store a response; releasing its claim");
-                    store.held.release().await;
-                }
-            }
-        };
+        let storing = async move { store.finish(body.as_deref()).await };
         self.storing = Some((Box::pin(storing), then));
+    }
+}
+
+impl Store {
+    /// Store the response with `body` (None: it was over `max_body`). A claim lost
+    /// meanwhile stores nothing (logged: the response is on its way already); a response
+    /// that cannot be stored gives the claim back, so that a retry runs again.
+    pub(crate) async fn finish(self, body: Option<&[u8]>) {
+        let stored = rules::stored_response(self.status, &self.headers, body, self.store_cookies);
+        match self.held.complete(&stored, self.ttl).await {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(
+                key = self.held.key,
+                "pg_once: a request's claim was lost before its response was stored"
+            ),
+            Err(e) => {
+                tracing::warn!(key = self.held.key, error = %e,
+                    "pg_once: could not store a response; releasing its claim");
+                self.held.release().await;
+            }
+        }
     }
 }
 
@@ -121,7 +136,7 @@ impl Body for StoringBody {
                     if let Some(data) = frame.data_ref() {
                         this.collect(data);
                     }
-                    if this.inner.is_end_stream() {
+                    if this.inner.is_end_stream() || this.length == Some(this.sent) {
                         this.start_storing(Some(frame));
                         continue;
                     }

@@ -490,6 +490,11 @@ where
         max_body: config.max_body,
         store_cookies: config.store_cookies,
     };
+    if body.is_end_stream() {
+        // No body (a 204, say): hyper may never poll it, so it is stored now.
+        store.finish(Some(&[])).await;
+        return Ok(Response::from_parts(head, body));
+    }
     let body = StoringBody::new(body, store).boxed_unsync();
     Ok(Response::from_parts(head, body))
 }
