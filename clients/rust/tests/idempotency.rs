@@ -845,3 +845,36 @@ async fn a_retry_right_after_the_response_is_replayed() {
         server.abort();
     }
 }
+
+/// I5: a response that fits `max_body` but not the server's `once.max_result_size` is
+/// kept without its body, as one over `max_body` is: the request still runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_too_large_for_the_server_is_kept_without_its_body() {
+    for setup in setups() {
+        if setup.name == "pgbouncer" {
+            continue; // PgBouncer refuses the startup option that lowers the limit
+        }
+        let client = Client::connect(
+            &format!("{} options='-c once.max_result_size=10kB'", setup.pool_dsn),
+            Options {
+                listen_conninfo: Some(setup.direct_dsn.clone()),
+                ..Options::default()
+            },
+        )
+        .await
+        .unwrap();
+        let app = App::new(client.clone(), ttl(&client));
+        let key = fresh("server-limit");
+        let first = app.post(Some(&key), json!({"size": 50_000})).await;
+        assert_eq!(first.status, 201);
+        assert!(first.body.len() > 50_000);
+        let replay = app.post(Some(&key), json!({"size": 50_000})).await;
+        assert!(
+            replay.replayed(),
+            "[{}] stored without its body",
+            setup.name
+        );
+        assert!(replay.body.is_empty());
+        assert_eq!(app.runs(), 1);
+    }
+}

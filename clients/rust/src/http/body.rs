@@ -98,7 +98,15 @@ impl Store {
     /// that cannot be stored gives the claim back, so that a retry runs again.
     pub(crate) async fn finish(self, body: Option<&[u8]>) {
         let stored = rules::stored_response(self.status, &self.headers, body, self.store_cookies);
-        match self.held.complete(&stored, self.ttl).await {
+        let mut done = self.held.complete(&stored, self.ttl).await;
+        if body.is_some() && done.as_ref().is_err_and(|e| e.sqlstate() == Some("54000")) {
+            // Over the server's once.max_result_size: kept without its body (I5), so that
+            // the request still runs once.
+            let stored =
+                rules::stored_response(self.status, &self.headers, None, self.store_cookies);
+            done = self.held.complete(&stored, self.ttl).await;
+        }
+        match done {
             Ok(true) => {}
             Ok(false) => tracing::warn!(
                 key = self.held.key,

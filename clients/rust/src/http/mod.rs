@@ -91,6 +91,8 @@ struct Config {
     client: Client,
     methods: Vec<Method>,
     header: HeaderName,
+    /// The header's name as the application spells it, for the problems' details.
+    header_label: String,
     required: bool,
     namespace: String,
     scope: ScopeFn,
@@ -127,6 +129,7 @@ impl IdempotencyLayerBuilder {
     pub fn header(mut self, name: &str) -> Self {
         self.header = HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| format!("header must be a header name, got {name:?}"));
+        self.config.header_label = name.to_owned();
         self
     }
 
@@ -277,6 +280,7 @@ impl IdempotencyLayer {
                 client,
                 methods: vec![Method::POST, Method::PATCH],
                 header: HeaderName::from_static("idempotency-key"),
+                header_label: "Idempotency-Key".into(),
                 required: false,
                 namespace: String::new(),
                 scope: Arc::new(|parts: &Parts| rules::default_scope(&parts.headers)),
@@ -388,19 +392,19 @@ where
             let detail = format!(
                 "This endpoint needs an {} header: send a unique key (such as a UUID) \
                      with the request, and the same key with its retries.",
-                config.header
+                config.header_label
             );
             return Ok(problem(Problem::KeyMissing, &detail, None));
         }
         (None, _) => return inner.call(request).await.map(boxed),
         (Some(_), Some(_)) => {
-            let detail = format!("Send one {} header, not several.", config.header);
+            let detail = format!("Send one {} header, not several.", config.header_label);
             return Ok(problem(Problem::KeyInvalid, &detail, None));
         }
         (Some(value), None) => match rules::key_from_header(value.as_bytes()) {
             Ok(key) => key,
             Err(rules::InvalidKey(why)) => {
-                let detail = format!("The {} header is not a key: {why}.", config.header);
+                let detail = format!("The {} header is not a key: {why}.", config.header_label);
                 return Ok(problem(Problem::KeyInvalid, &detail, None));
             }
         },
