@@ -878,3 +878,88 @@ async fn a_response_too_large_for_the_server_is_kept_without_its_body() {
         assert_eq!(app.runs(), 1);
     }
 }
+
+/// I2, I3: `namespace` prefixes the entry (a namespace that announces digests still wakes
+/// a waiting duplicate), `scope` replaces the default, and a `fingerprint` of None lets
+/// any request reuse a key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_scope_and_fingerprint_options() {
+    for setup in setups() {
+        let admin = setup.admin().await;
+        let namespace = format!("{}/", fresh("tenant"));
+        admin
+            .execute(
+                "SELECT once.create_namespace($1, 'postgres')",
+                &[&namespace],
+            )
+            .await
+            .unwrap();
+        // Rechecks too rare to answer in time: only the key's notification can.
+        let options = Options {
+            recheck: Duration::from_secs(10),
+            ..Options::default()
+        };
+        let client = setup.client("rust-idem-options", options).await;
+        client.ready(Duration::from_secs(10)).await.unwrap();
+        let layer = ttl(&client)
+            .namespace(namespace.clone())
+            .scope(|parts| {
+                let tenant = parts.headers.get("x-tenant")?;
+                Some(tenant.to_str().ok()?.to_owned())
+            })
+            .fingerprint(|_, _, _, _| None)
+            .in_flight(InFlight::Wait);
+        let app = App::new(client.clone(), layer);
+        let key = fresh("options");
+        let send = |tenant: &'static str, body: Value| {
+            let mut request = app.request(Method::POST, Some(&key), body);
+            request
+                .headers_mut()
+                .insert("x-tenant", HeaderValue::from_static(tenant));
+            app.send(request)
+        };
+        let first = {
+            let (app, key) = (app.clone(), key.clone());
+            tokio::spawn(async move {
+                let mut request = app.request(Method::POST, Some(&key), json!({"sleep_ms": 300}));
+                request
+                    .headers_mut()
+                    .insert("x-tenant", HeaderValue::from_static("t1"));
+                app.send(request).await
+            })
+        };
+        let entry = rules::entry_key(&namespace, Some("t1"), &key);
+        setup.until_running(&entry).await;
+        let waited = std::time::Instant::now();
+        let duplicate = send("t1", json!({"another": "body"})).await;
+        assert!(
+            duplicate.replayed(),
+            "[{}] no fingerprint: any body",
+            setup.name
+        );
+        assert!(
+            waited.elapsed() < Duration::from_millis(900),
+            "woken by the digest"
+        );
+        assert_eq!(duplicate.body, first.await.unwrap().body);
+        assert!(!send("t2", json!({})).await.replayed(), "another scope");
+        assert_eq!(app.runs(), 2);
+        let stored: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM once.entries WHERE key = $1",
+                &[&entry],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(stored, 1, "the entry is {entry}");
+        admin
+            .execute("SELECT once.invalidate_keys(NULL, $1)", &[&namespace])
+            .await
+            .unwrap();
+        admin
+            .execute("SELECT once.drop_namespace($1)", &[&namespace])
+            .await
+            .unwrap();
+    }
+}

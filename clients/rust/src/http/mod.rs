@@ -436,6 +436,19 @@ where
     let path = parts.uri.path();
     let query = parts.uri.query().unwrap_or("");
     let fingerprint = (config.fingerprint)(&parts.method, path, query, &body);
+    if let Some(bad) = fingerprint
+        .as_ref()
+        .filter(|f| f.is_empty() || f.len() > 64)
+    {
+        // The application's fingerprint function is wrong, not the request: say so in
+        // its log, and run nothing.
+        tracing::error!(
+            key = entry,
+            bytes = bad.len(),
+            "pg_once: a fingerprint must be 1 to 64 bytes"
+        );
+        return Ok(handler_failed());
+    }
     let wait = match config.in_flight {
         InFlight::Conflict => Duration::ZERO,
         InFlight::Wait => config.wait,
