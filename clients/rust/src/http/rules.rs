@@ -111,7 +111,7 @@ const NOT_STORED: [&str; 10] = [
 
 /// I5: the stored form of a response, `{"status": 201, "headers": [[name, value], ...],
 /// "body": "<base64>"}`: headers in order, names in lower case (as `http` keeps them),
-/// without [`NOT_STORED`] and, unless `store_cookies`, `set-cookie`; `body` None (stored
+/// without the headers never stored (hop-by-hop, `content-length`, `date`) and, unless `store_cookies`, `set-cookie`; `body` None (stored
 /// as null) when it was longer than the middleware keeps. A header value that is not
 /// UTF-8 cannot be JSON text and is left out.
 pub fn stored_response(
