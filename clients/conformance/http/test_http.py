@@ -127,7 +127,7 @@ async def test_exception_releases(api):
 
 
 async def test_killed_worker(api):
-    key, body = fresh_key(), {"sku": "killed", "sleep_ms": 30_000}
+    key, body = fresh_key(), {"sku": "killed", "sleep_ms": 5000}
     doomed = asyncio.create_task(api.post("/orders", body, key, instance=0))
     pid = await handler_started(api, key, 1)
     victim = owning_instance(api, pid)

@@ -63,10 +63,11 @@ fn unquote(inner: &[u8]) -> Result<Vec<u8>, InvalidKey> {
 }
 
 /// I2: the pg_once key of a request's entry: `NAMESPACE + "idempotency:" +
-/// ENCODE([scope, key])`, ENCODE being rule K2's, so that no two scopes or keys meet.
+/// ENCODE([scope, key])`, ENCODE being rule K2's, so that no two scopes or keys meet; a
+/// key past the server's limit is hashed as K3 says, as every derived key is.
 pub fn entry_key(namespace: &str, scope: Option<&str>, key: &str) -> String {
-    let encoded = key::encode(&(scope, key)).expect("strings and null always encode");
-    format!("{namespace}idempotency:{encoded}")
+    key::derive(&format!("{namespace}idempotency"), &(scope, key))
+        .expect("strings and null always encode")
 }
 
 /// I2: the default scope, the lowercase hex SHA-256 of the `Authorization` header (None
