@@ -85,11 +85,13 @@ class Gate {
 
   /**
    * A request whose claim was lost before its response went out is answered as a
-   * concurrent duplicate (I8): the result of whoever holds the key now, or 409.
+   * concurrent duplicate whose claim_key said 'wait' (I8, I4): 409 at once, or with
+   * inFlight 'wait' the response of whoever took the key over, once stored.
    */
   async afterLost(entry, fingerprint) {
     const o = this.options;
-    const asked = await this.#claim(entry, fingerprint, o.inFlight === 'wait' ? o.wait : 0);
+    if (o.inFlight === 'conflict') return inFlight();
+    const asked = await this.#claim(entry, fingerprint, o.wait);
     if (asked.answer) return asked.answer;
     await asked.claim.release(); // taken over, then given up: we cannot run the handler twice
     return inFlight();
