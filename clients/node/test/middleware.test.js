@@ -23,6 +23,7 @@ const ROUTES = {
   '/wait/orders': { inFlight: 'wait', wait: 10 },
   '/strict/orders': { required: true },
   '/small/orders': { maxBody: 1000, maxRequestBody: 2000 },
+  '/short/orders': { lease: 1 },
 };
 
 function makeHandler(pool) {
@@ -180,6 +181,16 @@ for (const [name, makeApp] of [['express', expressApp], ['fastify', fastifyApp]]
       assert.deepEqual(answers.map((r) => r.status), Array(10).fill(201));
       assert.equal(new Set(answers.map((r) => r.text)).size, 1);
       assert.equal(answers.filter((r) => r.headers.get('idempotent-replayed') === 'true').length, 9);
+      assert.equal(handler.runs.get(key), 1);
+    });
+
+    test('the claim is heartbeated while the handler runs: a duplicate past the lease still gets 409', async () => {
+      const key = randomUUID();
+      const first = post(`${app.url}/short/orders`, { sleep_ms: 2500 }, { 'idempotency-key': key }).then(read);
+      await sleep(1700); // past the 1 s lease
+      const duplicate = await read(await post(`${app.url}/short/orders`, { sleep_ms: 2500 }, { 'idempotency-key': key }));
+      assert.equal(duplicate.status, 409);
+      assert.equal((await first).status, 201);
       assert.equal(handler.runs.get(key), 1);
     });
 
