@@ -162,8 +162,10 @@ function collectResponse(res, rc, maxBody) {
     }, (err) => res.destroy(err));
     return this;
   };
+  // Closed once the response started, but not stored: it broke (or was taken over from
+  // Express); a response still being computed keeps its claim, finished or not.
   res.on('close', () => {
-    if (!res.writableFinished && res.headersSent) rc.abandon();
+    if (res.headersSent) rc.abandon(); // a no-op once finish() has begun
   });
 }
 

@@ -52,8 +52,10 @@ async function claim(gate, request, reply, payload) {
   if (decision.answer) return send(reply, decision.answer);
   request[STATE] = { claim: decision.claim, error: null };
   request.idempotency = decision.claim;
+  // Closed once the response started, but not stored: it broke, or the handler hijacked
+  // the reply (no onSend). A response still being computed keeps its claim.
   reply.raw.on('close', () => {
-    if (!reply.raw.writableFinished && reply.raw.headersSent) decision.claim.abandon();
+    if (reply.raw.headersSent) decision.claim.abandon(); // a no-op once finish() has begun
   });
   const again = Readable.from([body], { objectMode: false });
   again.receivedEncodedLength = body.length; // what Fastify compares with content-length
