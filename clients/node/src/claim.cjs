@@ -5,7 +5,7 @@
 // connection inside its transaction, rule I8) or release.
 'use strict';
 
-const { ClaimLost } = require('./errors.cjs');
+const { ClaimLost, OnceError } = require('./errors.cjs');
 const { COMPLETE_SQL, Heartbeat, RELEASE_SQL } = require('./protocol.cjs');
 const { seconds } = require('./util.cjs');
 const { serializer, toText } = require('./values.cjs');
@@ -82,7 +82,7 @@ class Claim {
       const { rows: [{ released }] } = await this.#query(RELEASE_SQL, [this.key, this.token]);
       return released;
     } catch (err) {
-      this.#onError(new Error(`pg-once: could not give back the claim on ${this.key}: ${err.message}`, { cause: err }));
+      this.#onError(new OnceError(`pg-once: could not give back the claim on ${this.key}: ${err.message}`, { cause: err }));
       return false;
     }
   }

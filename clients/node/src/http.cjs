@@ -115,7 +115,8 @@ class Gate {
         return { answer: problem('fingerprint_mismatch', 'This idempotency key was used with another request (method, path, query or body); use a new key for a new request.') };
       case 'failed': {
         const seconds = Math.max(1, Math.ceil((new Date(asked.retryAt).getTime() - Date.now()) / 1000));
-        return { answer: problem('in_flight', `The request with this key failed: ${asked.error}; retry with the same key after ${seconds} s.`, { retryAfter: seconds }) };
+        // The failure's text stays on the server: it may say more than a client should read.
+        return { answer: problem('in_flight', `The work behind this idempotency key failed; retry with the same key after ${seconds} s.`, { retryAfter: seconds }) };
       }
       default: return { answer: inFlight() };
     }
