@@ -77,7 +77,10 @@ async function createOrder(req, res) {
 }
 
 const server = app.listen(port, '127.0.0.1', () => console.log(`listening on http://127.0.0.1:${port}`));
-process.on('SIGTERM', () => {
+// Stop taking requests, give those running a few seconds, then end: a request cut short
+// here holds a claim that ends with this process's owner session, so a retry runs.
+process.once('SIGTERM', () => {
+  setTimeout(() => process.exit(0), 5000).unref();
   server.close(async () => {
     await once.end();
     await db.end();
