@@ -1,0 +1,476 @@
+-- The core API of the SQL edition: the control flow of src/api/cache.rs and
+-- src/protocol/{claim,resolve,rerun,reap,waiting}.rs in PL/pgSQL. Every write is a
+-- statement of src/protocol/sql/, written `{{sql:name}}` and spliced in by
+-- scripts/sql_edition.py, its parameters `$name` read from the variables of the block
+-- labelled `param`. The functions are SECURITY DEFINER, owned by the installing role, so
+-- that they alone write once.entries (as the extension's run their statements as its
+-- owner), with search_path pinned.
+
+-- ---- argument checks: the messages, SQLSTATEs and hints of src/api/args.rs ----------
+
+CREATE OR REPLACE FUNCTION once_internal.usable_key(key text) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    IF key IS NULL THEN
+        RAISE EXCEPTION 'key must not be NULL' USING ERRCODE = 'null_value_not_allowed',
+            HINT = 'Pass the cache key as text, e.g. a URL.';
+    ELSIF key = '' THEN
+        RAISE EXCEPTION 'key must not be empty' USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Use a non-empty string that names what is being computed.';
+    ELSIF octet_length(key) > 7500 THEN
+        RAISE EXCEPTION 'key is % bytes long; the limit is 7500 bytes', octet_length(key)
+            USING ERRCODE = 'string_data_right_truncation',
+            HINT = 'Keys are sent as NOTIFY payloads. Use a digest of long input as the key, e.g. encode(sha256(convert_to(url, ''UTF8'')), ''hex'').';
+    END IF;
+    RETURN key;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION once_internal.usable_token(token bigint) RETURNS bigint
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    IF token IS NULL THEN
+        RAISE EXCEPTION 'token must not be NULL' USING ERRCODE = 'null_value_not_allowed',
+            HINT = 'Pass the token that claim_key returned with outcome ''claimed''.';
+    ELSIF token <= 0 THEN
+        RAISE EXCEPTION 'token must be positive, got %', token USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Pass the token that claim_key returned with outcome ''claimed''.';
+    END IF;
+    RETURN token;
+END
+$$;
+
+-- An interval argument between low (exclusive when strict) and high; NULL refused
+-- unless nullable. `what` names it in the message as args.rs does.
+CREATE OR REPLACE FUNCTION once_internal.usable_interval(
+    value interval, name text, hint text, strict boolean, high interval, high_text text,
+    nullable boolean DEFAULT false) RETURNS interval
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path = pg_catalog, pg_temp, pg_temp
+    AS $$
+BEGIN
+    IF value IS NULL THEN
+        IF nullable THEN RETURN NULL; END IF;
+        RAISE EXCEPTION '% must not be NULL', name USING ERRCODE = 'null_value_not_allowed', HINT = hint;
+    ELSIF strict AND value <= '0' THEN
+        RAISE EXCEPTION '% must be positive%, got %', name, CASE WHEN nullable THEN ' or NULL' ELSE '' END, value
+            USING ERRCODE = 'invalid_parameter_value', HINT = hint;
+    ELSIF NOT strict AND value < '0' THEN
+        RAISE EXCEPTION '% must not be negative, got %', name, value
+            USING ERRCODE = 'invalid_parameter_value', HINT = hint;
+    ELSIF value > high THEN
+        RAISE EXCEPTION '% must be at most %, got %', name, high_text, value
+            USING ERRCODE = 'invalid_parameter_value', HINT = hint;
+    END IF;
+    RETURN value;
+END
+$$;
+
+-- ---- taking a key: protocol/claim.rs --------------------------------------------------
+
+-- One look at the key, claiming it if it may be claimed (claim::attempt): never waits for
+-- the owner, and for another transaction's lock at most `budget` (lock_timeout, in a
+-- subtransaction: a lost race leaves no lock). Early refreshes (beta) are not drawn yet.
+CREATE OR REPLACE FUNCTION once_internal.claim_attempt(
+    key text, lease interval, owner_pid integer, owner_started timestamptz,
+    lease_only boolean, budget interval, serve_stale boolean) RETURNS once.claim
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+#variable_conflict use_column
+<<param>>
+DECLARE
+    key_hash bytea := once.key_hash(claim_attempt.key);
+    key text := claim_attempt.key;
+    lease interval := claim_attempt.lease;
+    owner text := CASE WHEN current_setting('application_name') = '' THEN format('pid %s', pg_backend_pid())
+                       ELSE format('%s (pid %s)', current_setting('application_name'), pg_backend_pid()) END;
+    owner_pid integer := claim_attempt.owner_pid;
+    owner_started timestamptz := claim_attempt.owner_started;
+    lease_only boolean := claim_attempt.lease_only;
+    owner_role oid := once_internal.caller();
+    seen_token bigint;
+    seen_state text;
+    gone_reason text;
+    keep_result boolean;
+    e once.entries;
+    c once.claim;
+    old_timeout text := current_setting('lock_timeout');
+    stale_ok boolean;
+BEGIN
+    PERFORM set_config('lock_timeout', greatest(extract(epoch FROM budget) * 1000, 1)::bigint::text, true);
+    LOOP
+        SELECT * INTO e FROM once.entries WHERE once.entries.key_hash = param.key_hash;
+        IF NOT FOUND THEN
+            BEGIN
+                {{sql:insert_claim}}
+                INTO c.token, c.lease_expires_at, c.attempts;
+            EXCEPTION WHEN lock_not_available THEN
+                -- Another transaction is inserting the key and has not committed.
+                PERFORM set_config('lock_timeout', old_timeout, true);
+                RETURN ROW('wait', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::once.claim;
+            END;
+            IF c.token IS NULL THEN
+                CONTINUE;  -- someone else inserted it first: look again
+            END IF;
+            PERFORM set_config('lock_timeout', old_timeout, true);
+            RETURN ROW('claimed', c.token, NULL, NULL, param.owner, c.lease_expires_at, c.attempts, NULL, NULL)::once.claim;
+        END IF;
+        -- Entry::fresh: a result not past its expiry, also while the key is recomputed.
+        IF e.result IS NOT NULL AND (e.expires_at IS NULL OR e.expires_at > clock_timestamp()) THEN
+            PERFORM set_config('lock_timeout', old_timeout, true);
+            RETURN ROW('hit', e.token, e.result, NULL, NULL, NULL, e.attempts, NULL, e.expires_at)::once.claim;
+        END IF;
+        -- Entry::servable_stale, and StaleRule::serves_stale.
+        stale_ok := serve_stale AND e.result IS NOT NULL AND e.stale_until IS NOT NULL
+                    AND e.stale_until > clock_timestamp();
+        gone_reason := NULL;
+        IF e.state = 'failed' AND e.retry_at > clock_timestamp() THEN
+            PERFORM set_config('lock_timeout', old_timeout, true);
+            IF stale_ok THEN
+                RETURN ROW('stale', NULL, e.result, e.error, NULL, NULL, e.attempts, NULL, e.expires_at)::once.claim;
+            END IF;
+            RETURN ROW('failed', e.token, NULL, e.error, NULL, NULL, e.attempts, e.retry_at, NULL)::once.claim;
+        ELSIF e.state = 'running' THEN
+            -- claim::running_owner_status, with the same rule as rules/owner_gone.sql.
+            IF e.lease_expires_at <= clock_timestamp() THEN
+                gone_reason := 'lease expired';
+            ELSIF NOT e.lease_only AND NOT once_internal.backend_alive(e.owner_pid, e.owner_started) THEN
+                gone_reason := 'backend exited';
+            ELSE
+                PERFORM set_config('lock_timeout', old_timeout, true);
+                IF stale_ok THEN
+                    RETURN ROW('stale', NULL, e.result, e.error, e.owner, e.lease_expires_at, e.attempts, NULL, e.expires_at)::once.claim;
+                END IF;
+                RETURN ROW('wait', NULL, NULL, NULL, e.owner, e.lease_expires_at, e.attempts, NULL, NULL)::once.claim;
+            END IF;
+        ELSIF e.state = 'queued' AND stale_ok THEN
+            PERFORM set_config('lock_timeout', old_timeout, true);
+            RETURN ROW('stale', NULL, e.result, e.error, NULL, NULL, e.attempts, NULL, e.expires_at)::once.claim;
+        END IF;
+        seen_token := e.token;
+        seen_state := e.state::text;
+        keep_result := e.result IS NOT NULL AND e.stale_until IS NOT NULL AND e.stale_until > clock_timestamp();
+        c := NULL;
+        BEGIN
+            {{sql:take_claim}}
+            INTO c.token, c.lease_expires_at, c.attempts;
+        EXCEPTION WHEN lock_not_available THEN
+            PERFORM set_config('lock_timeout', old_timeout, true);
+            IF stale_ok THEN
+                RETURN ROW('stale', NULL, e.result, e.error, NULL, NULL, e.attempts, NULL, e.expires_at)::once.claim;
+            END IF;
+            RETURN ROW('wait', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::once.claim;
+        END;
+        IF c.token IS NOT NULL THEN
+            PERFORM set_config('lock_timeout', old_timeout, true);
+            IF keep_result THEN  -- StaleRule::refreshing
+                RETURN ROW(CASE WHEN serve_stale THEN 'refresh' ELSE 'claimed' END, c.token, e.result, NULL,
+                           param.owner, c.lease_expires_at, c.attempts, NULL, e.expires_at)::once.claim;
+            END IF;
+            RETURN ROW('claimed', c.token, NULL, NULL, param.owner, c.lease_expires_at, c.attempts, NULL, NULL)::once.claim;
+        END IF;
+        -- The key changed between our read and our write: look again.
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION once.claim_key(
+    key         text,
+    lease       interval DEFAULT '30 seconds',
+    wait        interval DEFAULT '0',
+    owner_pid   integer DEFAULT NULL,
+    serve_stale boolean DEFAULT false)
+RETURNS once.claim
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    pid_hint constant text := 'Pass the pid that once.owner_session() returned on a connection your process keeps open, 0 to end the claim only when its lease runs out, or NULL for this connection.';
+    pid integer := pg_backend_pid();
+    started timestamptz;
+    only_lease boolean := false;
+    deadline timestamptz;
+    nap interval := '5 milliseconds';
+    c once.claim;
+BEGIN
+    PERFORM once_internal.usable_key(key);
+    PERFORM once_internal.usable_interval(lease, 'lease',
+        'Use a lease a little longer than the time between two heartbeats, e.g. ''30 seconds'', and extend it with once.heartbeat_key.',
+        true, '1 day', '1 day');
+    PERFORM once_internal.usable_interval(wait, 'wait',
+        'Use ''0'' to return at once, or how long the caller can afford to wait, e.g. ''20 seconds''.',
+        false, '1 day', '1 day');
+    IF serve_stale IS NULL THEN
+        RAISE EXCEPTION 'serve_stale must not be NULL' USING ERRCODE = 'null_value_not_allowed',
+            HINT = 'Pass true to be answered refresh and stale (see Freshness), false for the four outcomes of pg_once 0.1.';
+    END IF;
+    -- Who the claim is for (liveness::Owner::from_arg).
+    IF owner_pid < 0 THEN
+        RAISE EXCEPTION 'owner_pid must not be negative, got %', owner_pid
+            USING ERRCODE = 'invalid_parameter_value', HINT = pid_hint;
+    ELSIF owner_pid = 0 THEN
+        only_lease := true;
+    ELSIF owner_pid IS NOT NULL AND owner_pid <> pid THEN
+        pid := owner_pid;
+    END IF;
+    started := once_internal.backend_started(pid);
+    IF started IS NULL THEN
+        RAISE EXCEPTION 'no backend with pid % is running', pid
+            USING ERRCODE = 'invalid_parameter_value', HINT = pid_hint;
+    END IF;
+    IF wait > '0' AND current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION 'claim_key cannot wait inside a REPEATABLE READ or SERIALIZABLE transaction'
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Call claim_key with wait in its own READ COMMITTED transaction (autocommit), or pass wait => ''0''.';
+    END IF;
+    -- waiting.rs, by polling: one look, then looks with sleeps between them until wait
+    -- runs out. The edition has no latches to be woken by: the sleeps start at 5 ms and
+    -- double up to 100 ms (a waiter sees a result at most that late), and hold no lock (a
+    -- look that loses takes none with it).
+    deadline := clock_timestamp() + wait;
+    LOOP
+        c := once_internal.claim_attempt(key, lease, pid, started, only_lease,
+                                         greatest(deadline - clock_timestamp(), '0'), serve_stale);
+        EXIT WHEN c.outcome <> 'wait' OR clock_timestamp() >= deadline;
+        PERFORM pg_sleep(extract(epoch FROM least(nap, deadline - clock_timestamp())));
+        nap := least(nap * 2, '100 milliseconds');
+    END LOOP;
+    RETURN c;
+END
+$$;
+
+-- once.get: the result claim_key would answer hit with, NULL otherwise; writes nothing.
+CREATE OR REPLACE FUNCTION once.get(key text) RETURNS jsonb
+LANGUAGE plpgsql STABLE CALLED ON NULL INPUT PARALLEL SAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM once_internal.usable_key(key);
+    RETURN (SELECT e.result FROM once.entries e
+             WHERE e.key_hash = once.key_hash(get.key)
+               AND (e.expires_at IS NULL OR e.expires_at > clock_timestamp()));
+END
+$$;
+
+-- ---- an owner's writes: protocol/resolve.rs ------------------------------------------
+
+CREATE OR REPLACE FUNCTION once.complete_key(
+    key    text,
+    token  bigint,
+    result jsonb,
+    ttl    interval DEFAULT NULL,
+    stale  interval DEFAULT NULL,
+    beta   float8 DEFAULT NULL,
+    jitter float8 DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+<<param>>
+DECLARE
+    key_hash bytea := once.key_hash(once_internal.usable_key(complete_key.key));
+    key text := complete_key.key;
+    token bigint := once_internal.usable_token(complete_key.token);
+    result jsonb := complete_key.result;
+    ttl interval := complete_key.ttl;
+    stale interval := complete_key.stale;
+    beta float8 := nullif(complete_key.beta, 0);
+    jitter float8 := complete_key.jitter;
+    holder oid := once_internal.token_holder();
+    draw float8 := random();
+    now timestamptz := clock_timestamp();
+    ended record;
+    queue text;
+    owner text;
+    claimed_at timestamptz;
+BEGIN
+    IF result IS NULL THEN
+        RAISE EXCEPTION 'result must not be NULL' USING ERRCODE = 'null_value_not_allowed',
+            HINT = 'Pass the computed value as jsonb; to cache "nothing", pass ''null''::jsonb.';
+    END IF;
+    -- args::policy
+    PERFORM once_internal.usable_interval(ttl, 'ttl',
+        'Use NULL to keep the result until it is invalidated, or a positive interval such as ''1 hour''.',
+        true, '100 years', '100 years', true);
+    PERFORM once_internal.usable_interval(stale, 'stale',
+        'Use how long the result may still be served while it is recomputed, e.g. stale => ''1 minute''; NULL: not at all.',
+        true, '100 years', '100 years', true);
+    IF beta IS NOT NULL AND NOT (beta > 0 AND beta <= 100) THEN
+        RAISE EXCEPTION 'beta must be between 0 and 100, got %', beta USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Use 1.0 for the early refreshes of the XFetch paper, more to refresh earlier, 0 or NULL for none.';
+    END IF;
+    IF jitter IS NOT NULL AND NOT (jitter >= 0 AND jitter < 1) THEN
+        RAISE EXCEPTION 'jitter must be at least 0 and less than 1, got %', jitter USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Use the fraction of the ttl by which expiries may be brought forward, e.g. 0.1 for up to 10%.';
+    END IF;
+    IF ttl IS NULL AND (stale IS NOT NULL OR beta IS NOT NULL OR jitter > 0) THEN
+        RAISE EXCEPTION '% needs a ttl: a result without one never expires',
+            CASE WHEN stale IS NOT NULL THEN 'stale' WHEN beta IS NOT NULL THEN 'beta' ELSE 'jitter' END
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Pass a ttl as well, e.g. ttl => ''1 hour'', or leave the option out.';
+    END IF;
+    {{sql:complete}}
+    INTO ended;
+    IF ended IS NULL THEN
+        RETURN false;
+    END IF;
+    IF ended.queue IS NOT NULL THEN
+        queue := ended.queue; owner := ended.owner; claimed_at := ended.claimed_at;
+        {{sql:record_completion}};
+    END IF;
+    RETURN true;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION once.fail_key(
+    key         text,
+    token       bigint,
+    error       text,
+    retry_after interval DEFAULT '0')
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+<<param>>
+DECLARE
+    key_hash bytea := once.key_hash(once_internal.usable_key(fail_key.key));
+    token bigint := once_internal.usable_token(fail_key.token);
+    error text := fail_key.error;
+    retry_after interval := fail_key.retry_after;
+    holder oid := once_internal.token_holder();
+BEGIN
+    IF error IS NULL THEN
+        RAISE EXCEPTION 'error must not be NULL' USING ERRCODE = 'null_value_not_allowed',
+            HINT = 'Describe what went wrong, e.g. the upstream error message.';
+    END IF;
+    PERFORM once_internal.usable_interval(retry_after, 'retry_after',
+        'Use ''0'' to let the next caller retry at once, or a delay such as ''30 seconds'' to share the failure meanwhile.',
+        false, '1 year', '1 year');
+    {{sql:fail}};
+    RETURN FOUND;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION once.heartbeat_key(
+    key   text,
+    token bigint,
+    lease interval DEFAULT '30 seconds')
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+<<param>>
+DECLARE
+    key_hash bytea := once.key_hash(once_internal.usable_key(heartbeat_key.key));
+    token bigint := once_internal.usable_token(heartbeat_key.token);
+    lease interval := once_internal.usable_interval(heartbeat_key.lease, 'lease',
+        'Use a lease a little longer than the time between two heartbeats, e.g. ''30 seconds'', and extend it with once.heartbeat_key.',
+        true, '1 day', '1 day');
+    holder oid := once_internal.token_holder();
+    extended timestamptz;
+BEGIN
+    {{sql:heartbeat}}
+    INTO extended;
+    RETURN extended;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION once.release_key(
+    key   text,
+    token bigint)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+<<param>>
+DECLARE
+    key_hash bytea := once.key_hash(once_internal.usable_key(release_key.key));
+    token bigint := once_internal.usable_token(release_key.token);
+    holder oid := once_internal.token_holder();
+    done integer;
+BEGIN
+    {{sql:release}}
+    INTO done;
+    RETURN FOUND;
+END
+$$;
+
+-- ---- reruns and reaping: protocol/rerun.rs, protocol/reap.rs -------------------------
+
+CREATE OR REPLACE FUNCTION once.invalidate_key(key text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+<<param>>
+DECLARE
+    key_hash bytea := once.key_hash(once_internal.usable_key(invalidate_key.key));
+    done integer;
+BEGIN
+    {{sql:invalidate}}
+    INTO done;
+    RETURN FOUND;
+END
+$$;
+
+-- Claims whose owner is gone, expired results and old history, as reap::reap does. The
+-- edition has no worker: pg_cron or the clients call it (docs/sql-edition.md). The
+-- history is purged in batches for up to 100 ms (reap.rs, PURGE_BUDGET), keeping
+-- once.history_retention (seconds; a custom setting here, default 7 days).
+CREATE OR REPLACE FUNCTION once.reap_stale()
+RETURNS TABLE (reclaimed bigint, expired bigint, history bigint)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+<<param>>
+DECLARE
+    batch bigint := 10000;
+    retention_s float8 := coalesce(nullif(current_setting('once.history_retention', true), ''), '604800')::float8;
+    after timestamptz;
+    started timestamptz := clock_timestamp();
+    purged bigint;
+    last timestamptz;
+BEGIN
+    {{sql:reap_gone_owners}};
+    GET DIAGNOSTICS reclaimed = ROW_COUNT;
+    {{sql:purge_expired}};
+    GET DIAGNOSTICS expired = ROW_COUNT;
+    history := 0;
+    LOOP
+        {{sql:purge_history}}
+        INTO purged, last;
+        history := history + purged;
+        after := last;
+        EXIT WHEN purged < batch OR clock_timestamp() - started > '100 milliseconds';
+    END LOOP;
+    RETURN NEXT;
+END
+$$;
+
+COMMENT ON FUNCTION once.claim_key(text, interval, interval, integer, boolean) IS
+    'Claim a key or get its cached result, in one round trip (SQL edition: wait polls). outcome is hit, claimed, failed or wait; with serve_stale => true also refresh and stale.';
+COMMENT ON FUNCTION once.get(text) IS
+    'The fresh result claim_key would answer hit with, or NULL. Writes nothing.';
+COMMENT ON FUNCTION once.complete_key(text, bigint, jsonb, interval, interval, float8, float8) IS
+    'Store the result of your claim and wake everyone waiting for the key. Returns false, changing nothing, if token is no longer the key''s current claim.';
+COMMENT ON FUNCTION once.fail_key(text, bigint, text, interval) IS
+    'Record that your claim failed with error, and wake waiters; claim_key answers failed until retry_after has passed.';
+COMMENT ON FUNCTION once.heartbeat_key(text, bigint, interval) IS
+    'Extend your claim''s lease to now + lease and return the new expiry; NULL if token is no longer current: stop computing.';
+COMMENT ON FUNCTION once.release_key(text, bigint) IS
+    'Give your claim back without recording a failure; returns false if token is no longer current.';
+COMMENT ON FUNCTION once.invalidate_key(text) IS
+    'Forget a key: drop its cached result or failure; a running key keeps its claim and is computed once more when its run ends. Returns false if the key was absent.';
+COMMENT ON FUNCTION once.reap_stale() IS
+    'Take back claims whose owner is gone, delete expired results and old attempt history. The SQL edition has no worker: schedule it with pg_cron, or let the clients call it.';
