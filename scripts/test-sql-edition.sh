@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# ./scripts/test-sql-edition.sh: the SQL edition (docs/sql-edition.md) on a plain
+# PostgreSQL 15 that has no pg_once library, installed by a database owner who is not a
+# superuser, as a managed service's admin role is (CREATEROLE, pg_read_all_stats,
+# pg_signal_backend). One server for every check:
+# 1. the script installs, and a second run of it is a no-op that keeps rows and grants;
+# 2. the regression transcript docs.sql (pg_test/regress), up to its queue part (the
+#    edition has no queue functions yet), must print what the extension prints:
+#    pg_test/regress/expected/docs.out, cut at the same line;
+# 3. what takes several sessions: a dead owner taken over at once and fenced off, a
+#    waiting claim answered when the owner completes, NOTIFY, another role's token
+#    refused, reap_stale, and no direct writes by an application role.
+# PG_ONCE_PG_BIN, PG_ONCE_WORK and PG_ONCE_TEST_PORT as for test.sh; test.sh step 3 runs
+# it on 15. The installation may hold the extension's library (test.sh installs it for
+# the other steps): this server never preloads it, and a non-superuser can declare no C
+# or internal function, which the first check below makes sure of, so nothing here can load it.
+set -euo pipefail
+PG_MAJOR=15
+source "$(dirname "$0")/lib.sh"
+PORT=${PG_ONCE_TEST_PORT:-28000}
+NAME=sql-edition
+OUT=$PG_ONCE_WORK/$NAME-build
+"$REPO_ROOT/scripts/sql-edition.sh" "$OUT"
+chmod -R a+rX "$OUT"
+trap 'cluster_stop $NAME' EXIT
+cluster_start "$NAME" "$PORT"
+cluster_psql "$NAME" "$PORT" -q \
+    -c "CREATE ROLE admin LOGIN CREATEROLE IN ROLE pg_read_all_stats, pg_signal_backend" \
+    -c "CREATE DATABASE app OWNER admin"
+as_admin() { "$PG_BIN/psql" -h "$PG_ONCE_WORK/$NAME" -p "$PORT" -U admin -d app -X -v ON_ERROR_STOP=1 "$@"; }
+
+say "SQL edition: install as a non-superuser owner, twice"
+as_admin -q -f "$OUT/pg_once_sql.sql"
+c_functions=$(as_admin -Atc "SELECT count(*) FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+                               WHERE p.pronamespace::regnamespace::text IN ('once', 'once_internal')
+                                 AND l.lanname IN ('c', 'internal')")
+if [ "$c_functions" != 0 ] || [ -n "$(as_admin -Atc "SHOW shared_preload_libraries")" ]; then
+    echo "the SQL edition declared $c_functions C functions, or the server preloads a library" >&2
+    exit 1
+fi
+as_admin -q -c "CREATE ROLE app_user LOGIN; GRANT USAGE ON SCHEMA once TO app_user;
+                GRANT EXECUTE ON FUNCTION once.claim_key TO app_user;
+                SELECT token FROM once.claim_key('kept', owner_pid => 0);" >/dev/null
+before=$(as_admin -Atc "SELECT count(*), max(token), has_function_privilege('app_user', 'once.claim_key(text,interval,interval,integer,boolean)', 'EXECUTE')
+                         FROM once.entries")
+as_admin -q -f "$OUT/pg_once_sql.sql"
+after=$(as_admin -Atc "SELECT count(*), max(token), has_function_privilege('app_user', 'once.claim_key(text,interval,interval,integer,boolean)', 'EXECUTE')
+                        FROM once.entries")
+if [ "$before" != "$after" ] || [ "$after" != "$(echo "$before" | cut -d'|' -f1-2)|t" ]; then
+    echo "a rerun of the script changed rows or grants: before $before, after $after" >&2
+    exit 1
+fi
+as_admin -q -c "DELETE FROM once.entries"
+
+say "SQL edition: pg_test/regress docs.sql, up to its queue part"
+work=$PG_ONCE_WORK/$NAME-regress
+mkdir -p "$work"
+# The install is the script above, not CREATE EXTENSION: that line is left out of both.
+sed -n '/^-- queue mode$/q;/^CREATE EXTENSION pg_once;$/d;p' "$REPO_ROOT/pg_test/regress/sql/docs.sql" >"$work/core.sql"
+sed -n '/^-- queue mode$/q;/^CREATE EXTENSION pg_once;$/d;p' "$REPO_ROOT/pg_test/regress/expected/docs.out" >"$work/core.out"
+# pg_regress's way: psql reads the file on stdin, echoing it, errors without a file prefix.
+# SHOW_CONTEXT=never: an error raised in PL/pgSQL carries a CONTEXT line naming the
+# function, which the extension's C errors have not; message, SQLSTATE and hint are the
+# same, and no client reads the context. That is the one difference by design here.
+as_admin -a -q -v ON_ERROR_STOP=0 -v SHOW_CONTEXT=never <"$work/core.sql" >"$work/core.result" 2>&1 || true
+if ! diff -u "$work/core.out" "$work/core.result" >"$work/core.diff"; then
+    cat "$work/core.diff" >&2
+    echo "docs.sql differs on the SQL edition: $work/core.diff" >&2
+    exit 1
+fi
+say "SQL edition: what needs several sessions (liveness, waiting, NOTIFY, roles)"
+as_user() { "$PG_BIN/psql" -h "$PG_ONCE_WORK/$NAME" -p "$PORT" -U app_user -d app -X -At -v ON_ERROR_STOP=1 "$@"; }
+expect() {  # expect WHAT WANTED GOT
+    if [ "$2" != "$3" ]; then echo "$1: expected $2, got $3" >&2; exit 1; fi
+}
+as_admin -q -c "GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA once TO app_user"
+# An application role, not the installer, claims: its session ends, and the next caller
+# takes the claim over at once, judged dead through pg_stat_activity (not after the lease).
+first=$(as_user -c "SELECT token FROM once.claim_key('dead', lease => '1 hour')")
+took=$(as_user -c "SELECT outcome || ' ' || attempts FROM once.claim_key('dead', owner_pid => 0)")
+expect "a claim of an exited session" "claimed 2" "$took"
+# Fencing: the first owner's token no longer completes the key (sql/complete.sql).
+expect "a taken-over token's complete_key" "f" "$(as_user -c "SELECT once.complete_key('dead', $first, '1')")"
+expect "the takeover recorded" "taken_over" "$(as_admin -Atc "SELECT last_outcome FROM once.entries WHERE key = 'dead'")"
+# A live owner is waited for: a claim with wait polls until the owner completes.
+token=$(as_user -c "SELECT token FROM once.claim_key('slow', owner_pid => 0)")
+( sleep 0.5; as_user -q -c "SELECT once.complete_key('slow', $token, '\"done\"')" >/dev/null ) &
+got=$(as_user -c "SELECT outcome || ' ' || result FROM once.claim_key('slow', wait => '10 seconds')")
+wait
+expect "a waiting claim once the owner completed" 'hit "done"' "$got"
+expect "a claim with wait => 0 of a live owner's key" "wait" \
+    "$(as_user -c "SELECT token FROM once.claim_key('held', owner_pid => 0)" >/dev/null
+       as_user -c "SELECT outcome FROM once.claim_key('held')")"
+# Another role cannot end a claim with its token (rules/token_holder.sql); the installer,
+# an administrator, can.
+as_admin -q -c "CREATE ROLE other_user LOGIN IN ROLE app_user" -c "GRANT USAGE ON SCHEMA once TO other_user"
+token=$(as_admin -Atc "SELECT token FROM once.entries WHERE key = 'held'")
+expect "another role's complete_key" "f" \
+    "$("$PG_BIN/psql" -h "$PG_ONCE_WORK/$NAME" -p "$PORT" -U other_user -d app -X -At \
+        -c "SET ROLE other_user" -c "SELECT once.complete_key('held', $token, '1')" | tail -1)"
+expect "the installer's complete_key" "t" "$(as_admin -Atc "SELECT once.complete_key('held', $token, '1')")"
+# Waiters are told on channel once, with the key, by the trigger's pg_notify.
+notified=$(as_user -c "LISTEN once" -c "SELECT once.fail_key('n/1', token, 'x') FROM once.claim_key('n/1')" 2>&1 | grep -c 'Asynchronous notification "once" with payload "n/1"' || true)
+expect "a NOTIFY on channel once with the key" 1 "$notified"
+# reap_stale takes back claims of sessions that exited and, the lease being the
+# fallback, a lease-only claim whose lease ran out.
+as_user -c "SELECT token FROM once.claim_key('exited', lease => '1 hour')" >/dev/null
+as_user -c "SELECT FROM once.reap_stale()" >/dev/null
+expect "the exited owner's key" "failed abandoned" "$(as_admin -Atc "SELECT state || ' ' || last_outcome FROM once.entries WHERE key = 'exited'")"
+as_user -c "SELECT token FROM once.claim_key('leased', lease => '10 milliseconds', owner_pid => 0)" >/dev/null
+sleep 0.1
+expect "reap_stale" "1" "$(as_user -c "SELECT reclaimed FROM once.reap_stale()")"
+expect "the reaped key" "failed abandoned" "$(as_admin -Atc "SELECT state || ' ' || last_outcome FROM once.entries WHERE key = 'leased'")"
+# What the edition leaves to the functions: no application role writes the table.
+if as_user -c "DELETE FROM once.entries" 2>/dev/null; then
+    echo "app_user could write once.entries directly" >&2; exit 1
+fi
+say "SQL edition: all passed"
