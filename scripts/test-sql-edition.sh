@@ -9,7 +9,7 @@
 #    pg_test/regress/expected/docs.out, cut at the same line;
 # 3. what takes several sessions: a dead owner taken over at once and fenced off, a
 #    waiting claim answered when the owner completes, NOTIFY, another role's token
-#    refused, reap_stale, and no direct writes by an application role.
+#    refused, reap_stale, early refreshes, and no direct writes by an application role.
 # PG_ONCE_PG_BIN, PG_ONCE_WORK and PG_ONCE_TEST_PORT as for test.sh; test.sh step 3 runs
 # it on 15. The installation may hold the extension's library (test.sh installs it for
 # the other steps): this server never preloads it, and a non-superuser can declare no C
@@ -111,6 +111,27 @@ as_user -c "SELECT token FROM once.claim_key('leased', lease => '10 milliseconds
 sleep 0.1
 expect "reap_stale" "1" "$(as_user -c "SELECT reclaimed FROM once.reap_stale()")"
 expect "the reaped key" "failed abandoned" "$(as_admin -Atc "SELECT state || ' ' || last_outcome FROM once.entries WHERE key = 'leased'")"
+# Early refresh (XFetch): a result that took an hour to compute, with a second left of
+# its ttl and beta 100, is refreshed by the next hit (probability exp(-1 / 360000)); with
+# beta NULL it is a plain hit.
+as_admin -q -c "SELECT once.complete_key(k, token, '1', ttl => '1 hour', beta => b)
+                  FROM (VALUES ('early', 100), ('plain', NULL)) v(k, b), once.claim_key(k, owner_pid => 0)" \
+    -c "UPDATE once.entries SET expires_at = clock_timestamp() + '1 second', compute_time = '1 hour'
+         WHERE key IN ('early', 'plain')" >/dev/null
+expect "a hit that draws an early refresh" "refresh 1" "$(as_user -c "SELECT outcome || ' ' || result FROM once.claim_key('early', serve_stale => true, owner_pid => 0)")"
+expect "a hit of a key being refreshed" "hit" "$(as_user -c "SELECT outcome FROM once.claim_key('early')")"
+expect "a hit without beta" "hit" "$(as_user -c "SELECT outcome FROM once.claim_key('plain')")"
+# once.get's draw is owed to the session's next claim_key, which takes the refresh even
+# though its own draw could not (beta is gone by then): a second draw would refresh with
+# the square of the probability.
+as_admin -q -c "UPDATE once.entries SET state = 'done', expires_at = clock_timestamp() + '1 second' WHERE key = 'early'"
+got=$(as_user <<SQL | paste -sd'|'
+SELECT once.get('early');
+\! "$PG_BIN/psql" -h "$PG_ONCE_WORK/$NAME" -p "$PORT" -U admin -d app -X -q -c "UPDATE once.entries SET beta = NULL WHERE key = 'early'"
+SELECT outcome FROM once.claim_key('early', owner_pid => 0);
+SQL
+)
+expect "get, then claim_key, of a result that drew a refresh" "|claimed" "$got"
 # What the edition leaves to the functions: no application role writes the table.
 if as_user -c "DELETE FROM once.entries" 2>/dev/null; then
     echo "app_user could write once.entries directly" >&2; exit 1

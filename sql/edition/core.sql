@@ -72,9 +72,36 @@ $$;
 
 -- ---- taking a key: protocol/claim.rs --------------------------------------------------
 
+-- Does this read of a fresh result draw an early refresh (freshness::draws_early_refresh,
+-- XFetch: `-delta * beta * ln(u) >= time left`, u uniform in (0, 1])? Only a done key
+-- may. A draw that once.get made of this very result is owed to the session's next look
+-- (freshness.rs says why): kept in a session setting, since PL/pgSQL has no session
+-- state; a plain set_config outlives the function, and is undone with its transaction.
+CREATE OR REPLACE FUNCTION once_internal.draws_early_refresh(e once.entries) RETURNS boolean
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    owed text := current_setting('once_internal.owed_early_refresh', true);
+BEGIN
+    IF owed IS NOT NULL AND owed <> '' THEN
+        PERFORM set_config('once_internal.owed_early_refresh', '', false);
+        IF owed = e.token::text AND e.state = 'done' THEN
+            RETURN true;
+        END IF;
+    END IF;
+    IF e.state <> 'done' OR e.beta IS NULL OR e.beta <= 0 OR e.compute_time IS NULL
+       OR e.expires_at IS NULL THEN
+        RETURN false;
+    END IF;
+    RETURN -extract(epoch FROM e.compute_time) * e.beta * ln(1 - random())
+           >= extract(epoch FROM e.expires_at - clock_timestamp());
+END
+$$;
+
 -- One look at the key, claiming it if it may be claimed (claim::attempt): never waits for
 -- the owner, and for another transaction's lock at most `budget` (lock_timeout, in a
--- subtransaction: a lost race leaves no lock). Early refreshes (beta) are not drawn yet.
+-- subtransaction: a lost race leaves no lock).
 CREATE OR REPLACE FUNCTION once_internal.claim_attempt(
     key text, lease interval, owner_pid integer, owner_started timestamptz,
     lease_only boolean, budget interval, serve_stale boolean) RETURNS once.claim
@@ -122,6 +149,25 @@ BEGIN
         END IF;
         -- Entry::fresh: a result not past its expiry, also while the key is recomputed.
         IF e.result IS NOT NULL AND (e.expires_at IS NULL OR e.expires_at > clock_timestamp()) THEN
+            -- A done key may draw an early refresh; losing the race for it (or meeting
+            -- another transaction's lock) is a hit.
+            IF once_internal.draws_early_refresh(e) THEN
+                seen_token := e.token;
+                seen_state := e.state::text;
+                keep_result := true;
+                c := NULL;
+                BEGIN
+                    {{sql:take_claim}}
+                    INTO c.token, c.lease_expires_at, c.attempts;
+                EXCEPTION WHEN lock_not_available THEN
+                    c := NULL;
+                END;
+                IF c.token IS NOT NULL THEN
+                    PERFORM set_config('lock_timeout', old_timeout, true);
+                    RETURN ROW(CASE WHEN serve_stale THEN 'refresh' ELSE 'claimed' END, c.token, e.result, NULL,
+                               param.owner, c.lease_expires_at, c.attempts, NULL, e.expires_at)::once.claim;
+                END IF;
+            END IF;
             PERFORM set_config('lock_timeout', old_timeout, true);
             RETURN ROW('hit', e.token, e.result, NULL, NULL, NULL, e.attempts, NULL, e.expires_at)::once.claim;
         END IF;
@@ -244,16 +290,26 @@ BEGIN
 END
 $$;
 
--- once.get: the result claim_key would answer hit with, NULL otherwise; writes nothing.
+-- once.get (claim::get): the result claim_key would answer hit with, NULL otherwise (and
+-- when this read draws an early refresh, which the session's next claim_key then takes);
+-- writes nothing.
 CREATE OR REPLACE FUNCTION once.get(key text) RETURNS jsonb
-LANGUAGE plpgsql STABLE CALLED ON NULL INPUT PARALLEL SAFE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    e once.entries;
 BEGIN
     PERFORM once_internal.usable_key(key);
-    RETURN (SELECT e.result FROM once.entries e
-             WHERE e.key_hash = once.key_hash(get.key)
-               AND (e.expires_at IS NULL OR e.expires_at > clock_timestamp()));
+    SELECT * INTO e FROM once.entries WHERE once.entries.key_hash = once.key_hash(get.key);
+    IF e.result IS NULL OR e.expires_at <= clock_timestamp() THEN
+        RETURN NULL;
+    END IF;
+    IF once_internal.draws_early_refresh(e) THEN
+        PERFORM set_config('once_internal.owed_early_refresh', e.token::text, false);
+        RETURN NULL;
+    END IF;
+    RETURN e.result;
 END
 $$;
 
