@@ -91,6 +91,18 @@ expect "a waiting claim once the owner completed" 'hit "done"' "$got"
 expect "a claim with wait => 0 of a live owner's key" "wait" \
     "$(as_user -c "SELECT token FROM once.claim_key('held', owner_pid => 0)" >/dev/null
        as_user -c "SELECT outcome FROM once.claim_key('held')")"
+# A claim another transaction has not committed is not waited for (wait => 0): answered
+# wait, with nothing known of it, within the lock budget (claim::attempt, busy).
+as_user -q -c "BEGIN" -c "SELECT FROM once.claim_key('uncommitted')" -c "SELECT pg_sleep(3)" -c "COMMIT" &
+sleep 0.5
+started=$(date +%s%N)
+got=$(as_user -c "SELECT outcome || ' ' || coalesce(owner, 'none') FROM once.claim_key('uncommitted')")
+elapsed_ms=$(( ($(date +%s%N) - started) / 1000000 ))
+wait
+expect "a key another transaction is claiming" "wait none" "$got"
+if [ "$elapsed_ms" -ge 2000 ]; then
+    echo "claim_key(wait => 0) waited $elapsed_ms ms for another transaction's claim" >&2; exit 1
+fi
 # Another role cannot end a claim with its token (rules/token_holder.sql); the installer,
 # an administrator, can.
 as_admin -q -c "CREATE ROLE other_user LOGIN IN ROLE app_user" -c "GRANT USAGE ON SCHEMA once TO other_user"
