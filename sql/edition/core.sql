@@ -264,7 +264,21 @@ BEGIN
     ELSIF owner_pid IS NOT NULL AND owner_pid <> pid THEN
         pid := owner_pid;
     END IF;
-    started := once_internal.backend_started(pid);
+    IF pid = pg_backend_pid() THEN
+        -- This session's start never changes: read once per session, not on every call
+        -- (pg_stat_activity builds a snapshot of every backend: about 20 us, a quarter of a
+        -- hit's time in the server, measured with 3,000 hits in a DO loop on a loaded machine).
+        -- Kept as microseconds since the epoch, which no DateStyle changes.
+        started := 'epoch'::timestamptz + nullif(current_setting('once_internal.backend_start', true), '')::bigint
+                                          * '1 microsecond'::interval;
+        IF started IS NULL THEN
+            started := once_internal.backend_started(pid);
+            PERFORM set_config('once_internal.backend_start',
+                               (extract(epoch FROM started) * 1000000)::bigint::text, false);
+        END IF;
+    ELSE
+        started := once_internal.backend_started(pid);
+    END IF;
     IF started IS NULL THEN
         RAISE EXCEPTION 'no backend with pid % is running', pid
             USING ERRCODE = 'invalid_parameter_value', HINT = pid_hint;
