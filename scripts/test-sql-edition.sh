@@ -4,9 +4,9 @@
 # superuser, as a managed service's admin role is (CREATEROLE, pg_read_all_stats,
 # pg_signal_backend). One server for every check:
 # 1. the script installs, and a second run of it is a no-op that keeps rows and grants;
-# 2. the regression transcript docs.sql (pg_test/regress), up to its queue part (the
-#    edition has no queue functions yet), must print what the extension prints:
-#    pg_test/regress/expected/docs.out, cut at the same line;
+# 2. the regression transcript docs.sql (pg_test/regress), but for its parts of queues,
+#    stats and once.cached (not in the edition yet), must print what the extension
+#    prints: pg_test/regress/expected/docs.out, cut at the same lines;
 # 3. what takes several sessions: a dead owner taken over at once and fenced off, a
 #    waiting claim answered when the owner completes, NOTIFY, another role's token
 #    refused, reap_stale, early refreshes, and no direct writes by an application role.
@@ -34,7 +34,8 @@ as_admin -q -f "$OUT/pg_once_sql.sql"
 c_functions=$(as_admin -Atc "SELECT count(*) FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
                                WHERE p.pronamespace::regnamespace::text IN ('once', 'once_internal')
                                  AND l.lanname IN ('c', 'internal')")
-if [ "$c_functions" != 0 ] || [ -n "$(as_admin -Atc "SHOW shared_preload_libraries")" ]; then
+preloaded=$(cluster_psql "$NAME" "$PORT" -Atc "SHOW shared_preload_libraries")
+if [ "$c_functions" != 0 ] || [ -n "$preloaded" ]; then
     echo "the SQL edition declared $c_functions C functions, or the server preloads a library" >&2
     exit 1
 fi
@@ -52,12 +53,18 @@ if [ "$before" != "$after" ] || [ "$after" != "$(echo "$before" | cut -d'|' -f1-
 fi
 as_admin -q -c "DELETE FROM once.entries"
 
-say "SQL edition: pg_test/regress docs.sql, up to its queue part"
+say "SQL edition: pg_test/regress docs.sql, but for its queue, stats and cached parts"
 work=$PG_ONCE_WORK/$NAME-regress
 mkdir -p "$work"
-# The install is the script above, not CREATE EXTENSION: that line is left out of both.
-sed -n '/^-- queue mode$/q;/^CREATE EXTENSION pg_once;$/d;p' "$REPO_ROOT/pg_test/regress/sql/docs.sql" >"$work/core.sql"
-sed -n '/^-- queue mode$/q;/^CREATE EXTENSION pg_once;$/d;p' "$REPO_ROOT/pg_test/regress/expected/docs.out" >"$work/core.out"
+# The parts the edition has: from the start to "-- queue mode", and from "-- freshness"
+# to "-- cached" (serve_stale, refresh_key). The install is the script above, not CREATE
+# EXTENSION: that line is left out of both.
+core_of() {
+    awk '/^-- queue mode$/ { on = 0 } /^-- freshness/ { on = 1 } /^-- cached$/ { on = 0 }
+         NR == 1 { on = 1 } on && !/^CREATE EXTENSION pg_once;$/' "$1"
+}
+core_of "$REPO_ROOT/pg_test/regress/sql/docs.sql" >"$work/core.sql"
+core_of "$REPO_ROOT/pg_test/regress/expected/docs.out" >"$work/core.out"
 # pg_regress's way: psql reads the file on stdin, echoing it, errors without a file prefix.
 # SHOW_CONTEXT=never: an error raised in PL/pgSQL carries a CONTEXT line naming the
 # function, which the extension's C errors have not; message, SQLSTATE and hint are the
@@ -93,7 +100,7 @@ expect "a claim with wait => 0 of a live owner's key" "wait" \
        as_user -c "SELECT outcome FROM once.claim_key('held')")"
 # A claim another transaction has not committed is not waited for (wait => 0): answered
 # wait, with nothing known of it, within the lock budget (claim::attempt, busy).
-as_user -q -c "BEGIN" -c "SELECT FROM once.claim_key('uncommitted')" -c "SELECT pg_sleep(3)" -c "COMMIT" &
+as_user -q -c "BEGIN" -c "SELECT FROM once.claim_key('uncommitted')" -c "SELECT pg_sleep(3)" -c "COMMIT" >/dev/null &
 sleep 0.5
 started=$(date +%s%N)
 got=$(as_user -c "SELECT outcome || ' ' || coalesce(owner, 'none') FROM once.claim_key('uncommitted')")

@@ -476,6 +476,10 @@ $$;
 
 -- ---- reruns and reaping: protocol/rerun.rs, protocol/reap.rs -------------------------
 
+-- invalidate.sql and refresh.sql act on the state their snapshot shows: a key whose run
+-- ended between the snapshot and the row lock matches none of their branches. A request
+-- must not be lost to that (rerun::until_matched), so each runs again, with a new
+-- snapshot, until it matches or the key is absent.
 CREATE OR REPLACE FUNCTION once.invalidate_key(key text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SECURITY DEFINER
@@ -487,9 +491,44 @@ DECLARE
     key_hash bytea := once.key_hash(once_internal.usable_key(invalidate_key.key));
     done integer;
 BEGIN
-    {{sql:invalidate}}
-    INTO done;
-    RETURN FOUND;
+    LOOP
+        {{sql:invalidate}}
+        INTO done;
+        IF FOUND THEN
+            RETURN true;
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM once.entries WHERE once.entries.key_hash = param.key_hash) THEN
+            RETURN false;
+        END IF;
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION once.refresh_key(key text, stale interval DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+<<param>>
+DECLARE
+    key_hash bytea := once.key_hash(once_internal.usable_key(refresh_key.key));
+    stale interval := once_internal.usable_interval(refresh_key.stale, 'stale',
+        'Use how long the result may still be served while it is recomputed, e.g. stale => ''1 minute''; NULL: not at all.',
+        true, '100 years', '100 years', true);
+    what text;
+    queue text;
+BEGIN
+    LOOP
+        {{sql:refresh}}
+        INTO what, queue;
+        IF FOUND THEN
+            RETURN what;  -- expired, rerun or pending
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM once.entries WHERE once.entries.key_hash = param.key_hash) THEN
+            RETURN 'absent';
+        END IF;
+    END LOOP;
 END
 $$;
 
@@ -542,5 +581,7 @@ COMMENT ON FUNCTION once.release_key(text, bigint) IS
     'Give your claim back without recording a failure; returns false if token is no longer current.';
 COMMENT ON FUNCTION once.invalidate_key(text) IS
     'Forget a key: drop its cached result or failure; a running key keeps its claim and is computed once more when its run ends. Returns false if the key was absent.';
+COMMENT ON FUNCTION once.refresh_key(text, interval) IS
+    'Have a key computed again, its current result served as stale for stale meanwhile (NULL: not served). Returns expired, rerun (it is running: computed once more when the run ends), pending (queued) or absent.';
 COMMENT ON FUNCTION once.reap_stale() IS
     'Take back claims whose owner is gone, delete expired results and old attempt history. The SQL edition has no worker: schedule it with pg_cron, or let the clients call it.';
