@@ -89,6 +89,18 @@ expect "a claim of an exited session" "claimed 2" "$took"
 # Fencing: the first owner's token no longer completes the key (sql/complete.sql).
 expect "a taken-over token's complete_key" "f" "$(as_user -c "SELECT once.complete_key('dead', $first, '1')")"
 expect "the takeover recorded" "taken_over" "$(as_admin -Atc "SELECT last_outcome FROM once.entries WHERE key = 'dead'")"
+# A claim made for an owner session (a pooled caller's): held while that session lives,
+# taken over at once when it closes.
+rm -f "$work/owner"
+as_user -c "SELECT once.owner_session()" -c "SELECT pg_sleep(1.5)" >"$work/owner" &
+for _ in $(seq 50); do [ -s "$work/owner" ] && break; sleep 0.1; done
+owner=$(head -1 "$work/owner")
+expect "a claim for owner session $owner" "claimed" "$(as_user -c "SELECT outcome FROM once.claim_key('pooled', owner_pid => $owner)")"
+expect "a claim while the owner session lives" "wait" "$(as_user -c "SELECT outcome FROM once.claim_key('pooled')")"
+wait
+expect "a claim once the owner session closed" "claimed" "$(as_user -c "SELECT outcome FROM once.claim_key('pooled', owner_pid => 0)")"
+expect "owner_pid of no backend" "no backend with pid 2147483647 is running" \
+    "$(as_user -c "SELECT FROM once.claim_key('k', owner_pid => 2147483647)" 2>&1 | sed 's/.*ERROR:  //' | head -1)"
 # A live owner is waited for: a claim with wait polls until the owner completes.
 token=$(as_user -c "SELECT token FROM once.claim_key('slow', owner_pid => 0)")
 ( sleep 0.5; as_user -q -c "SELECT once.complete_key('slow', $token, '\"done\"')" >/dev/null ) &

@@ -304,6 +304,16 @@ BEGIN
 END
 $$;
 
+-- once.owner_session: this connection's pid, for claim_key(owner_pid => ...) on other
+-- connections (through a pool). As with the extension when not preloaded, any backend's
+-- pid may be named, so there is nothing to register: liveness reads pg_stat_activity, and
+-- the claims of a closed owner session are taken over by the next caller (or reaped by
+-- the next reap_stale), there being no worker to take them back the moment it closes.
+CREATE OR REPLACE FUNCTION once.owner_session() RETURNS integer
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+RETURN pg_backend_pid();
+
 -- once.get (claim::get): the result claim_key would answer hit with, NULL otherwise (and
 -- when this read draws an early refresh, which the session's next claim_key then takes);
 -- writes nothing.
@@ -569,6 +579,8 @@ $$;
 
 COMMENT ON FUNCTION once.claim_key(text, interval, interval, integer, boolean) IS
     'Claim a key or get its cached result, in one round trip (SQL edition: wait polls). outcome is hit, claimed, failed or wait; with serve_stale => true also refresh and stale.';
+COMMENT ON FUNCTION once.owner_session() IS
+    'This connection''s pid: claims made on other connections with claim_key(..., owner_pid => that pid) end when this connection closes, as if made on it. Call it on a connection your process keeps open, such as its LISTEN connection.';
 COMMENT ON FUNCTION once.get(text) IS
     'The fresh result claim_key would answer hit with, or NULL. Writes nothing.';
 COMMENT ON FUNCTION once.complete_key(text, bigint, jsonb, interval, interval, float8, float8) IS
