@@ -163,6 +163,22 @@ SELECT outcome FROM once.claim_key('early', owner_pid => 0);
 SQL
 )
 expect "get, then claim_key, of a result that drew a refresh" "|claimed" "$got"
+# complete_keys completes the claims still current, and leaves out the others (b/2's
+# token is not its claim's).
+got=$(as_user <<'SQL' | paste -sd'|'
+SELECT key FROM once.complete_keys(
+    ARRAY['b/1', 'b/2'],
+    ARRAY[(SELECT token FROM once.claim_key('b/1')), (SELECT 1 FROM once.claim_key('b/2'))],
+    ARRAY['1', '2']::jsonb[]);
+SELECT outcome FROM once.claim_key('b/1');
+SQL
+)
+expect "complete_keys with a stale token" "b/1|hit" "$got"
+# The size limits, as custom settings (54000 past them).
+expect "a result past once.max_result_size" "54000" "$(as_user -v VERBOSITY=verbose \
+    -c "SET once.max_result_size = '1kB'" \
+    -c "SELECT once.complete_key('big', token, to_jsonb(repeat('x', 2000))) FROM once.claim_key('big')" 2>&1 |
+    sed -n 's/^ERROR:  \([0-9A-Z]\{5\}\):.*/\1/p')"
 # What the edition leaves to the functions: no application role writes the table.
 if as_user -c "DELETE FROM once.entries" 2>/dev/null; then
     echo "app_user could write once.entries directly" >&2; exit 1

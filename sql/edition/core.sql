@@ -70,6 +70,72 @@ BEGIN
 END
 $$;
 
+-- The once.max_*_size settings (args::within_limit): the extension defines them, here
+-- they are custom settings an administrator may set (ALTER DATABASE ... SET
+-- once.max_result_size = '1MB'), read in kB like the extension's, with its units.
+CREATE OR REPLACE FUNCTION once_internal.within_limit(
+    size bigint, what text, name text, default_kb bigint, hint text) RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    setting text := nullif(current_setting(name, true), '');
+    parts text[] := regexp_match(coalesce(setting, ''), '^\s*(\d+)\s*(kB|MB|GB|TB)?\s*$');
+    limit_kb bigint := default_kb;
+BEGIN
+    IF setting IS NOT NULL THEN
+        IF parts IS NULL THEN
+            RAISE EXCEPTION 'invalid value for parameter "%": "%"', name, setting
+                USING ERRCODE = 'invalid_parameter_value', HINT = 'Valid units are "kB", "MB", "GB" and "TB".';
+        END IF;
+        limit_kb := parts[1]::bigint * CASE parts[2] WHEN 'MB' THEN 1024 WHEN 'GB' THEN 1024 * 1024
+                                                      WHEN 'TB' THEN 1024 * 1024 * 1024 ELSE 1 END;
+    END IF;
+    IF size > limit_kb * 1024 THEN
+        RAISE EXCEPTION '% is % bytes, more than % (% kB)', what, size, name, limit_kb
+            USING ERRCODE = 'program_limit_exceeded', HINT = hint;
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION once_internal.result_size(result jsonb, what text) RETURNS void
+    LANGUAGE sql STABLE
+    SET search_path = pg_catalog, pg_temp
+    -- pg_column_size of a value not yet stored: its size uncompressed, as Jsonb::size.
+    RETURN once_internal.within_limit(pg_column_size(result), what, 'once.max_result_size', 16 * 1024,
+        'Store a smaller result (a reference to where a large one is kept, e.g. an object''s URL), or ask an administrator to raise once.max_result_size.');
+
+-- complete_key's ttl, stale, beta and jitter (args::policy).
+CREATE OR REPLACE FUNCTION once_internal.check_policy(
+    ttl interval, stale interval, beta float8, jitter float8) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    PERFORM once_internal.usable_interval(ttl, 'ttl',
+        'Use NULL to keep the result until it is invalidated, or a positive interval such as ''1 hour''.',
+        true, '100 years', '100 years', true);
+    PERFORM once_internal.usable_interval(stale, 'stale',
+        'Use how long the result may still be served while it is recomputed, e.g. stale => ''1 minute''; NULL: not at all.',
+        true, '100 years', '100 years', true);
+    beta := nullif(beta, 0);
+    IF beta IS NOT NULL AND NOT (beta > 0 AND beta <= 100) THEN
+        RAISE EXCEPTION 'beta must be between 0 and 100, got %', beta USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Use 1.0 for the early refreshes of the XFetch paper, more to refresh earlier, 0 or NULL for none.';
+    END IF;
+    IF jitter IS NOT NULL AND NOT (jitter >= 0 AND jitter < 1) THEN
+        RAISE EXCEPTION 'jitter must be at least 0 and less than 1, got %', jitter USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Use the fraction of the ttl by which expiries may be brought forward, e.g. 0.1 for up to 10%.';
+    END IF;
+    IF ttl IS NULL AND (stale IS NOT NULL OR beta IS NOT NULL OR jitter > 0) THEN
+        RAISE EXCEPTION '% needs a ttl: a result without one never expires',
+            CASE WHEN stale IS NOT NULL THEN 'stale' WHEN beta IS NOT NULL THEN 'beta' ELSE 'jitter' END
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Pass a ttl as well, e.g. ttl => ''1 hour'', or leave the option out.';
+    END IF;
+END
+$$;
+
 -- ---- taking a key: protocol/claim.rs --------------------------------------------------
 
 -- Does this read of a fresh result draw an early refresh (freshness::draws_early_refresh,
@@ -374,27 +440,8 @@ BEGIN
         RAISE EXCEPTION 'result must not be NULL' USING ERRCODE = 'null_value_not_allowed',
             HINT = 'Pass the computed value as jsonb; to cache "nothing", pass ''null''::jsonb.';
     END IF;
-    -- args::policy
-    PERFORM once_internal.usable_interval(ttl, 'ttl',
-        'Use NULL to keep the result until it is invalidated, or a positive interval such as ''1 hour''.',
-        true, '100 years', '100 years', true);
-    PERFORM once_internal.usable_interval(stale, 'stale',
-        'Use how long the result may still be served while it is recomputed, e.g. stale => ''1 minute''; NULL: not at all.',
-        true, '100 years', '100 years', true);
-    IF beta IS NOT NULL AND NOT (beta > 0 AND beta <= 100) THEN
-        RAISE EXCEPTION 'beta must be between 0 and 100, got %', beta USING ERRCODE = 'invalid_parameter_value',
-            HINT = 'Use 1.0 for the early refreshes of the XFetch paper, more to refresh earlier, 0 or NULL for none.';
-    END IF;
-    IF jitter IS NOT NULL AND NOT (jitter >= 0 AND jitter < 1) THEN
-        RAISE EXCEPTION 'jitter must be at least 0 and less than 1, got %', jitter USING ERRCODE = 'invalid_parameter_value',
-            HINT = 'Use the fraction of the ttl by which expiries may be brought forward, e.g. 0.1 for up to 10%.';
-    END IF;
-    IF ttl IS NULL AND (stale IS NOT NULL OR beta IS NOT NULL OR jitter > 0) THEN
-        RAISE EXCEPTION '% needs a ttl: a result without one never expires',
-            CASE WHEN stale IS NOT NULL THEN 'stale' WHEN beta IS NOT NULL THEN 'beta' ELSE 'jitter' END
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Pass a ttl as well, e.g. ttl => ''1 hour'', or leave the option out.';
-    END IF;
+    PERFORM once_internal.result_size(result, 'result');
+    PERFORM once_internal.check_policy(ttl, stale, beta, jitter);
     {{sql:complete}}
     INTO ended;
     IF ended IS NULL THEN
@@ -430,11 +477,75 @@ BEGIN
         RAISE EXCEPTION 'error must not be NULL' USING ERRCODE = 'null_value_not_allowed',
             HINT = 'Describe what went wrong, e.g. the upstream error message.';
     END IF;
+    PERFORM once_internal.within_limit(octet_length(error), 'error', 'once.max_error_size', 16,
+        'Record the error''s first lines and keep the whole of it in your logs, or ask an administrator to raise once.max_error_size.');
     PERFORM once_internal.usable_interval(retry_after, 'retry_after',
         'Use ''0'' to let the next caller retry at once, or a delay such as ''30 seconds'' to share the failure meanwhile.',
         false, '1 year', '1 year');
     {{sql:fail}};
     RETURN FOUND;
+END
+$$;
+
+-- complete_key for many claims in one statement (queue::complete_many): complete_many.sql
+-- locks the keys in key_hash order, so two batches cannot deadlock; its completions
+-- record their queue history themselves (rules/completions_recorded.sql).
+CREATE OR REPLACE FUNCTION once.complete_keys(
+    keys    text[],
+    tokens  bigint[],
+    results jsonb[],
+    ttl     interval DEFAULT NULL,
+    stale   interval DEFAULT NULL,
+    beta    float8 DEFAULT NULL,
+    jitter  float8 DEFAULT NULL)
+RETURNS TABLE (key text)
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+<<param>>
+DECLARE
+    hint constant text := 'Pass three arrays of the same length: keys, their tokens, their results.';
+    key_hashes bytea[];
+    tokens bigint[] := complete_keys.tokens;
+    results jsonb[] := complete_keys.results;
+    ttl interval := complete_keys.ttl;
+    stale interval := complete_keys.stale;
+    beta float8 := nullif(complete_keys.beta, 0);
+    jitter float8 := complete_keys.jitter;
+    holder oid := once_internal.token_holder();
+    k text;
+    r jsonb;
+BEGIN
+    IF keys IS NULL OR tokens IS NULL OR results IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL',
+            CASE WHEN keys IS NULL THEN 'keys' WHEN tokens IS NULL THEN 'tokens' ELSE 'results' END
+            USING ERRCODE = 'null_value_not_allowed', HINT = hint;
+    END IF;
+    IF coalesce(cardinality(keys), 0) <> coalesce(cardinality(tokens), 0)
+       OR coalesce(cardinality(keys), 0) <> coalesce(cardinality(results), 0) THEN
+        RAISE EXCEPTION 'keys, tokens and results have %, % and % elements',
+            coalesce(cardinality(keys), 0), coalesce(cardinality(tokens), 0), coalesce(cardinality(results), 0)
+            USING ERRCODE = 'invalid_parameter_value', HINT = hint;
+    END IF;
+    IF array_position(results, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'results[i] must not be NULL' USING ERRCODE = 'null_value_not_allowed', HINT = hint;
+    END IF;
+    FOREACH r IN ARRAY results LOOP
+        PERFORM once_internal.result_size(r, 'a result');
+    END LOOP;
+    IF array_position(keys, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'keys[i] must not be NULL' USING ERRCODE = 'null_value_not_allowed', HINT = hint;
+    END IF;
+    FOREACH k IN ARRAY keys LOOP
+        PERFORM once_internal.usable_key(k);
+    END LOOP;
+    PERFORM once_internal.usable_token(t) FROM unnest(tokens) t;
+    PERFORM once_internal.check_policy(ttl, stale, beta, jitter);
+    key_hashes := ARRAY(SELECT once.key_hash(k) FROM unnest(keys) k);
+    RETURN QUERY
+    {{sql:complete_many}};
 END
 $$;
 
@@ -585,6 +696,8 @@ COMMENT ON FUNCTION once.get(text) IS
     'The fresh result claim_key would answer hit with, or NULL. Writes nothing.';
 COMMENT ON FUNCTION once.complete_key(text, bigint, jsonb, interval, interval, float8, float8) IS
     'Store the result of your claim and wake everyone waiting for the key. Returns false, changing nothing, if token is no longer the key''s current claim.';
+COMMENT ON FUNCTION once.complete_keys(text[], bigint[], jsonb[], interval, interval, float8, float8) IS
+    'complete_key for many claims in one statement (e.g. what one claim_next(n => 10) call handed out). Returns the keys completed; a claim no longer current is left out.';
 COMMENT ON FUNCTION once.fail_key(text, bigint, text, interval) IS
     'Record that your claim failed with error, and wake waiters; claim_key answers failed until retry_after has passed.';
 COMMENT ON FUNCTION once.heartbeat_key(text, bigint, interval) IS
