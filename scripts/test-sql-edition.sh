@@ -9,7 +9,9 @@
 #    prints: pg_test/regress/expected/docs.out, cut at the same lines;
 # 3. what takes several sessions: a dead owner taken over at once and fenced off, a
 #    waiting claim answered when the owner completes, NOTIFY, another role's token
-#    refused, reap_stale, early refreshes, and no direct writes by an application role.
+#    refused, reap_stale, early refreshes, and no direct writes by an application role;
+# 4. the isolation specs (pg_test/isolation) that use no queue function, against the
+#    extension's expected output.
 # PG_ONCE_PG_BIN, PG_ONCE_WORK and PG_ONCE_TEST_PORT as for test.sh; test.sh step 3 runs
 # it on 15. The installation may hold the extension's library (test.sh installs it for
 # the other steps): this server never preloads it, and a non-superuser can declare no C
@@ -182,5 +184,23 @@ expect "a result past once.max_result_size" "54000" "$(as_user -v VERBOSITY=verb
 # What the edition leaves to the functions: no application role writes the table.
 if as_user -c "DELETE FROM once.entries" 2>/dev/null; then
     echo "app_user could write once.entries directly" >&2; exit 1
+fi
+say "SQL edition: the isolation specs (pg_test/isolation) of what it has"
+# Every spec that uses no queue function (not in the edition yet), as it is but for its
+# CREATE EXTENSION line, against the extension's expected output.
+iso=$PG_ONCE_WORK/$NAME-isolation
+rm -rf "$iso"; mkdir -p "$iso/specs" "$iso/expected"
+specs=$(cd "$REPO_ROOT/pg_test/isolation/specs" &&
+        grep -L 'create_queue\|enqueue_key\|claim_next' *.spec | sed 's/\.spec$//')
+for spec in $specs; do
+    grep -v '^ *CREATE EXTENSION IF NOT EXISTS pg_once; *$' \
+        "$REPO_ROOT/pg_test/isolation/specs/$spec.spec" >"$iso/specs/$spec.spec"
+    cp "$REPO_ROOT/pg_test/isolation/expected/$spec.out" "$iso/expected/"
+done
+if ! "$(pgxs_test_program isolation pg_isolation_regress)" --bindir="$PG_BIN" \
+        --inputdir="$iso" --outputdir="$iso/out" --host=127.0.0.1 --port="$PORT" \
+        --user=admin --dbname=app --use-existing $specs; then
+    cat "$iso/out/regression.diffs" >&2
+    exit 1
 fi
 say "SQL edition: all passed"

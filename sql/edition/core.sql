@@ -267,6 +267,12 @@ BEGIN
         seen_token := e.token;
         seen_state := e.state::text;
         keep_result := e.result IS NOT NULL AND e.stale_until IS NOT NULL AND e.stale_until > clock_timestamp();
+        -- A stale answer never waits, not even for another transaction's lock: where one
+        -- may be served, the claim waits 1 ms at most (the extension does not even try
+        -- once it sees the row held: entry::held_elsewhere, which SQL cannot see).
+        IF stale_ok THEN
+            PERFORM set_config('lock_timeout', '1', true);
+        END IF;
         c := NULL;
         BEGIN
             {{sql:take_claim}}
