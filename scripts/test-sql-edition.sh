@@ -181,6 +181,9 @@ expect "a result past once.max_result_size" "54000" "$(as_user -v VERBOSITY=verb
     -c "SET once.max_result_size = '1kB'" \
     -c "SELECT once.complete_key('big', token, to_jsonb(repeat('x', 2000))) FROM once.claim_key('big')" 2>&1 |
     sed -n 's/^ERROR:  \([0-9A-Z]\{5\}\):.*/\1/p')"
+expect "once.key_hash for every role, as in the extension" "t" \
+    "$(as_admin -Atc "SELECT has_function_privilege('public', 'once.key_hash(text)', 'EXECUTE')
+                          AND NOT has_function_privilege('public', 'once.claim_key(text,interval,interval,integer,boolean)', 'EXECUTE')")"
 # What the edition leaves to the functions: no application role writes the table.
 if as_user -c "DELETE FROM once.entries" 2>/dev/null; then
     echo "app_user could write once.entries directly" >&2; exit 1
