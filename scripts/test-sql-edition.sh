@@ -10,7 +10,8 @@
 # 3. what takes several sessions: a dead owner taken over at once and fenced off, a
 #    waiting claim answered when the owner completes, NOTIFY, another role's token
 #    refused, reap_stale, early refreshes, and no direct writes by an application role;
-# 4. the isolation specs (pg_test/isolation) that use no queue function, against the
+# 4. on a hot standby of that server (the port after it): hits, wait, writes refused;
+# 5. the isolation specs (pg_test/isolation) that use no queue function, against the
 #    extension's expected output.
 # PG_ONCE_PG_BIN, PG_ONCE_WORK and PG_ONCE_TEST_PORT as for test.sh; test.sh step 3 runs
 # it on 15. The installation may hold the extension's library (test.sh installs it for
@@ -188,6 +189,27 @@ expect "once.key_hash for every role, as in the extension" "t" \
 if as_user -c "DELETE FROM once.entries" 2>/dev/null; then
     echo "app_user could write once.entries directly" >&2; exit 1
 fi
+say "SQL edition: on a hot standby of it"
+# A standby serves hits and says wait for a running key without judging its owner (a
+# backend of the primary); whatever would write is refused with 25006 (protocol::standby).
+# 'live' is claimed for a session that lives on the primary, which the standby's
+# pg_stat_activity does not show: judged there, its owner would look gone.
+rm -f "$work/owner"
+as_user -c "SELECT once.owner_session()" -c "SELECT pg_sleep(5)" >"$work/owner" &
+for _ in $(seq 50); do [ -s "$work/owner" ] && break; sleep 0.1; done
+as_user -c "SELECT FROM once.claim_key('live', owner_pid => $(head -1 "$work/owner"))" >/dev/null
+trap 'cluster_stop $NAME-standby; cluster_stop $NAME' EXIT
+standby_start "$NAME-standby" $((PORT + 1)) "$PORT"   # a base backup: it has every row
+on_standby() { "$PG_BIN/psql" -h "$PG_ONCE_WORK/$NAME-standby" -p $((PORT + 1)) -U app_user -d app -X -At -v ON_ERROR_STOP=1 "$@"; }
+expect "a hit on the standby" "hit|1" "$(on_standby -c "SELECT outcome, result FROM once.claim_key('b/1')")"
+expect "a running key on the standby" "wait" "$(on_standby -c "SELECT outcome FROM once.claim_key('live')")"
+expect "a claim on the standby" "cannot execute once.claim_key() during recovery" \
+    "$(on_standby -c "SELECT FROM once.claim_key('absent')" 2>&1 | sed -n 's/^ERROR:  //p')"
+expect "complete_key on the standby" "25006: cannot execute once.complete_key() during recovery" \
+    "$(on_standby -v VERBOSITY=verbose -c "SELECT once.complete_key('live', 1, '1')" 2>&1 | sed -n 's/^ERROR:  //p')"
+cluster_stop "$NAME-standby"
+wait
+
 say "SQL edition: the isolation specs (pg_test/isolation) of what it has"
 # Every spec that uses no queue function (not in the edition yet), as it is but for its
 # CREATE EXTENSION line, against the extension's expected output.

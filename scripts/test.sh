@@ -21,7 +21,8 @@
 #      SQL edition (15 only)        scripts/test-sql-edition.sh: the plain-SQL edition
 #                                   installed by a non-superuser owner, docs.sql's core
 #                                   transcript and its multi-session checks, on its own
-#                                   server (port 6 above $PG_ONCE_TEST_PORT)
+#                                   server (port 6 above $PG_ONCE_TEST_PORT, its
+#                                   standby 7 above)
 #   4. multi-connection tests       cargo test -p pg_once_multi, pg_test/multi; on a hot
 #                                   standby of the preloaded server; crash and restart
 #                                   tests that kill -9 and stop -m immediate; fencing

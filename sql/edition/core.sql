@@ -136,6 +136,21 @@ BEGIN
 END
 $$;
 
+-- On a hot standby nothing can be written (protocol::standby): every call that would
+-- write is refused before it starts, with PostgreSQL's 25006.
+CREATE OR REPLACE FUNCTION once_internal.refuse_writes(function text) RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    IF pg_is_in_recovery() THEN
+        RAISE EXCEPTION 'cannot execute once.%() during recovery', function
+            USING ERRCODE = 'read_only_sql_transaction',
+                  HINT = format('This server is a hot standby: it serves cache hits and the once.* views, and nothing that writes. Call once.%s on the primary.', function);
+    END IF;
+END
+$$;
+
 -- ---- taking a key: protocol/claim.rs --------------------------------------------------
 
 -- Does this read of a fresh result draw an early refresh (freshness::draws_early_refresh,
@@ -199,6 +214,7 @@ BEGIN
     LOOP
         SELECT * INTO e FROM once.entries WHERE once.entries.key_hash = param.key_hash;
         IF NOT FOUND THEN
+            PERFORM once_internal.refuse_writes('claim_key');
             BEGIN
                 {{sql:insert_claim}}
                 INTO c.token, c.lease_expires_at, c.attempts;
@@ -217,7 +233,7 @@ BEGIN
         IF e.result IS NOT NULL AND (e.expires_at IS NULL OR e.expires_at > clock_timestamp()) THEN
             -- A done key may draw an early refresh; losing the race for it (or meeting
             -- another transaction's lock) is a hit.
-            IF once_internal.draws_early_refresh(e) THEN
+            IF NOT pg_is_in_recovery() AND once_internal.draws_early_refresh(e) THEN
                 seen_token := e.token;
                 seen_state := e.state::text;
                 keep_result := true;
@@ -248,12 +264,16 @@ BEGIN
             END IF;
             RETURN ROW('failed', e.token, NULL, e.error, NULL, NULL, e.attempts, e.retry_at, NULL)::once.claim;
         ELSIF e.state = 'running' THEN
-            -- claim::running_owner_status, with the same rule as rules/owner_gone.sql.
-            IF e.lease_expires_at <= clock_timestamp() THEN
+            -- claim::running_owner_status, with the same rule as rules/owner_gone.sql; on a
+            -- standby its owner is a backend of the primary: only the primary can judge it.
+            IF pg_is_in_recovery() THEN
+                gone_reason := NULL;
+            ELSIF e.lease_expires_at <= clock_timestamp() THEN
                 gone_reason := 'lease expired';
             ELSIF NOT e.lease_only AND NOT once_internal.backend_alive(e.owner_pid, e.owner_started) THEN
                 gone_reason := 'backend exited';
-            ELSE
+            END IF;
+            IF gone_reason IS NULL THEN
                 PERFORM set_config('lock_timeout', old_timeout, true);
                 IF stale_ok THEN
                     RETURN ROW('stale', NULL, e.result, e.error, e.owner, e.lease_expires_at, e.attempts, NULL, e.expires_at)::once.claim;
@@ -264,6 +284,13 @@ BEGIN
             PERFORM set_config('lock_timeout', old_timeout, true);
             RETURN ROW('stale', NULL, e.result, e.error, NULL, NULL, e.attempts, NULL, e.expires_at)::once.claim;
         END IF;
+        -- A result in its stale window is served while it cannot be refreshed: on a
+        -- standby nothing is claimed.
+        IF stale_ok AND pg_is_in_recovery() THEN
+            PERFORM set_config('lock_timeout', old_timeout, true);
+            RETURN ROW('stale', NULL, e.result, e.error, NULL, NULL, e.attempts, NULL, e.expires_at)::once.claim;
+        END IF;
+        PERFORM once_internal.refuse_writes('claim_key');
         seen_token := e.token;
         seen_state := e.state::text;
         keep_result := e.result IS NOT NULL AND e.stale_until IS NOT NULL AND e.stale_until > clock_timestamp();
@@ -442,6 +469,7 @@ DECLARE
     owner text;
     claimed_at timestamptz;
 BEGIN
+    PERFORM once_internal.refuse_writes('complete_key');
     IF result IS NULL THEN
         RAISE EXCEPTION 'result must not be NULL' USING ERRCODE = 'null_value_not_allowed',
             HINT = 'Pass the computed value as jsonb; to cache "nothing", pass ''null''::jsonb.';
@@ -479,6 +507,7 @@ DECLARE
     retry_after interval := fail_key.retry_after;
     holder oid := once_internal.token_holder();
 BEGIN
+    PERFORM once_internal.refuse_writes('fail_key');
     IF error IS NULL THEN
         RAISE EXCEPTION 'error must not be NULL' USING ERRCODE = 'null_value_not_allowed',
             HINT = 'Describe what went wrong, e.g. the upstream error message.';
@@ -524,6 +553,7 @@ DECLARE
     k text;
     r jsonb;
 BEGIN
+    PERFORM once_internal.refuse_writes('complete_keys');
     IF keys IS NULL OR tokens IS NULL OR results IS NULL THEN
         RAISE EXCEPTION '% must not be NULL',
             CASE WHEN keys IS NULL THEN 'keys' WHEN tokens IS NULL THEN 'tokens' ELSE 'results' END
@@ -574,6 +604,7 @@ DECLARE
     holder oid := once_internal.token_holder();
     extended timestamptz;
 BEGIN
+    PERFORM once_internal.refuse_writes('heartbeat_key');
     {{sql:heartbeat}}
     INTO extended;
     RETURN extended;
@@ -595,6 +626,7 @@ DECLARE
     holder oid := once_internal.token_holder();
     done integer;
 BEGIN
+    PERFORM once_internal.refuse_writes('release_key');
     {{sql:release}}
     INTO done;
     RETURN FOUND;
@@ -618,6 +650,7 @@ DECLARE
     key_hash bytea := once.key_hash(once_internal.usable_key(invalidate_key.key));
     done integer;
 BEGIN
+    PERFORM once_internal.refuse_writes('invalidate_key');
     LOOP
         {{sql:invalidate}}
         INTO done;
@@ -646,6 +679,7 @@ DECLARE
     what text;
     queue text;
 BEGIN
+    PERFORM once_internal.refuse_writes('refresh_key');
     LOOP
         {{sql:refresh}}
         INTO what, queue;
@@ -678,6 +712,7 @@ DECLARE
     purged bigint;
     last timestamptz;
 BEGIN
+    PERFORM once_internal.refuse_writes('reap_stale');
     {{sql:reap_gone_owners}};
     GET DIAGNOSTICS reclaimed = ROW_COUNT;
     {{sql:purge_expired}};
