@@ -45,13 +45,30 @@ fi
 as_admin -q -c "CREATE ROLE app_user LOGIN; GRANT USAGE ON SCHEMA once TO app_user;
                 GRANT EXECUTE ON FUNCTION once.claim_key TO app_user;
                 SELECT token FROM once.claim_key('kept', owner_pid => 0);" >/dev/null
-before=$(as_admin -Atc "SELECT count(*), max(token), has_function_privilege('app_user', 'once.claim_key(text,interval,interval,integer,boolean)', 'EXECUTE')
+before=$(as_admin -Atc "SELECT count(*), max(token), has_function_privilege('app_user', 'once.claim_key(text,interval,interval,integer,boolean,bytea)', 'EXECUTE')
                          FROM once.entries")
 as_admin -q -f "$OUT/pg_once_sql.sql"
-after=$(as_admin -Atc "SELECT count(*), max(token), has_function_privilege('app_user', 'once.claim_key(text,interval,interval,integer,boolean)', 'EXECUTE')
+after=$(as_admin -Atc "SELECT count(*), max(token), has_function_privilege('app_user', 'once.claim_key(text,interval,interval,integer,boolean,bytea)', 'EXECUTE')
                         FROM once.entries")
 if [ "$before" != "$after" ] || [ "$after" != "$(echo "$before" | cut -d'|' -f1-2)|t" ]; then
     echo "a rerun of the script changed rows or grants: before $before, after $after" >&2
+    exit 1
+fi
+# An install of an edition before pg_once 0.3.0 has claim_key without fingerprint: a
+# rerun replaces it, and what was granted on it is granted on its successor (and nothing
+# to PUBLIC).
+as_admin -q -c "DROP FUNCTION once.claim_key(text,interval,interval,integer,boolean,bytea);
+                CREATE FUNCTION once.claim_key(key text, lease interval, wait interval, owner_pid integer,
+                                               serve_stale boolean) RETURNS once.claim
+                    LANGUAGE sql AS 'SELECT NULL::once.claim';
+                REVOKE ALL ON FUNCTION once.claim_key(text,interval,interval,integer,boolean) FROM PUBLIC;
+                GRANT EXECUTE ON FUNCTION once.claim_key(text,interval,interval,integer,boolean) TO app_user;"
+as_admin -q -f "$OUT/pg_once_sql.sql"
+got=$(as_admin -Atc "SELECT (SELECT count(*) FROM pg_proc WHERE proname = 'claim_key'),
+                            has_function_privilege('app_user', 'once.claim_key(text,interval,interval,integer,boolean,bytea)', 'EXECUTE'),
+                            has_function_privilege('public', 'once.claim_key(text,interval,interval,integer,boolean,bytea)', 'EXECUTE')")
+if [ "$got" != "1|t|f" ]; then
+    echo "a rerun over claim_key without fingerprint: claim_keys, app_user's and PUBLIC's EXECUTE are $got, not 1|t|f" >&2
     exit 1
 fi
 as_admin -q -c "DELETE FROM once.entries"
@@ -64,7 +81,8 @@ mkdir -p "$work"
 # EXTENSION: that line is left out of both.
 core_of() {
     awk '/^-- queue mode$/ { on = 0 } /^-- freshness/ { on = 1 } /^-- cached$/ { on = 0 }
-         NR == 1 { on = 1 } on && !/^CREATE EXTENSION pg_once;$/' "$1"
+         /^-- fingerprints$/ { on = 1 }
+         NR == 1 { on = 1 } on && !/^(CREATE|DROP) EXTENSION pg_once;$/' "$1"
 }
 core_of "$REPO_ROOT/pg_test/regress/sql/docs.sql" >"$work/core.sql"
 core_of "$REPO_ROOT/pg_test/regress/expected/docs.out" >"$work/core.out"
@@ -177,6 +195,20 @@ SELECT outcome FROM once.claim_key('b/1');
 SQL
 )
 expect "complete_keys with a stale token" "b/1|hit" "$got"
+# Fingerprints (claim::mismatches) beyond docs.sql's: a result in its stale window still
+# answers another request mismatch; past it, that request claims the key, with its
+# fingerprint; an empty fingerprint is refused (22023).
+as_user -q -c "SELECT once.complete_key('fp', token, '1', ttl => '1 millisecond', stale => '1 hour')
+                 FROM once.claim_key('fp', fingerprint => '\xaa')" >/dev/null
+sleep 0.01
+expect "another fingerprint in the stale window" "mismatch" \
+    "$(as_user -c "SELECT outcome FROM once.claim_key('fp', serve_stale => true, fingerprint => '\xbb')")"
+as_admin -q -c "UPDATE once.entries SET stale_until = clock_timestamp() WHERE key = 'fp'"
+expect "another fingerprint past the stale window" "claimed" \
+    "$(as_user -c "SELECT outcome FROM once.claim_key('fp', fingerprint => '\xbb')")"
+expect "the fingerprint of that claim" "bb" "$(as_admin -Atc "SELECT encode(fingerprint, 'hex') FROM once.entries WHERE key = 'fp'")"
+expect "an empty fingerprint" "22023: fingerprint must not be empty" \
+    "$(as_user -v VERBOSITY=verbose -c "SELECT FROM once.claim_key('fp', fingerprint => '')" 2>&1 | sed -n 's/^ERROR:  //p')"
 # The size limits, as custom settings (54000 past them).
 expect "a result past once.max_result_size" "54000" "$(as_user -v VERBOSITY=verbose \
     -c "SET once.max_result_size = '1kB'" \
@@ -184,7 +216,7 @@ expect "a result past once.max_result_size" "54000" "$(as_user -v VERBOSITY=verb
     sed -n 's/^ERROR:  \([0-9A-Z]\{5\}\):.*/\1/p')"
 expect "once.key_hash for every role, as in the extension" "t" \
     "$(as_admin -Atc "SELECT has_function_privilege('public', 'once.key_hash(text)', 'EXECUTE')
-                          AND NOT has_function_privilege('public', 'once.claim_key(text,interval,interval,integer,boolean)', 'EXECUTE')")"
+                          AND NOT has_function_privilege('public', 'once.claim_key(text,interval,interval,integer,boolean,bytea)', 'EXECUTE')")"
 # What the edition leaves to the functions: no application role writes the table.
 if as_user -c "DELETE FROM once.entries" 2>/dev/null; then
     echo "app_user could write once.entries directly" >&2; exit 1

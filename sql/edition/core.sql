@@ -185,7 +185,7 @@ $$;
 -- subtransaction: a lost race leaves no lock).
 CREATE OR REPLACE FUNCTION once_internal.claim_attempt(
     key text, lease interval, owner_pid integer, owner_started timestamptz,
-    lease_only boolean, budget interval, serve_stale boolean) RETURNS once.claim
+    lease_only boolean, budget interval, serve_stale boolean, fingerprint bytea) RETURNS once.claim
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
     AS $$
@@ -200,6 +200,7 @@ DECLARE
     owner_pid integer := claim_attempt.owner_pid;
     owner_started timestamptz := claim_attempt.owner_started;
     lease_only boolean := claim_attempt.lease_only;
+    fingerprint bytea := claim_attempt.fingerprint;
     owner_role oid := once_internal.caller();
     seen_token bigint;
     seen_state text;
@@ -228,6 +229,18 @@ BEGIN
             END IF;
             PERFORM set_config('lock_timeout', old_timeout, true);
             RETURN ROW('claimed', c.token, NULL, NULL, param.owner, c.lease_expires_at, c.attempts, NULL, NULL)::once.claim;
+        END IF;
+        -- claim::mismatches: the key's current attempt, claimed for another request,
+        -- still counts (it runs, or its result is served, fresh or stale): nothing is
+        -- changed, and nothing of the key is told.
+        IF e.fingerprint IS NOT NULL AND param.fingerprint IS NOT NULL
+           AND e.fingerprint <> param.fingerprint
+           AND (e.state = 'running'
+                OR (e.result IS NOT NULL
+                    AND (e.expires_at IS NULL OR e.expires_at > clock_timestamp()
+                         OR e.stale_until > clock_timestamp()))) THEN
+            PERFORM set_config('lock_timeout', old_timeout, true);
+            RETURN ROW('mismatch', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::once.claim;
         END IF;
         -- Entry::fresh: a result not past its expiry, also while the key is recomputed.
         IF e.result IS NOT NULL AND (e.expires_at IS NULL OR e.expires_at > clock_timestamp()) THEN
@@ -324,12 +337,31 @@ BEGIN
 END
 $$;
 
+-- claim_key gained fingerprint (pg_once 0.3.0): a new signature, so a new function. An
+-- earlier edition's claim_key is dropped, and what was granted on it is given to the new
+-- one below, as sql/pg_once--0.2.0--0.3.0.sql does for the extension.
+CREATE TEMPORARY TABLE pg_once_sql_replaced (signature text, acl aclitem[]) ON COMMIT DROP;
+DO $replace$
+DECLARE
+    old regprocedure := to_regprocedure('once.claim_key(text,interval,interval,integer,boolean)');
+BEGIN
+    IF old IS NOT NULL THEN
+        INSERT INTO pg_once_sql_replaced
+            SELECT 'once.claim_key(text,interval,interval,integer,boolean,bytea)',
+                   coalesce(p.proacl, acldefault('f', p.proowner))
+              FROM pg_proc p WHERE p.oid = old;
+        EXECUTE format('DROP FUNCTION %s', old);
+    END IF;
+END
+$replace$;
+
 CREATE OR REPLACE FUNCTION once.claim_key(
     key         text,
     lease       interval DEFAULT '30 seconds',
     wait        interval DEFAULT '0',
     owner_pid   integer DEFAULT NULL,
-    serve_stale boolean DEFAULT false)
+    serve_stale boolean DEFAULT false,
+    fingerprint bytea DEFAULT NULL)
 RETURNS once.claim
 LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -382,6 +414,13 @@ BEGIN
         RAISE EXCEPTION 'no backend with pid % is running', pid
             USING ERRCODE = 'invalid_parameter_value', HINT = pid_hint;
     END IF;
+    -- args::fingerprint: NULL (none), or 1 to 64 bytes (a digest, never the request).
+    IF octet_length(fingerprint) NOT BETWEEN 1 AND 64 THEN
+        RAISE EXCEPTION '%', CASE WHEN octet_length(fingerprint) = 0 THEN 'fingerprint must not be empty'
+                                  ELSE format('fingerprint must be at most 64 bytes, got %s', octet_length(fingerprint)) END
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Pass a digest of the request, e.g. sha256(convert_to(method || '' '' || path || '' '' || body, ''UTF8'')) (32 bytes), or NULL to claim without one.';
+    END IF;
     IF wait > '0' AND current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
         RAISE EXCEPTION 'claim_key cannot wait inside a REPEATABLE READ or SERIALIZABLE transaction'
             USING ERRCODE = 'feature_not_supported',
@@ -394,7 +433,8 @@ BEGIN
     deadline := clock_timestamp() + wait;
     LOOP
         c := once_internal.claim_attempt(key, lease, pid, started, only_lease,
-                                         greatest(deadline - clock_timestamp(), '0'), serve_stale);
+                                         greatest(deadline - clock_timestamp(), '0'), serve_stale,
+                                         fingerprint);
         EXIT WHEN c.outcome <> 'wait' OR clock_timestamp() >= deadline;
         PERFORM pg_sleep(extract(epoch FROM least(nap, deadline - clock_timestamp())));
         nap := least(nap * 2, '100 milliseconds');
@@ -729,8 +769,28 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION once.claim_key(text, interval, interval, integer, boolean) IS
-    'Claim a key or get its cached result, in one round trip (SQL edition: wait polls). outcome is hit, claimed, failed or wait; with serve_stale => true also refresh and stale.';
+-- The grants of the functions replaced above, on their successors, which finish.sql then
+-- treats as existing ones (it closes only new functions to PUBLIC).
+DO $grant_again$
+DECLARE
+    r record;
+    g record;
+BEGIN
+    FOR r IN SELECT signature::regprocedure AS f, acl FROM pg_once_sql_replaced LOOP
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', r.f);
+        FOR g IN SELECT a.grantee, a.privilege_type, a.is_grantable FROM aclexplode(r.acl) a
+                  WHERE a.grantee <> (SELECT proowner FROM pg_proc WHERE oid = r.f) LOOP
+            EXECUTE format('GRANT %s ON FUNCTION %s TO %s%s', g.privilege_type, r.f,
+                           CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE g.grantee::regrole::text END,
+                           CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+        END LOOP;
+        INSERT INTO pg_once_sql_existing VALUES (r.f);
+    END LOOP;
+END
+$grant_again$;
+
+COMMENT ON FUNCTION once.claim_key(text, interval, interval, integer, boolean, bytea) IS
+    'Claim a key or get its cached result, in one round trip (SQL edition: wait polls). outcome is hit, claimed, failed or wait; with serve_stale => true also refresh and stale; with a fingerprint also mismatch.';
 COMMENT ON FUNCTION once.owner_session() IS
     'This connection''s pid: claims made on other connections with claim_key(..., owner_pid => that pid) end when this connection closes, as if made on it. Call it on a connection your process keeps open, such as its LISTEN connection.';
 COMMENT ON FUNCTION once.get(text) IS
