@@ -4,9 +4,10 @@
 # superuser, as a managed service's admin role is (CREATEROLE, pg_read_all_stats,
 # pg_signal_backend). One server for every check:
 # 1. the script installs, and a second run of it is a no-op that keeps rows and grants;
-# 2. the regression transcript docs.sql (pg_test/regress), but for its parts of stats
-#    and once.cached and the once.queue_stats view (not in the edition yet), must print
-#    what the extension prints: pg_test/regress/expected/docs.out, cut at the same lines;
+# 2. the regression transcripts docs.sql and queue.sql (pg_test/regress), but for their
+#    parts of stats and once.cached and the statements reading the once.queue_stats and
+#    once.dead_letters views (not in the edition yet), must print what the extension
+#    prints: pg_test/regress/expected/*.out, cut at the same lines;
 # 3. what takes several sessions: a dead owner taken over at once and fenced off, a
 #    waiting claim answered when the owner completes, NOTIFY, another role's token
 #    refused, reap_stale, early refreshes, and no direct writes by an application role;
@@ -96,6 +97,24 @@ as_admin -a -q -v ON_ERROR_STOP=0 -v SHOW_CONTEXT=never <"$work/core.sql" >"$wor
 if ! diff -u "$work/core.out" "$work/core.result" >"$work/core.diff"; then
     cat "$work/core.diff" >&2
     echo "docs.sql differs on the SQL edition: $work/core.diff" >&2
+    exit 1
+fi
+# pg_test/regress's queue.sql the same way, but for its statements that read the views
+# once.queue_stats and once.dead_letters, in a database of its own.
+cluster_psql "$NAME" "$PORT" -q -c "CREATE DATABASE queue OWNER admin"
+"$PG_BIN/psql" -h "$PG_ONCE_WORK/$NAME" -p "$PORT" -U admin -d queue -X -q -v ON_ERROR_STOP=1 -f "$OUT/pg_once_sql.sql"
+without_views() {
+    awk '/once\.(queue_stats|dead_letters)/ { view = 1 }
+         view { if (/^$/ || FILENAME ~ /\.sql$/) view = 0; next }
+         !/^(CREATE|DROP) EXTENSION pg_once;$/' "$1"
+}
+without_views "$REPO_ROOT/pg_test/regress/sql/queue.sql" >"$work/queue.sql"
+without_views "$REPO_ROOT/pg_test/regress/expected/queue.out" >"$work/queue.out"
+"$PG_BIN/psql" -h "$PG_ONCE_WORK/$NAME" -p "$PORT" -U admin -d queue -X -a -q -v ON_ERROR_STOP=0 -v SHOW_CONTEXT=never \
+    <"$work/queue.sql" >"$work/queue.result" 2>&1 || true
+if ! diff -u "$work/queue.out" "$work/queue.result" >"$work/queue.diff"; then
+    cat "$work/queue.diff" >&2
+    echo "queue.sql differs on the SQL edition: $work/queue.diff" >&2
     exit 1
 fi
 say "SQL edition: what needs several sessions (liveness, waiting, NOTIFY, roles)"
@@ -284,6 +303,14 @@ expect "create_namespace by app1" "42501: permission denied: once.create_namespa
     "$(as_role app1 -v VERBOSITY=verbose -c "SELECT once.create_namespace('t1/', 'app1')" 2>&1 | sed -n 's/^ERROR:  //p')"
 expect "drop_namespace by app1" "42501: permission denied: once.drop_namespace" \
     "$(as_role app1 -v VERBOSITY=verbose -c "SELECT once.drop_namespace('t2/')" 2>&1 | sed -n 's/^ERROR:  //p')"
+# A shared queue serves every role's workers: only an administrator changes or drops it
+# (any role may create one).
+as_role app1 -q -c "SELECT once.create_queue('app1q')" >/dev/null
+expect "app1 changing the default queue" "42501: permission denied: queue \"default\" is shared by every role" \
+    "$(as_role app1 -v VERBOSITY=verbose -c "SELECT once.create_queue('default', 9)" 2>&1 | sed -n 's/^ERROR:  //p')"
+expect "app1 dropping a shared queue" "42501: permission denied: queue \"app1q\" is shared by every role" \
+    "$(as_role app1 -v VERBOSITY=verbose -c "SELECT once.drop_queue('app1q')" 2>&1 | sed -n 's/^ERROR:  //p')"
+as_admin -q -c "SELECT once.drop_queue('app1q')"
 # A namespace's key goes only into its own queues, for its members too.
 expect "app2's key into a shared queue" "42501: key \"t2/other\" belongs to namespace \"t2/\", queue \"default\" does not" \
     "$(as_role app2 -v VERBOSITY=verbose -c "SELECT once.enqueue_key('t2/other')" 2>&1 | sed -n 's/^ERROR:  //p')"
@@ -325,6 +352,9 @@ SQL
 )
 expect "a claim of a new namespace's key under an older snapshot" "40001" "$got"
 expect "that key" "0" "$(as_admin -Atc "SELECT count(*) FROM once.entries WHERE key = 't4/planted'")"
+# Nor does it reach once_internal (claim_next's filter, the token sequence): no USAGE.
+expect "app_user calling once_internal.row_taken" "permission denied for schema once_internal" \
+    "$(as_user -c "SELECT once_internal.row_taken('(0,1)')" 2>&1 | sed -n 's/^ERROR:  //p')"
 # What the edition leaves to the functions: no application role writes the table.
 if as_user -c "DELETE FROM once.entries" 2>/dev/null; then
     echo "app_user could write once.entries directly" >&2; exit 1
