@@ -303,6 +303,12 @@ expect "create_namespace by app1" "42501: permission denied: once.create_namespa
     "$(as_role app1 -v VERBOSITY=verbose -c "SELECT once.create_namespace('t1/', 'app1')" 2>&1 | sed -n 's/^ERROR:  //p')"
 expect "drop_namespace by app1" "42501: permission denied: once.drop_namespace" \
     "$(as_role app1 -v VERBOSITY=verbose -c "SELECT once.drop_namespace('t2/')" 2>&1 | sed -n 's/^ERROR:  //p')"
+# A once.cached key (`...#cached:<role oid>:<digest>`) is its role's alone
+# (namespace::require_key), whatever the namespaces.
+cached_key="report#cached:$(as_admin -Atc "SELECT 'app2'::regrole::oid"):$(printf '%064d' 0)"
+expect "app1 using app2's once.cached key" "42501: permission denied for key \"$cached_key\": claim_key" \
+    "$(as_role app1 -v VERBOSITY=verbose -c "SELECT outcome FROM once.claim_key('$cached_key')" 2>&1 | sed -n 's/^ERROR:  //p')"
+expect "app2 using its own once.cached key" "claimed" "$(as_role app2 -c "SELECT outcome FROM once.claim_key('$cached_key', owner_pid => 0)")"
 # A shared queue serves every role's workers: only an administrator changes or drops it
 # (any role may create one).
 as_role app1 -q -c "SELECT once.create_queue('app1q')" >/dev/null
@@ -377,6 +383,10 @@ expect "a claim on the standby" "cannot execute once.claim_key() during recovery
     "$(on_standby -c "SELECT FROM once.claim_key('absent')" 2>&1 | sed -n 's/^ERROR:  //p')"
 expect "complete_key on the standby" "25006: cannot execute once.complete_key() during recovery" \
     "$(on_standby -v VERBOSITY=verbose -c "SELECT once.complete_key('live', 1, '1')" 2>&1 | sed -n 's/^ERROR:  //p')"
+expect "claim_next on the standby" "25006: cannot execute once.claim_next() during recovery" \
+    "$(on_standby -v VERBOSITY=verbose -c "SELECT * FROM once.claim_next('jobs')" 2>&1 | sed -n 's/^ERROR:  //p')"
+expect "enqueue_key on the standby" "25006: cannot execute once.enqueue_key() during recovery" \
+    "$(on_standby -v VERBOSITY=verbose -c "SELECT once.enqueue_key('job/9', queue => 'jobs')" 2>&1 | sed -n 's/^ERROR:  //p')"
 cluster_stop "$NAME-standby"
 wait
 

@@ -56,11 +56,11 @@ CREATE OR REPLACE FUNCTION once_internal.administers() RETURNS boolean
                           (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'once'), 'USAGE');
 
 -- The role whose once.cached key `key` is (namespace::cached_key_role: a key ending in
--- `#cached:<role oid>:<64 hex digits>`), else NULL.
+-- `#cached:<role oid>:<64 characters>`, the oid as Rust's u32 parses it), else NULL.
 CREATE OR REPLACE FUNCTION once_internal.cached_key_role(key text) RETURNS oid
     LANGUAGE sql IMMUTABLE
     SET search_path = pg_catalog, pg_temp
-    RETURN (SELECT m[1]::oid FROM regexp_match(key, '#cached:([0-9]{1,10}):(.{64})$') m
+    RETURN (SELECT m[1]::oid FROM regexp_match(key, '#cached:(\+?[0-9]{1,10}):(.{64})$') m
              WHERE m[1]::bigint <= 4294967295);
 
 -- namespace::admits_cached: a once.cached key is its role's alone (and administrators').
