@@ -30,30 +30,40 @@ INSERT INTO once_internal.namespaces_changed DEFAULT VALUES ON CONFLICT DO NOTHI
 -- and by the SECURITY DEFINER API, which own or may read the table.
 CREATE OR REPLACE FUNCTION once_internal.namespace_of(key text)
     RETURNS once_internal.namespace_owners
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
     RETURN (SELECT n FROM once_internal.namespace_owners n
-             WHERE left(namespace_of.key, length(n.prefix)) = n.prefix
-             ORDER BY length(n.prefix) DESC, n.prefix
-             LIMIT 1);
+                 WHERE left(namespace_of.key, length(n.prefix)) = n.prefix
+                 ORDER BY length(n.prefix) DESC, n.prefix
+                 LIMIT 1);
+END
+$$;
 
 -- Whether the calling role may use the keys of a namespace owned by `owner`
 -- (Namespace::admits_caller: has_privs_of_role, which is true for a superuser).
 CREATE OR REPLACE FUNCTION once_internal.admits(owner oid) RETURNS boolean
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
     RETURN pg_has_role(once_internal.caller(), owner, 'USAGE');
+END
+$$;
 
 -- Whether the calling role administers pg_once: a superuser, or a member of the role that
 -- installed it (the owner of schema once), as namespace::caller_administers. The edition
 -- cannot tell a call made from another role's SECURITY DEFINER code (it judges the
 -- session's role: docs/sql-edition.md).
 CREATE OR REPLACE FUNCTION once_internal.administers() RETURNS boolean
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp
-    RETURN (SELECT r.rolsuper FROM pg_roles r WHERE r.oid = once_internal.caller())
-           OR pg_has_role(once_internal.caller(),
-                          (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'once'), 'USAGE');
+    AS $$
+BEGIN
+    RETURN once_internal.token_holder() IS NULL;
+END
+$$;
 
 -- The role whose once.cached key `key` is (namespace::cached_key_role: a key ending in
 -- `#cached:<role oid>:<64 characters>`, the oid as Rust's u32 parses it), else NULL.
@@ -140,23 +150,45 @@ $$;
 -- caller may use `key`, and the prefix of its namespace. Not SECURITY DEFINER: they
 -- answer for the calling role, whatever runs them.
 CREATE OR REPLACE FUNCTION once_internal.may_use_key(key text) RETURNS boolean
-    LANGUAGE sql STABLE PARALLEL RESTRICTED
+    LANGUAGE plpgsql STABLE PARALLEL RESTRICTED
     SET search_path = pg_catalog, pg_temp
-    RETURN coalesce(once_internal.admits((once_internal.namespace_of(key)).owner), true)
-           AND once_internal.admits_cached(key);
+    AS $$
+DECLARE
+    owner oid;
+BEGIN
+    IF key IS NULL THEN
+        RETURN NULL;
+    END IF;
+    -- namespace_of, written out as in require_key: this runs for every row of a view.
+    SELECT o.owner INTO owner FROM once_internal.namespace_owners o
+     WHERE left(may_use_key.key, length(o.prefix)) = o.prefix
+     ORDER BY length(o.prefix) DESC, o.prefix
+     LIMIT 1;
+    RETURN (owner IS NULL OR once_internal.admits(owner))
+           AND (strpos(key, '#cached:') = 0 OR once_internal.admits_cached(key));
+END
+$$;
 
 CREATE OR REPLACE FUNCTION once_internal.key_namespace(key text) RETURNS text
-    LANGUAGE sql STABLE PARALLEL RESTRICTED
+    LANGUAGE plpgsql STABLE PARALLEL RESTRICTED
     SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
     RETURN (once_internal.namespace_of(key)).prefix;
+END
+$$;
 
 -- What LISTENers on channel once receive for `key` (namespace::payload): its hex SHA-256
 -- for a namespace that announces digests, else the key.
 CREATE OR REPLACE FUNCTION once_internal.notify_payload(key text, key_hash bytea) RETURNS text
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
     RETURN CASE (once_internal.namespace_of(key)).notify WHEN 'digest' THEN encode(key_hash, 'hex')
-                                                          ELSE key END;
+                                                              ELSE key END;
+END
+$$;
 
 -- storage::entry::try_lock_against_writes, retried every 5 ms for up to 10 s
 -- (namespace::lock_against_writes): a request left waiting in the lock queue would stop
