@@ -19,11 +19,11 @@
 -- then fails the call with PostgreSQL's serialization error (40001), rather than letting
 -- the transaction use keys of a namespace it cannot see (require_key); one in progress is
 -- waited for. READ COMMITTED reads each statement with a new snapshot, and needs neither.
-CREATE TABLE IF NOT EXISTS once_internal.namespaces_changed (
+CREATE TABLE IF NOT EXISTS once_internal.namespaces_stamp (
     one boolean PRIMARY KEY DEFAULT true CHECK (one),
     at  timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-INSERT INTO once_internal.namespaces_changed DEFAULT VALUES ON CONFLICT DO NOTHING;
+INSERT INTO once_internal.namespaces_stamp DEFAULT VALUES ON CONFLICT DO NOTHING;
 
 -- The namespace `key` (or a queue's namespace name) belongs to: the longest registered
 -- prefix it starts with. STABLE and not SECURITY DEFINER: called by the functions below
@@ -88,7 +88,7 @@ END
 $$;
 
 -- namespace::require_key: 42501 unless the caller may use `key`; `what` names the call.
--- VOLATILE, as every function that calls it: it may lock (see namespaces_changed).
+-- VOLATILE, as every function that calls it: it may lock (see namespaces_stamp).
 CREATE OR REPLACE FUNCTION once_internal.require_key(key text, what text) RETURNS void
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -101,7 +101,7 @@ BEGIN
     -- standby serves, and they plant nothing.)
     IF current_setting('transaction_isolation') <> 'read committed' AND NOT pg_is_in_recovery() THEN
         BEGIN
-            PERFORM FROM once_internal.namespaces_changed FOR SHARE;
+            PERFORM FROM once_internal.namespaces_stamp FOR SHARE;
             -- Checked: let go of the lock at once (the subtransaction is undone), so that
             -- no create_namespace waits for this transaction.
             RAISE EXCEPTION USING ERRCODE = 'no_data_found';
@@ -309,7 +309,7 @@ BEGIN
         END IF;
     END IF;
     {{sql:upsert_namespace}};
-    UPDATE once_internal.namespaces_changed SET at = clock_timestamp();
+    UPDATE once_internal.namespaces_stamp SET at = clock_timestamp();
 END
 $$;
 
@@ -350,7 +350,7 @@ BEGIN
         RAISE EXCEPTION 'namespace "%" does not exist', prefix
             USING ERRCODE = 'undefined_object', HINT = 'See SELECT prefix FROM once.namespaces;';
     END IF;
-    UPDATE once_internal.namespaces_changed SET at = clock_timestamp();
+    UPDATE once_internal.namespaces_stamp SET at = clock_timestamp();
 END
 $$;
 
