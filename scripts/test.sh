@@ -18,6 +18,11 @@
 #                                   #[test]s of code with no PostgreSQL in it)
 #   3. SQL regression tests         pg_regress, pg_test/regress
 #      isolation specs              pg_isolation_regress, pg_test/isolation
+#      SQL edition (15 only)        scripts/test-sql-edition.sh: the plain-SQL edition
+#                                   installed by a non-superuser owner, docs.sql's core
+#                                   transcript and its multi-session checks, on its own
+#                                   server (port 6 above $PG_ONCE_TEST_PORT, its
+#                                   standby 7 above)
 #   4. multi-connection tests       cargo test -p pg_once_multi, pg_test/multi; on a hot
 #                                   standby of the preloaded server; crash and restart
 #                                   tests that kill -9 and stop -m immediate; fencing
@@ -384,6 +389,14 @@ if $servers && [[ " $SERVERS " == *" preloaded "* ]]; then
     # logged once, and that it gets a worker once created.
     run_server_tests preloaded $((PORT + 1)) "shared_preload_libraries = 'pg_once'" \
         "once.databases = 'postgres, pg_once_missing'"
+fi
+
+# The SQL edition (docs/sql-edition.md) on its own server, which never loads the
+# library: one server for all of it, and on 15 only, since it runs no C code that could
+# differ between majors.
+if step 3 && [ "$PG_MAJOR" = 15 ]; then
+    say "3/9 SQL edition"
+    PG_ONCE_TEST_PORT=$((PORT + 6)) ./scripts/test-sql-edition.sh
 fi
 
 if step 8; then

@@ -1,0 +1,846 @@
+-- The core API of the SQL edition: the control flow of src/api/cache.rs and
+-- src/protocol/{claim,resolve,rerun,reap,waiting}.rs in PL/pgSQL. Every write is a
+-- statement of src/protocol/sql/, written `{{sql:name}}` and spliced in by
+-- scripts/sql_edition.py, its parameters `$name` read from the variables of the block
+-- labelled `param`. The functions are SECURITY DEFINER, owned by the installing role, so
+-- that they alone write once.entries (as the extension's run their statements as its
+-- owner), with search_path pinned.
+
+-- ---- argument checks: the messages, SQLSTATEs and hints of src/api/args.rs ----------
+
+-- An earlier edition's usable_key(key), which checked no namespace.
+DROP FUNCTION IF EXISTS once_internal.usable_key(text);
+
+-- The key a call names (api::usable_key): checked (args::key), and one the caller may
+-- use (42501 for a key of a namespace whose owner the caller is not a member of:
+-- namespaces.sql). `function` names the call in a refusal.
+CREATE OR REPLACE FUNCTION once_internal.usable_key(key text, function text) RETURNS text
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    IF key IS NULL THEN
+        RAISE EXCEPTION 'key must not be NULL' USING ERRCODE = 'null_value_not_allowed',
+            HINT = 'Pass the cache key as text, e.g. a URL.';
+    ELSIF key = '' THEN
+        RAISE EXCEPTION 'key must not be empty' USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Use a non-empty string that names what is being computed.';
+    ELSIF octet_length(key) > 7500 THEN
+        RAISE EXCEPTION 'key is % bytes long; the limit is 7500 bytes', octet_length(key)
+            USING ERRCODE = 'string_data_right_truncation',
+            HINT = 'Keys are sent as NOTIFY payloads. Use a digest of long input as the key, e.g. encode(sha256(convert_to(url, ''UTF8'')), ''hex'').';
+    END IF;
+    PERFORM once_internal.require_key(key, function);
+    RETURN key;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION once_internal.usable_token(token bigint) RETURNS bigint
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    IF token IS NULL THEN
+        RAISE EXCEPTION 'token must not be NULL' USING ERRCODE = 'null_value_not_allowed',
+            HINT = 'Pass the token that claim_key returned with outcome ''claimed''.';
+    ELSIF token <= 0 THEN
+        RAISE EXCEPTION 'token must be positive, got %', token USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Pass the token that claim_key returned with outcome ''claimed''.';
+    END IF;
+    RETURN token;
+END
+$$;
+
+-- An interval argument between low (exclusive when strict) and high; NULL refused
+-- unless nullable. `what` names it in the message as args.rs does.
+CREATE OR REPLACE FUNCTION once_internal.usable_interval(
+    value interval, name text, hint text, strict boolean, high interval, high_text text,
+    nullable boolean DEFAULT false) RETURNS interval
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path = pg_catalog, pg_temp, pg_temp
+    AS $$
+BEGIN
+    IF value IS NULL THEN
+        IF nullable THEN RETURN NULL; END IF;
+        RAISE EXCEPTION '% must not be NULL', name USING ERRCODE = 'null_value_not_allowed', HINT = hint;
+    ELSIF strict AND value <= '0' THEN
+        RAISE EXCEPTION '% must be positive%, got %', name, CASE WHEN nullable THEN ' or NULL' ELSE '' END, value
+            USING ERRCODE = 'invalid_parameter_value', HINT = hint;
+    ELSIF NOT strict AND value < '0' THEN
+        RAISE EXCEPTION '% must not be negative, got %', name, value
+            USING ERRCODE = 'invalid_parameter_value', HINT = hint;
+    ELSIF value > high THEN
+        RAISE EXCEPTION '% must be at most %, got %', name, high_text, value
+            USING ERRCODE = 'invalid_parameter_value', HINT = hint;
+    END IF;
+    RETURN value;
+END
+$$;
+
+-- The once.max_*_size settings (args::within_limit): the extension defines them, here
+-- they are custom settings an administrator may set (ALTER DATABASE ... SET
+-- once.max_result_size = '1MB'), read in kB like the extension's, with its units.
+CREATE OR REPLACE FUNCTION once_internal.within_limit(
+    size bigint, what text, name text, default_kb bigint, hint text) RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    setting text := nullif(current_setting(name, true), '');
+    parts text[] := regexp_match(coalesce(setting, ''), '^\s*(\d+)\s*(kB|MB|GB|TB)?\s*$');
+    limit_kb bigint := default_kb;
+BEGIN
+    IF setting IS NOT NULL THEN
+        IF parts IS NULL THEN
+            RAISE EXCEPTION 'invalid value for parameter "%": "%"', name, setting
+                USING ERRCODE = 'invalid_parameter_value', HINT = 'Valid units are "kB", "MB", "GB" and "TB".';
+        END IF;
+        limit_kb := parts[1]::bigint * CASE parts[2] WHEN 'MB' THEN 1024 WHEN 'GB' THEN 1024 * 1024
+                                                      WHEN 'TB' THEN 1024 * 1024 * 1024 ELSE 1 END;
+    END IF;
+    IF size > limit_kb * 1024 THEN
+        RAISE EXCEPTION '% is % bytes, more than % (% kB)', what, size, name, limit_kb
+            USING ERRCODE = 'program_limit_exceeded', HINT = hint;
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION once_internal.result_size(result jsonb, what text) RETURNS void
+    LANGUAGE sql STABLE
+    SET search_path = pg_catalog, pg_temp
+    -- pg_column_size of a value not yet stored: its size uncompressed, as Jsonb::size.
+    RETURN once_internal.within_limit(pg_column_size(result), what, 'once.max_result_size', 16 * 1024,
+        'Store a smaller result (a reference to where a large one is kept, e.g. an object''s URL), or ask an administrator to raise once.max_result_size.');
+
+-- complete_key's ttl, stale, beta and jitter (args::policy).
+CREATE OR REPLACE FUNCTION once_internal.check_policy(
+    ttl interval, stale interval, beta float8, jitter float8) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    PERFORM once_internal.usable_interval(ttl, 'ttl',
+        'Use NULL to keep the result until it is invalidated, or a positive interval such as ''1 hour''.',
+        true, '100 years', '100 years', true);
+    PERFORM once_internal.usable_interval(stale, 'stale',
+        'Use how long the result may still be served while it is recomputed, e.g. stale => ''1 minute''; NULL: not at all.',
+        true, '100 years', '100 years', true);
+    beta := nullif(beta, 0);
+    IF beta IS NOT NULL AND NOT (beta > 0 AND beta <= 100) THEN
+        RAISE EXCEPTION 'beta must be between 0 and 100, got %', beta USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Use 1.0 for the early refreshes of the XFetch paper, more to refresh earlier, 0 or NULL for none.';
+    END IF;
+    IF jitter IS NOT NULL AND NOT (jitter >= 0 AND jitter < 1) THEN
+        RAISE EXCEPTION 'jitter must be at least 0 and less than 1, got %', jitter USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Use the fraction of the ttl by which expiries may be brought forward, e.g. 0.1 for up to 10%.';
+    END IF;
+    IF ttl IS NULL AND (stale IS NOT NULL OR beta IS NOT NULL OR jitter > 0) THEN
+        RAISE EXCEPTION '% needs a ttl: a result without one never expires',
+            CASE WHEN stale IS NOT NULL THEN 'stale' WHEN beta IS NOT NULL THEN 'beta' ELSE 'jitter' END
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Pass a ttl as well, e.g. ttl => ''1 hour'', or leave the option out.';
+    END IF;
+END
+$$;
+
+-- On a hot standby nothing can be written (protocol::standby): every call that would
+-- write is refused before it starts, with PostgreSQL's 25006.
+CREATE OR REPLACE FUNCTION once_internal.refuse_writes(function text) RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    IF pg_is_in_recovery() THEN
+        RAISE EXCEPTION 'cannot execute once.%() during recovery', function
+            USING ERRCODE = 'read_only_sql_transaction',
+                  HINT = format('This server is a hot standby: it serves cache hits and the once.* views, and nothing that writes. Call once.%s on the primary.', function);
+    END IF;
+END
+$$;
+
+-- ---- taking a key: protocol/claim.rs --------------------------------------------------
+
+-- Does this read of a fresh result draw an early refresh (freshness::draws_early_refresh,
+-- XFetch: `-delta * beta * ln(u) >= time left`, u uniform in (0, 1])? Only a done key
+-- may. A draw that once.get made of this very result is owed to the session's next look
+-- (freshness.rs says why): kept in a session setting, since PL/pgSQL has no session
+-- state; a plain set_config outlives the function, and is undone with its transaction.
+CREATE OR REPLACE FUNCTION once_internal.draws_early_refresh(e once.entries) RETURNS boolean
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    owed text := current_setting('once_internal.owed_early_refresh', true);
+BEGIN
+    IF owed IS NOT NULL AND owed <> '' THEN
+        PERFORM set_config('once_internal.owed_early_refresh', '', false);
+        IF owed = e.token::text AND e.state = 'done' THEN
+            RETURN true;
+        END IF;
+    END IF;
+    IF e.state <> 'done' OR e.beta IS NULL OR e.beta <= 0 OR e.compute_time IS NULL
+       OR e.expires_at IS NULL THEN
+        RETURN false;
+    END IF;
+    RETURN -extract(epoch FROM e.compute_time) * e.beta * ln(1 - random())
+           >= extract(epoch FROM e.expires_at - clock_timestamp());
+END
+$$;
+
+-- One look at the key, claiming it if it may be claimed (claim::attempt): never waits for
+-- the owner, and for another transaction's lock at most `budget` (lock_timeout, in a
+-- subtransaction: a lost race leaves no lock).
+CREATE OR REPLACE FUNCTION once_internal.claim_attempt(
+    key text, lease interval, owner_pid integer, owner_started timestamptz,
+    lease_only boolean, budget interval, serve_stale boolean, fingerprint bytea) RETURNS once.claim
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+#variable_conflict use_column
+<<param>>
+DECLARE
+    key_hash bytea := once.key_hash(claim_attempt.key);
+    key text := claim_attempt.key;
+    lease interval := claim_attempt.lease;
+    owner text := CASE WHEN current_setting('application_name') = '' THEN format('pid %s', pg_backend_pid())
+                       ELSE format('%s (pid %s)', current_setting('application_name'), pg_backend_pid()) END;
+    owner_pid integer := claim_attempt.owner_pid;
+    owner_started timestamptz := claim_attempt.owner_started;
+    lease_only boolean := claim_attempt.lease_only;
+    fingerprint bytea := claim_attempt.fingerprint;
+    owner_role oid := once_internal.caller();
+    seen_token bigint;
+    seen_state text;
+    gone_reason text;
+    keep_result boolean;
+    e once.entries;
+    c once.claim;
+    old_timeout text := current_setting('lock_timeout');
+    stale_ok boolean;
+BEGIN
+    PERFORM set_config('lock_timeout', greatest(extract(epoch FROM budget) * 1000, 1)::bigint::text, true);
+    LOOP
+        SELECT * INTO e FROM once.entries WHERE once.entries.key_hash = param.key_hash;
+        IF NOT FOUND THEN
+            PERFORM once_internal.refuse_writes('claim_key');
+            BEGIN
+                {{sql:insert_claim}}
+                INTO c.token, c.lease_expires_at, c.attempts;
+            EXCEPTION WHEN lock_not_available THEN
+                -- Another transaction is inserting the key and has not committed.
+                PERFORM set_config('lock_timeout', old_timeout, true);
+                RETURN ROW('wait', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::once.claim;
+            END;
+            IF c.token IS NULL THEN
+                CONTINUE;  -- someone else inserted it first: look again
+            END IF;
+            PERFORM set_config('lock_timeout', old_timeout, true);
+            -- namespace::recheck_key: the insert waited for a create_namespace that
+            -- committed meanwhile; if the key is now another role's, the error undoes it.
+            PERFORM once_internal.require_key(param.key, 'claim_key');
+            RETURN ROW('claimed', c.token, NULL, NULL, param.owner, c.lease_expires_at, c.attempts, NULL, NULL)::once.claim;
+        END IF;
+        -- claim::mismatches: the key's current attempt, claimed for another request,
+        -- still counts (it runs, or its result is served, fresh or stale): nothing is
+        -- changed, and nothing of the key is told.
+        IF e.fingerprint IS NOT NULL AND param.fingerprint IS NOT NULL
+           AND e.fingerprint <> param.fingerprint
+           AND (e.state = 'running'
+                OR (e.result IS NOT NULL
+                    AND (e.expires_at IS NULL OR e.expires_at > clock_timestamp()
+                         OR e.stale_until > clock_timestamp()))) THEN
+            PERFORM set_config('lock_timeout', old_timeout, true);
+            RETURN ROW('mismatch', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::once.claim;
+        END IF;
+        -- Entry::fresh: a result not past its expiry, also while the key is recomputed.
+        IF e.result IS NOT NULL AND (e.expires_at IS NULL OR e.expires_at > clock_timestamp()) THEN
+            -- A done key may draw an early refresh; losing the race for it (or meeting
+            -- another transaction's lock) is a hit.
+            IF NOT pg_is_in_recovery() AND once_internal.draws_early_refresh(e) THEN
+                seen_token := e.token;
+                seen_state := e.state::text;
+                keep_result := true;
+                c := NULL;
+                BEGIN
+                    {{sql:take_claim}}
+                    INTO c.token, c.lease_expires_at, c.attempts;
+                EXCEPTION WHEN lock_not_available THEN
+                    c := NULL;
+                END;
+                IF c.token IS NOT NULL THEN
+                    PERFORM set_config('lock_timeout', old_timeout, true);
+                    RETURN ROW(CASE WHEN serve_stale THEN 'refresh' ELSE 'claimed' END, c.token, e.result, NULL,
+                               param.owner, c.lease_expires_at, c.attempts, NULL, e.expires_at)::once.claim;
+                END IF;
+            END IF;
+            PERFORM set_config('lock_timeout', old_timeout, true);
+            RETURN ROW('hit', e.token, e.result, NULL, NULL, NULL, e.attempts, NULL, e.expires_at)::once.claim;
+        END IF;
+        -- Entry::servable_stale, and StaleRule::serves_stale.
+        stale_ok := serve_stale AND e.result IS NOT NULL AND e.stale_until IS NOT NULL
+                    AND e.stale_until > clock_timestamp();
+        gone_reason := NULL;
+        IF e.state = 'failed' AND e.retry_at > clock_timestamp() THEN
+            PERFORM set_config('lock_timeout', old_timeout, true);
+            IF stale_ok THEN
+                RETURN ROW('stale', NULL, e.result, e.error, NULL, NULL, e.attempts, NULL, e.expires_at)::once.claim;
+            END IF;
+            RETURN ROW('failed', e.token, NULL, e.error, NULL, NULL, e.attempts, e.retry_at, NULL)::once.claim;
+        ELSIF e.state = 'running' THEN
+            -- claim::running_owner_status, with the same rule as rules/owner_gone.sql; on a
+            -- standby its owner is a backend of the primary: only the primary can judge it.
+            IF pg_is_in_recovery() THEN
+                gone_reason := NULL;
+            ELSIF e.lease_expires_at <= clock_timestamp() THEN
+                gone_reason := 'lease expired';
+            ELSIF NOT e.lease_only AND NOT once_internal.backend_alive(e.owner_pid, e.owner_started) THEN
+                gone_reason := 'backend exited';
+            END IF;
+            IF gone_reason IS NULL THEN
+                PERFORM set_config('lock_timeout', old_timeout, true);
+                IF stale_ok THEN
+                    RETURN ROW('stale', NULL, e.result, e.error, e.owner, e.lease_expires_at, e.attempts, NULL, e.expires_at)::once.claim;
+                END IF;
+                RETURN ROW('wait', NULL, NULL, NULL, e.owner, e.lease_expires_at, e.attempts, NULL, NULL)::once.claim;
+            END IF;
+        ELSIF e.state = 'queued' AND stale_ok THEN
+            PERFORM set_config('lock_timeout', old_timeout, true);
+            RETURN ROW('stale', NULL, e.result, e.error, NULL, NULL, e.attempts, NULL, e.expires_at)::once.claim;
+        END IF;
+        -- A result in its stale window is served while it cannot be refreshed: on a
+        -- standby nothing is claimed.
+        IF stale_ok AND pg_is_in_recovery() THEN
+            PERFORM set_config('lock_timeout', old_timeout, true);
+            RETURN ROW('stale', NULL, e.result, e.error, NULL, NULL, e.attempts, NULL, e.expires_at)::once.claim;
+        END IF;
+        PERFORM once_internal.refuse_writes('claim_key');
+        seen_token := e.token;
+        seen_state := e.state::text;
+        keep_result := e.result IS NOT NULL AND e.stale_until IS NOT NULL AND e.stale_until > clock_timestamp();
+        -- A stale answer never waits, not even for another transaction's lock: where one
+        -- may be served, the claim waits 1 ms at most (the extension does not even try
+        -- once it sees the row held: entry::held_elsewhere, which SQL cannot see).
+        IF stale_ok THEN
+            PERFORM set_config('lock_timeout', '1', true);
+        END IF;
+        c := NULL;
+        BEGIN
+            {{sql:take_claim}}
+            INTO c.token, c.lease_expires_at, c.attempts;
+        EXCEPTION WHEN lock_not_available THEN
+            PERFORM set_config('lock_timeout', old_timeout, true);
+            IF stale_ok THEN
+                RETURN ROW('stale', NULL, e.result, e.error, NULL, NULL, e.attempts, NULL, e.expires_at)::once.claim;
+            END IF;
+            RETURN ROW('wait', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::once.claim;
+        END;
+        IF c.token IS NOT NULL THEN
+            PERFORM set_config('lock_timeout', old_timeout, true);
+            IF keep_result THEN  -- StaleRule::refreshing
+                RETURN ROW(CASE WHEN serve_stale THEN 'refresh' ELSE 'claimed' END, c.token, e.result, NULL,
+                           param.owner, c.lease_expires_at, c.attempts, NULL, e.expires_at)::once.claim;
+            END IF;
+            RETURN ROW('claimed', c.token, NULL, NULL, param.owner, c.lease_expires_at, c.attempts, NULL, NULL)::once.claim;
+        END IF;
+        -- The key changed between our read and our write: look again.
+    END LOOP;
+END
+$$;
+
+-- Who a claim_key or claim_next call claims for (api::claim_owner, liveness::Owner::from_arg):
+-- this session (owner_pid NULL or its own pid), another backend (an owner session), or
+-- nobody but the lease (0). On a standby nothing is claimed and a pid names a backend of
+-- the primary: the argument is not judged, so that hits are served whatever it says.
+CREATE OR REPLACE FUNCTION once_internal.claim_owner(
+    owner_pid integer, OUT pid integer, OUT started timestamptz, OUT lease_only boolean)
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    pid_hint constant text := 'Pass the pid that once.owner_session() returned on a connection your process keeps open, 0 to end the claim only when its lease runs out, or NULL for this connection.';
+BEGIN
+    pid := pg_backend_pid();
+    lease_only := false;
+    IF pg_is_in_recovery() THEN
+        lease_only := true;
+        started := clock_timestamp();
+        RETURN;
+    END IF;
+    -- Who the claim is for (liveness::Owner::from_arg).
+    IF owner_pid < 0 THEN
+        RAISE EXCEPTION 'owner_pid must not be negative, got %', owner_pid
+            USING ERRCODE = 'invalid_parameter_value', HINT = pid_hint;
+    ELSIF owner_pid = 0 THEN
+        lease_only := true;
+    ELSIF owner_pid IS NOT NULL AND owner_pid <> pid THEN
+        pid := owner_pid;
+    END IF;
+    IF pid = pg_backend_pid() THEN
+        -- This session's start never changes: read once per session, not on every call
+        -- (pg_stat_activity builds a snapshot of every backend: about 20 us, a quarter of a
+        -- hit's time in the server, measured with 3,000 hits in a DO loop on a loaded machine).
+        -- Kept as microseconds since the epoch, which no DateStyle changes.
+        started := 'epoch'::timestamptz + nullif(current_setting('once_internal.backend_start', true), '')::bigint
+                                          * '1 microsecond'::interval;
+        IF started IS NULL THEN
+            started := once_internal.backend_started(pid);
+            PERFORM set_config('once_internal.backend_start',
+                               (extract(epoch FROM started) * 1000000)::bigint::text, false);
+        END IF;
+    ELSE
+        started := once_internal.backend_started(pid);
+    END IF;
+    IF started IS NULL THEN
+        RAISE EXCEPTION 'no backend with pid % is running', pid
+            USING ERRCODE = 'invalid_parameter_value', HINT = pid_hint;
+    END IF;
+END
+$$;
+
+-- claim_key gained fingerprint (pg_once 0.3.0): a new signature, so a new function. An
+-- earlier edition's claim_key is dropped, and what was granted on it is given to the new
+-- one below, as sql/pg_once--0.2.0--0.3.0.sql does for the extension.
+CREATE TEMPORARY TABLE pg_once_sql_replaced (signature text, acl aclitem[]) ON COMMIT DROP;
+DO $replace$
+DECLARE
+    old regprocedure := to_regprocedure('once.claim_key(text,interval,interval,integer,boolean)');
+BEGIN
+    IF old IS NOT NULL THEN
+        INSERT INTO pg_once_sql_replaced
+            SELECT 'once.claim_key(text,interval,interval,integer,boolean,bytea)',
+                   coalesce(p.proacl, acldefault('f', p.proowner))
+              FROM pg_proc p WHERE p.oid = old;
+        EXECUTE format('DROP FUNCTION %s', old);
+    END IF;
+END
+$replace$;
+
+CREATE OR REPLACE FUNCTION once.claim_key(
+    key         text,
+    lease       interval DEFAULT '30 seconds',
+    wait        interval DEFAULT '0',
+    owner_pid   integer DEFAULT NULL,
+    serve_stale boolean DEFAULT false,
+    fingerprint bytea DEFAULT NULL)
+RETURNS once.claim
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    pid integer;
+    started timestamptz;
+    only_lease boolean := false;
+    deadline timestamptz;
+    nap interval := '5 milliseconds';
+    c once.claim;
+BEGIN
+    PERFORM once_internal.usable_key(key, 'claim_key');
+    PERFORM once_internal.usable_interval(lease, 'lease',
+        'Use a lease a little longer than the time between two heartbeats, e.g. ''30 seconds'', and extend it with once.heartbeat_key.',
+        true, '1 day', '1 day');
+    PERFORM once_internal.usable_interval(wait, 'wait',
+        'Use ''0'' to return at once, or how long the caller can afford to wait, e.g. ''20 seconds''.',
+        false, '1 day', '1 day');
+    IF serve_stale IS NULL THEN
+        RAISE EXCEPTION 'serve_stale must not be NULL' USING ERRCODE = 'null_value_not_allowed',
+            HINT = 'Pass true to be answered refresh and stale (see Freshness), false for the four outcomes of pg_once 0.1.';
+    END IF;
+    SELECT o.pid, o.started, o.lease_only INTO pid, started, only_lease
+      FROM once_internal.claim_owner(owner_pid) o;
+    -- args::fingerprint: NULL (none), or 1 to 64 bytes (a digest, never the request).
+    IF octet_length(fingerprint) NOT BETWEEN 1 AND 64 THEN
+        RAISE EXCEPTION '%', CASE WHEN octet_length(fingerprint) = 0 THEN 'fingerprint must not be empty'
+                                  ELSE format('fingerprint must be at most 64 bytes, got %s', octet_length(fingerprint)) END
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Pass a digest of the request, e.g. sha256(convert_to(method || '' '' || path || '' '' || body, ''UTF8'')) (32 bytes), or NULL to claim without one.';
+    END IF;
+    IF wait > '0' AND current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION 'claim_key cannot wait inside a REPEATABLE READ or SERIALIZABLE transaction'
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Call claim_key with wait in its own READ COMMITTED transaction (autocommit), or pass wait => ''0''.';
+    END IF;
+    -- waiting.rs, by polling: one look, then looks with sleeps between them until wait
+    -- runs out. The edition has no latches to be woken by: the sleeps start at 5 ms and
+    -- double up to 100 ms (a waiter sees a result at most that late), and hold no lock (a
+    -- look that loses takes none with it).
+    deadline := clock_timestamp() + wait;
+    LOOP
+        c := once_internal.claim_attempt(key, lease, pid, started, only_lease,
+                                         greatest(deadline - clock_timestamp(), '0'), serve_stale,
+                                         fingerprint);
+        EXIT WHEN c.outcome <> 'wait' OR clock_timestamp() >= deadline;
+        PERFORM pg_sleep(extract(epoch FROM least(nap, deadline - clock_timestamp())));
+        nap := least(nap * 2, '100 milliseconds');
+    END LOOP;
+    RETURN c;
+END
+$$;
+
+-- once.owner_session: this connection's pid, for claim_key(owner_pid => ...) on other
+-- connections (through a pool). As with the extension when not preloaded, any backend's
+-- pid may be named, so there is nothing to register: liveness reads pg_stat_activity, and
+-- the claims of a closed owner session are taken over by the next caller (or reaped by
+-- the next reap_stale), there being no worker to take them back the moment it closes.
+CREATE OR REPLACE FUNCTION once.owner_session() RETURNS integer
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+RETURN pg_backend_pid();
+
+-- once.get (claim::get): the result claim_key would answer hit with, NULL otherwise (and
+-- when this read draws an early refresh, which the session's next claim_key then takes);
+-- writes nothing.
+CREATE OR REPLACE FUNCTION once.get(key text) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    e once.entries;
+BEGIN
+    PERFORM once_internal.usable_key(key, 'get');
+    SELECT * INTO e FROM once.entries WHERE once.entries.key_hash = once.key_hash(get.key);
+    IF e.result IS NULL OR e.expires_at <= clock_timestamp() THEN
+        RETURN NULL;
+    END IF;
+    IF once_internal.draws_early_refresh(e) THEN
+        PERFORM set_config('once_internal.owed_early_refresh', e.token::text, false);
+        RETURN NULL;
+    END IF;
+    RETURN e.result;
+END
+$$;
+
+-- ---- an owner's writes: protocol/resolve.rs ------------------------------------------
+
+CREATE OR REPLACE FUNCTION once.complete_key(
+    key    text,
+    token  bigint,
+    result jsonb,
+    ttl    interval DEFAULT NULL,
+    stale  interval DEFAULT NULL,
+    beta   float8 DEFAULT NULL,
+    jitter float8 DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+<<param>>
+DECLARE
+    key_hash bytea := once.key_hash(once_internal.usable_key(complete_key.key, 'complete_key'));
+    key text := complete_key.key;
+    token bigint := once_internal.usable_token(complete_key.token);
+    result jsonb := complete_key.result;
+    ttl interval := complete_key.ttl;
+    stale interval := complete_key.stale;
+    beta float8 := nullif(complete_key.beta, 0);
+    jitter float8 := complete_key.jitter;
+    holder oid := once_internal.token_holder();
+    draw float8 := random();
+    now timestamptz := clock_timestamp();
+    ended record;
+    queue text;
+    owner text;
+    claimed_at timestamptz;
+BEGIN
+    PERFORM once_internal.refuse_writes('complete_key');
+    IF result IS NULL THEN
+        RAISE EXCEPTION 'result must not be NULL' USING ERRCODE = 'null_value_not_allowed',
+            HINT = 'Pass the computed value as jsonb; to cache "nothing", pass ''null''::jsonb.';
+    END IF;
+    PERFORM once_internal.result_size(result, 'result');
+    PERFORM once_internal.check_policy(ttl, stale, beta, jitter);
+    {{sql:complete}}
+    INTO ended;
+    IF ended IS NULL THEN
+        RETURN false;
+    END IF;
+    IF ended.queue IS NOT NULL THEN
+        queue := ended.queue; owner := ended.owner; claimed_at := ended.claimed_at;
+        {{sql:record_completion}};
+    END IF;
+    RETURN true;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION once.fail_key(
+    key         text,
+    token       bigint,
+    error       text,
+    retry_after interval DEFAULT '0')
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+<<param>>
+DECLARE
+    key_hash bytea := once.key_hash(once_internal.usable_key(fail_key.key, 'fail_key'));
+    token bigint := once_internal.usable_token(fail_key.token);
+    error text := fail_key.error;
+    retry_after interval := fail_key.retry_after;
+    holder oid := once_internal.token_holder();
+BEGIN
+    PERFORM once_internal.refuse_writes('fail_key');
+    IF error IS NULL THEN
+        RAISE EXCEPTION 'error must not be NULL' USING ERRCODE = 'null_value_not_allowed',
+            HINT = 'Describe what went wrong, e.g. the upstream error message.';
+    END IF;
+    PERFORM once_internal.within_limit(octet_length(error), 'error', 'once.max_error_size', 16,
+        'Record the error''s first lines and keep the whole of it in your logs, or ask an administrator to raise once.max_error_size.');
+    PERFORM once_internal.usable_interval(retry_after, 'retry_after',
+        'Use ''0'' to let the next caller retry at once, or a delay such as ''30 seconds'' to share the failure meanwhile.',
+        false, '1 year', '1 year');
+    {{sql:fail}};
+    RETURN FOUND;
+END
+$$;
+
+-- complete_key for many claims in one statement (queue::complete_many): complete_many.sql
+-- locks the keys in key_hash order, so two batches cannot deadlock; its completions
+-- record their queue history themselves (rules/completions_recorded.sql).
+CREATE OR REPLACE FUNCTION once.complete_keys(
+    keys    text[],
+    tokens  bigint[],
+    results jsonb[],
+    ttl     interval DEFAULT NULL,
+    stale   interval DEFAULT NULL,
+    beta    float8 DEFAULT NULL,
+    jitter  float8 DEFAULT NULL)
+RETURNS TABLE (key text)
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+<<param>>
+DECLARE
+    hint constant text := 'Pass three arrays of the same length: keys, their tokens, their results.';
+    key_hashes bytea[];
+    tokens bigint[] := complete_keys.tokens;
+    results jsonb[] := complete_keys.results;
+    ttl interval := complete_keys.ttl;
+    stale interval := complete_keys.stale;
+    beta float8 := nullif(complete_keys.beta, 0);
+    jitter float8 := complete_keys.jitter;
+    holder oid := once_internal.token_holder();
+    k text;
+    r jsonb;
+BEGIN
+    PERFORM once_internal.refuse_writes('complete_keys');
+    IF keys IS NULL OR tokens IS NULL OR results IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL',
+            CASE WHEN keys IS NULL THEN 'keys' WHEN tokens IS NULL THEN 'tokens' ELSE 'results' END
+            USING ERRCODE = 'null_value_not_allowed', HINT = hint;
+    END IF;
+    IF coalesce(cardinality(keys), 0) <> coalesce(cardinality(tokens), 0)
+       OR coalesce(cardinality(keys), 0) <> coalesce(cardinality(results), 0) THEN
+        RAISE EXCEPTION 'keys, tokens and results have %, % and % elements',
+            coalesce(cardinality(keys), 0), coalesce(cardinality(tokens), 0), coalesce(cardinality(results), 0)
+            USING ERRCODE = 'invalid_parameter_value', HINT = hint;
+    END IF;
+    IF array_position(results, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'results[i] must not be NULL' USING ERRCODE = 'null_value_not_allowed', HINT = hint;
+    END IF;
+    FOREACH r IN ARRAY results LOOP
+        PERFORM once_internal.result_size(r, 'a result');
+    END LOOP;
+    IF array_position(keys, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'keys[i] must not be NULL' USING ERRCODE = 'null_value_not_allowed', HINT = hint;
+    END IF;
+    FOREACH k IN ARRAY keys LOOP
+        PERFORM once_internal.usable_key(k, 'complete_keys');
+    END LOOP;
+    PERFORM once_internal.usable_token(t) FROM unnest(tokens) t;
+    PERFORM once_internal.check_policy(ttl, stale, beta, jitter);
+    key_hashes := ARRAY(SELECT once.key_hash(k) FROM unnest(keys) k);
+    RETURN QUERY
+    {{sql:complete_many}};
+END
+$$;
+
+CREATE OR REPLACE FUNCTION once.heartbeat_key(
+    key   text,
+    token bigint,
+    lease interval DEFAULT '30 seconds')
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+<<param>>
+DECLARE
+    key_hash bytea := once.key_hash(once_internal.usable_key(heartbeat_key.key, 'heartbeat_key'));
+    token bigint := once_internal.usable_token(heartbeat_key.token);
+    lease interval := once_internal.usable_interval(heartbeat_key.lease, 'lease',
+        'Use a lease a little longer than the time between two heartbeats, e.g. ''30 seconds'', and extend it with once.heartbeat_key.',
+        true, '1 day', '1 day');
+    holder oid := once_internal.token_holder();
+    extended timestamptz;
+BEGIN
+    PERFORM once_internal.refuse_writes('heartbeat_key');
+    {{sql:heartbeat}}
+    INTO extended;
+    RETURN extended;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION once.release_key(
+    key   text,
+    token bigint)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+<<param>>
+DECLARE
+    key_hash bytea := once.key_hash(once_internal.usable_key(release_key.key, 'release_key'));
+    token bigint := once_internal.usable_token(release_key.token);
+    holder oid := once_internal.token_holder();
+    done integer;
+BEGIN
+    PERFORM once_internal.refuse_writes('release_key');
+    {{sql:release}}
+    INTO done;
+    RETURN FOUND;
+END
+$$;
+
+-- ---- reruns and reaping: protocol/rerun.rs, protocol/reap.rs -------------------------
+
+-- invalidate.sql and refresh.sql act on the state their snapshot shows: a key whose run
+-- ended between the snapshot and the row lock matches none of their branches. A request
+-- must not be lost to that (rerun::until_matched), so each runs again, with a new
+-- snapshot, until it matches or the key is absent.
+CREATE OR REPLACE FUNCTION once.invalidate_key(key text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+<<param>>
+DECLARE
+    key_hash bytea := once.key_hash(once_internal.usable_key(invalidate_key.key, 'invalidate_key'));
+    done integer;
+BEGIN
+    PERFORM once_internal.refuse_writes('invalidate_key');
+    LOOP
+        {{sql:invalidate}}
+        INTO done;
+        IF FOUND THEN
+            RETURN true;
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM once.entries WHERE once.entries.key_hash = param.key_hash) THEN
+            RETURN false;
+        END IF;
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION once.refresh_key(key text, stale interval DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+<<param>>
+DECLARE
+    key_hash bytea := once.key_hash(once_internal.usable_key(refresh_key.key, 'refresh_key'));
+    stale interval := once_internal.usable_interval(refresh_key.stale, 'stale',
+        'Use how long the result may still be served while it is recomputed, e.g. stale => ''1 minute''; NULL: not at all.',
+        true, '100 years', '100 years', true);
+    what text;
+    queue text;
+BEGIN
+    PERFORM once_internal.refuse_writes('refresh_key');
+    LOOP
+        {{sql:refresh}}
+        INTO what, queue;
+        IF FOUND THEN
+            RETURN what;  -- expired, rerun or pending
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM once.entries WHERE once.entries.key_hash = param.key_hash) THEN
+            RETURN 'absent';
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- Claims whose owner is gone, expired results and old history, as reap::reap does. The
+-- edition has no worker: pg_cron or the clients call it (docs/sql-edition.md). The
+-- history is purged in batches for up to 100 ms (reap.rs, PURGE_BUDGET), keeping
+-- once.history_retention (seconds; a custom setting here, default 7 days).
+CREATE OR REPLACE FUNCTION once.reap_stale()
+RETURNS TABLE (reclaimed bigint, expired bigint, history bigint)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+<<param>>
+DECLARE
+    batch bigint := 10000;
+    retention_s float8 := coalesce(nullif(current_setting('once.history_retention', true), ''), '604800')::float8;
+    after timestamptz;
+    started timestamptz := clock_timestamp();
+    purged bigint;
+    last timestamptz;
+BEGIN
+    PERFORM once_internal.refuse_writes('reap_stale');
+    {{sql:reap_gone_owners}};
+    GET DIAGNOSTICS reclaimed = ROW_COUNT;
+    {{sql:purge_expired}};
+    GET DIAGNOSTICS expired = ROW_COUNT;
+    history := 0;
+    LOOP
+        {{sql:purge_history}}
+        INTO purged, last;
+        history := history + purged;
+        after := last;
+        EXIT WHEN purged < batch OR clock_timestamp() - started > '100 milliseconds';
+    END LOOP;
+    RETURN NEXT;
+END
+$$;
+
+-- The grants of the functions replaced above, on their successors, which finish.sql then
+-- treats as existing ones (it closes only new functions to PUBLIC).
+DO $grant_again$
+DECLARE
+    r record;
+    g record;
+BEGIN
+    FOR r IN SELECT signature::regprocedure AS f, acl FROM pg_once_sql_replaced LOOP
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', r.f);
+        FOR g IN SELECT a.grantee, a.privilege_type, a.is_grantable FROM aclexplode(r.acl) a
+                  WHERE a.grantee <> (SELECT proowner FROM pg_proc WHERE oid = r.f) LOOP
+            EXECUTE format('GRANT %s ON FUNCTION %s TO %s%s', g.privilege_type, r.f,
+                           CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE g.grantee::regrole::text END,
+                           CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+        END LOOP;
+        INSERT INTO pg_once_sql_existing VALUES (r.f);
+    END LOOP;
+END
+$grant_again$;
+
+COMMENT ON FUNCTION once.claim_key(text, interval, interval, integer, boolean, bytea) IS
+    'Claim a key or get its cached result, in one round trip (SQL edition: wait polls). outcome is hit, claimed, failed or wait; with serve_stale => true also refresh and stale; with a fingerprint also mismatch.';
+COMMENT ON FUNCTION once.owner_session() IS
+    'This connection''s pid: claims made on other connections with claim_key(..., owner_pid => that pid) end when this connection closes, as if made on it. Call it on a connection your process keeps open, such as its LISTEN connection.';
+COMMENT ON FUNCTION once.get(text) IS
+    'The fresh result claim_key would answer hit with, or NULL. Writes nothing.';
+COMMENT ON FUNCTION once.complete_key(text, bigint, jsonb, interval, interval, float8, float8) IS
+    'Store the result of your claim and wake everyone waiting for the key. Returns false, changing nothing, if token is no longer the key''s current claim.';
+COMMENT ON FUNCTION once.complete_keys(text[], bigint[], jsonb[], interval, interval, float8, float8) IS
+    'complete_key for many claims in one statement (e.g. what one claim_next(n => 10) call handed out). Returns the keys completed; a claim no longer current is left out.';
+COMMENT ON FUNCTION once.fail_key(text, bigint, text, interval) IS
+    'Record that your claim failed with error, and wake waiters; claim_key answers failed until retry_after has passed.';
+COMMENT ON FUNCTION once.heartbeat_key(text, bigint, interval) IS
+    'Extend your claim''s lease to now + lease and return the new expiry; NULL if token is no longer current: stop computing.';
+COMMENT ON FUNCTION once.release_key(text, bigint) IS
+    'Give your claim back without recording a failure; returns false if token is no longer current.';
+COMMENT ON FUNCTION once.invalidate_key(text) IS
+    'Forget a key: drop its cached result or failure; a running key keeps its claim and is computed once more when its run ends. Returns false if the key was absent.';
+COMMENT ON FUNCTION once.refresh_key(text, interval) IS
+    'Have a key computed again, its current result served as stale for stale meanwhile (NULL: not served). Returns expired, rerun (it is running: computed once more when the run ends), pending (queued) or absent.';
+COMMENT ON FUNCTION once.reap_stale() IS
+    'Take back claims whose owner is gone, delete expired results and old attempt history. The SQL edition has no worker: schedule it with pg_cron, or let the clients call it.';
