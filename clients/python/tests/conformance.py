@@ -139,7 +139,7 @@ class Scenario:
                 except AssertionError as exc:
                     raise AssertionError(f"step {number} {json.dumps(step)[:200]}: {exc}") from None
         finally:
-            for task in self.running.values():
+            for _started, task in self.running.values():
                 task.cancel()
             await self.admin.close()
             for c in self.clients:
