@@ -17,6 +17,7 @@ import pytest
 
 from pg_once import AsyncClient, Client, ConfigurationError, NotSerializable, OnceFailed
 from pg_once import _common as C
+from pg_once._sync import _compat
 from conftest import BOUNCER, DIRECT, TLS, make_setup, state
 
 SESSION_BOUNCER = os.environ.get("PG_ONCE_SESSION_BOUNCER_DSN")
@@ -145,6 +146,20 @@ def test_only_lost_connections_are_retried():
     with pytest.raises(psycopg.errors.AdminShutdown):
         client._release("k", 1)
     assert pool.lent == C.RETRY_ATTEMPTS
+
+
+def test_retries_pause_only_between_attempts(monkeypatch):
+    """R2: the first attempt and the second go at once (a sleep(0) before every call would
+    hand the GIL to another thread each time), then 50 ms doubling."""
+    pauses = []
+    monkeypatch.setattr(_compat, "sleep", pauses.append)
+    pool = FakePool([None])
+    assert Client(pool=pool, listen=False)._release("k", 1) is True
+    assert pauses == []
+    pool = FakePool([psycopg.errors.AdminShutdown("terminating connection")] * 4)
+    with pytest.raises(psycopg.errors.AdminShutdown):
+        Client(pool=pool, listen=False)._release("k", 1)
+    assert len(pauses) == 3 and pauses[0] == 0 and 0 < pauses[1] < pauses[2]
 
 
 # -- against a server ---------------------------------------------------------------------------

@@ -573,7 +573,8 @@ class AsyncClient:
         self.calls.add(name)
         pauses = C.retry_pauses()
         for attempt in range(1, C.RETRY_ATTEMPTS + 1):
-            await A.sleep(next(pauses))
+            if attempt > 1:   # the first attempt goes at once: no sleep(0), no thread switch
+                await A.sleep(next(pauses))
             async with self.pool.connection() as conn:
                 check_connection(conn)
                 try:

@@ -575,7 +575,8 @@ class Client:
         self.calls.add(name)
         pauses = C.retry_pauses()
         for attempt in range(1, C.RETRY_ATTEMPTS + 1):
-            A.sleep(next(pauses))
+            if attempt > 1:   # the first attempt goes at once: no sleep(0), no thread switch
+                A.sleep(next(pauses))
             with self.pool.connection() as conn:
                 check_connection(conn)
                 try:
