@@ -17,6 +17,7 @@ import pytest
 
 from pg_once import AsyncClient, Client, ConfigurationError, NotSerializable, OnceFailed
 from pg_once import _common as C
+from pg_once._sync import _compat
 from conftest import BOUNCER, DIRECT, TLS, make_setup, state
 
 SESSION_BOUNCER = os.environ.get("PG_ONCE_SESSION_BOUNCER_DSN")
@@ -79,7 +80,7 @@ def test_a_heartbeat_that_failed_is_retried_within_a_second(flavor):
         from pg_once._sync import _compat as A
         client = Client(pool=FakePool([]), listen=False)
         client._heartbeat = heartbeat
-        task = A.spawn(client._beat, "k", 1, 3.0, A.Event(), name="test")
+        task = A.spawn_after(1.0, client._beat, "k", 1, 3.0, A.Event(), name="test")
         time.sleep(2.2)
         task.cancel()
     else:
@@ -89,7 +90,8 @@ def test_a_heartbeat_that_failed_is_retried_within_a_second(flavor):
             async def aheartbeat(*args):
                 return heartbeat(*args)
             client._heartbeat = aheartbeat
-            task = asyncio.create_task(client._beat("k", 1, 3.0, asyncio.Event()))
+            from pg_once._async import _compat as AA
+            task = AA.spawn_after(1.0, client._beat, "k", 1, 3.0, asyncio.Event(), name="test")
             await asyncio.sleep(2.2)
             task.cancel()
         asyncio.run(main())
@@ -145,6 +147,20 @@ def test_only_lost_connections_are_retried():
     with pytest.raises(psycopg.errors.AdminShutdown):
         client._release("k", 1)
     assert pool.lent == C.RETRY_ATTEMPTS
+
+
+def test_retries_pause_only_between_attempts(monkeypatch):
+    """R2: the first attempt and the second go at once (a sleep(0) before every call would
+    hand the GIL to another thread each time), then 50 ms doubling."""
+    pauses = []
+    monkeypatch.setattr(_compat, "sleep", pauses.append)
+    pool = FakePool([None])
+    assert Client(pool=pool, listen=False)._release("k", 1) is True
+    assert pauses == []
+    pool = FakePool([psycopg.errors.AdminShutdown("terminating connection")] * 4)
+    with pytest.raises(psycopg.errors.AdminShutdown):
+        Client(pool=pool, listen=False)._release("k", 1)
+    assert len(pauses) == 3 and pauses[0] == 0 and 0 < pauses[1] < pauses[2]
 
 
 # -- against a server ---------------------------------------------------------------------------
@@ -408,3 +424,18 @@ def test_spans_link_a_coalesced_call_to_the_computing_one(clients, key):
                for s in spans.values())
     assert [link.context.span_id for link in spans["coalesced"].links] == \
         [spans["claimed"].context.span_id]
+
+
+def test_a_task_spawned_for_later_and_cancelled_before_costs_no_thread():
+    """A claim's heartbeat starts lease/3 after it (H1); the threads flavour starts its
+    thread only then, so a claim that ends sooner (most requests' do) costs none."""
+    ran = []
+    before = threading.active_count()
+    early = [_compat.spawn_after(0.2, ran.append, n, name="test") for n in range(50)]
+    late = _compat.spawn_after(0.3, ran.append, "late", name="test")
+    assert threading.active_count() <= before + 1   # the one thread that starts them, at most
+    for task in early:
+        task.cancel()
+    time.sleep(0.6)
+    assert ran == ["late"] and late.done()
+    assert all(task.done() for task in early)

@@ -40,6 +40,15 @@ def spawn(fn: Callable[..., Awaitable[Any]], *args: Any, name: str) -> asyncio.T
     return asyncio.create_task(fn(*args), name=name)
 
 
+def spawn_after(delay: float, fn: Callable[..., Awaitable[Any]], *args: Any,
+                name: str) -> asyncio.Task:
+    """Run fn(*args) beside the caller from `delay` seconds on, unless cancelled first."""
+    async def later() -> None:
+        await asyncio.sleep(delay)
+        await fn(*args)
+    return asyncio.create_task(later(), name=name)
+
+
 async def join(tasks: Iterable[asyncio.Task], timeout: Optional[float]) -> List[asyncio.Task]:
     """Wait up to `timeout` for `tasks` to end; the ones still running."""
     tasks = list(tasks)

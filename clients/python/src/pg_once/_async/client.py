@@ -66,7 +66,7 @@ class AsyncClaim:
         self._client = client
         self.lost = A.Event()
         self.ended = False
-        self._beat = A.spawn(client._beat, key, token, lease, self.lost,
+        self._beat = A.spawn_after(lease / 3, client._beat, key, token, lease, self.lost,
                              name=f"pg_once-heartbeat {key}")
 
     async def store(self, text: str, conn: Optional[psycopg.AsyncConnection] = None) -> None:
@@ -499,7 +499,8 @@ class AsyncClient:
         server stored, read back through the serializer, is the answer (V1)."""
         retry_after = opts.retry_after
         lost = A.Event()
-        beat = A.spawn(self._beat, key, token, opts.lease, lost, name=f"pg_once-heartbeat {key}")
+        beat = A.spawn_after(opts.lease / 3, self._beat, key, token, opts.lease, lost,
+                             name=f"pg_once-heartbeat {key}")
         try:
             try:
                 value = await A.run_unless(compute, lost)
@@ -538,24 +539,23 @@ class AsyncClient:
             beat.cancel()
 
     async def _beat(self, key, token, lease, lost: A.Event) -> None:
-        """Extend the claim every lease/3 until cancelled (H1); a failed heartbeat is tried
-        again within a second (H2); NULL means the claim is lost: set `lost` (H3)."""
-        pause = lease / 3
+        """Extend the claim now and every lease/3 until cancelled (H1): started lease/3
+        after the claim, with A.spawn_after. A failed heartbeat is tried again within a
+        second (H2); NULL means the claim is lost: set `lost` (H3)."""
         while True:
-            await A.sleep(pause)
             try:
                 expiry = await self._heartbeat(key, token, lease)
             except Exception as exc:
                 # The claim may still be fine (a pooled connection broke, the pool was busy):
                 # try again soon, well before the lease can run out.
                 log.warning("pg_once: heartbeat of %r failed (%s); retrying", key, exc)
-                pause = min(1.0, lease / 6)
+                await A.sleep(min(1.0, lease / 6))
                 continue
             if expiry is None:
                 log.warning("pg_once: the claim on %r was lost; its result will not be stored", key)
                 lost.set()
                 return
-            pause = lease / 3
+            await A.sleep(lease / 3)
 
     async def _quietly(self, call, *args) -> None:
         """Record a failure or release without masking the error being raised (rule F4)."""
@@ -573,7 +573,8 @@ class AsyncClient:
         self.calls.add(name)
         pauses = C.retry_pauses()
         for attempt in range(1, C.RETRY_ATTEMPTS + 1):
-            await A.sleep(next(pauses))
+            if attempt > 1:   # the first attempt goes at once: no sleep(0), no thread switch
+                await A.sleep(next(pauses))
             async with self.pool.connection() as conn:
                 check_connection(conn)
                 try:

@@ -136,8 +136,8 @@ class AsyncWorker:
     async def _process(self, job: Job) -> None:
         client = self.client
         lost = A.Event()
-        beat = A.spawn(client._beat, job.key, job.token, self.lease, lost,
-                       name=f"pg_once-heartbeat {job.key}")
+        beat = A.spawn_after(self.lease / 3, client._beat, job.key, job.token, self.lease, lost,
+                             name=f"pg_once-heartbeat {job.key}")
         try:
             try:
                 value = await A.run_unless(self.handler, lost, job)

@@ -3,6 +3,9 @@ docstring), for threads. Written by hand; the rest of `pg_once._sync` is generat
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import os
 import signal
 import threading
 import time
@@ -20,13 +23,22 @@ _current = threading.local()
 
 
 class Task:
-    """A thread running fn(*args), stoppable at its next sleep() by cancel()."""
+    """A thread running fn(*args), stoppable at its next sleep() by cancel(). Made with
+    started=False, it has no thread until start() (spawn_after's, when due)."""
 
-    def __init__(self, fn: Callable[..., Any], args: tuple, name: str) -> None:
-        self._fn, self._args = fn, args
+    def __init__(self, fn: Callable[..., Any], args: tuple, name: str,
+                 started: bool = True) -> None:
+        self._fn, self._args, self._name = fn, args, name
         self._cancelled = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._thread: Optional[threading.Thread] = None
+        if started:
+            self.start()
+
+    def start(self) -> None:
+        """Start its thread, unless it was cancelled first."""
+        if not self._cancelled.is_set():
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
 
     def _run(self) -> None:
         _current.task = self
@@ -39,6 +51,8 @@ class Task:
         self._cancelled.set()
 
     def done(self) -> bool:
+        if self._thread is None:   # not started: done once cancelled
+            return self._cancelled.is_set()
         return not self._thread.is_alive()
 
 
@@ -62,10 +76,53 @@ def spawn(fn: Callable[..., Any], *args: Any, name: str) -> Task:
     return Task(fn, args, name)
 
 
+def spawn_after(delay: float, fn: Callable[..., Any], *args: Any, name: str) -> Task:
+    """Run fn(*args) in a thread of its own from `delay` seconds on, unless cancelled
+    first: a heartbeat (lease/3) of a claim that ends sooner, as most do, costs no thread."""
+    global _later
+    task = Task(fn, args, name, started=False)
+    with _later_lock:
+        if _later is None or _later.pid != os.getpid():   # none yet, or forked since
+            _later = _Later()
+    _later.add(time.monotonic() + delay, task)
+    return task
+
+
+class _Later:
+    """The thread (one per process) that starts spawn_after()'s tasks when they are due."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._due: list = []   # heap of (when, n, task); cancelled ones dropped once first
+        self._n = itertools.count()
+        self._changed = threading.Condition()
+        threading.Thread(target=self._run, name="pg_once-spawn_after", daemon=True).start()
+
+    def add(self, when: float, task: Task) -> None:
+        with self._changed:
+            heapq.heappush(self._due, (when, next(self._n), task))
+            if self._due[0][2] is task:
+                self._changed.notify()
+
+    def _run(self) -> None:
+        with self._changed:
+            while True:
+                now = time.monotonic()
+                while self._due and (self._due[0][0] <= now or self._due[0][2]._cancelled.is_set()):
+                    heapq.heappop(self._due)[2].start()   # start() skips a cancelled task
+                self._changed.wait(self._due[0][0] - now if self._due else None)
+
+
+_later: Optional[_Later] = None
+_later_lock = threading.Lock()
+
+
 def join(tasks: Iterable[Task], timeout: Optional[float]) -> List[Task]:
     deadline = None if timeout is None else time.monotonic() + timeout
     tasks = list(tasks)
     for task in tasks:
+        if task._thread is None:   # spawn_after's, not started
+            continue
         task._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
     return [task for task in tasks if not task.done()]
 
