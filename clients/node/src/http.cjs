@@ -197,11 +197,7 @@ class RequestClaim {
 
   async #finish(status, headers, body) {
     const o = this.#gate.options;
-    // Completed in the handler's transaction, answering a stored status (I8): the stored
-    // response commits with the handler's writes; nothing to store, nothing to give back
-    // (a release_key would answer false, one round trip per request for nothing).
-    if (this.#completedByHandler && o.store(status)) return null;
-    // Not stored: given back. If the handler completed it and its transaction rolled
+    // Completed in the handler's transaction: nothing to store. If that transaction rolled
     // back, the claim is still ours and goes back; if it committed, release answers false.
     if (this.#completedByHandler || !o.store(status)) {
       await this.#claim.release();
