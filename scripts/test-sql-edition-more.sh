@@ -15,7 +15,9 @@
 # 5. pg_tle: pg_once_tle.sql run against a stand-in of pg_tle (pg_test/edition/
 #    pgtle_standin.sql) in a private copy of the PostgreSQL installation, CREATE
 #    EXTENSION pg_once by the non-superuser, the same smoke checks, a prepared
-#    transaction, and ALTER EXTENSION UPDATE to a newer version keeping the rows.
+#    transaction, and ALTER EXTENSION UPDATE to a newer version keeping the rows;
+# 6. with PG_ONCE_TEST_CRON=1 (a minute more) and pg_cron installed, reap_stale
+#    scheduled with pg_cron by the owner reaps a gone owner's claim.
 # PG_ONCE_PG_BIN and PG_ONCE_WORK as for test.sh; ports PG_ONCE_TEST_PORT (default 28010)
 # and the one after it.
 set -euo pipefail
@@ -340,4 +342,32 @@ expect "app_user's EXECUTE kept by the update" "hit" "$(tle app_user -c "SELECT 
 tle admin -q -c "DROP EXTENSION pg_once"
 expect "schemas left after DROP EXTENSION" 0 \
     "$(tle admin -c "SELECT count(*) FROM pg_namespace WHERE nspname IN ('once', 'once_internal')")"
+
+# 6. (PG_ONCE_TEST_CRON=1, a minute more) pg_cron runs once.reap_stale() for the edition,
+# scheduled by the non-superuser owner as docs/sql-edition.md says. Debian's pg_cron
+# (1.4) takes cron schedules only, every minute at most; '1 second' needs pg_cron 1.5.
+cron_lib=$(ls "$SYSTEM_PG_BIN/../lib/pg_cron.so" /usr/lib/postgresql/15/lib/pg_cron.so 2>/dev/null | head -1 || true)
+if [ "${PG_ONCE_TEST_CRON:-0}" = 1 ] && [ -n "$cron_lib" ]; then
+    say "SQL edition: reap_stale scheduled with pg_cron"
+    cluster_stop "$TLE_NAME"
+    cp "$cron_lib" "$copy/usr/lib/postgresql/15/lib/"
+    cp "$(dirname "$cron_lib")"/../../../share/postgresql/15/extension/pg_cron* "$copy/usr/share/postgresql/15/extension/" 2>/dev/null ||
+        cp /usr/share/postgresql/15/extension/pg_cron* "$copy/usr/share/postgresql/15/extension/"
+    cluster_start "$TLE_NAME" "$TLE_PORT" "shared_preload_libraries = 'pg_cron'" "cron.database_name = 'app'"
+    setup_db "$TLE_PORT" "$PG_ONCE_WORK/$TLE_NAME"
+    $namespaces || tle admin -q -f "$REPO_ROOT/pg_test/edition/namespace_stubs.sql"
+    tle admin -q -f "$OUT/pg_once_sql.sql"
+    # What a managed service's administrator has done: pg_cron created, its schema usable.
+    tle_su -q -c "CREATE EXTENSION pg_cron" -c "GRANT USAGE ON SCHEMA cron TO admin"
+    version=$(tle admin -c "SELECT extversion FROM pg_extension WHERE extname = 'pg_cron'")
+    case "$version" in 1.[0-4]*) schedule='* * * * *' ;; *) schedule='1 second' ;; esac
+    tle admin -c "SELECT cron.schedule('pg_once-reap', '$schedule', 'SELECT once.reap_stale()')" >/dev/null
+    tle admin -c "SELECT outcome FROM once.claim_key('gone owner', lease => '1 hour')" >/dev/null
+    for i in $(seq 1 75); do
+        [ "$(tle admin -c "SELECT state FROM once.entries WHERE key = 'gone owner'")" = failed ] && break
+        sleep 1
+    done
+    expect "a gone owner's claim after pg_cron's reap_stale (pg_cron $version)" "failed|succeeded|admin" \
+        "$(tle admin -c "SELECT state FROM once.entries WHERE key = 'gone owner'")|$(tle admin -c "SELECT status FROM cron.job_run_details ORDER BY runid LIMIT 1")|$(tle admin -c "SELECT username FROM cron.job")"
+fi
 say "SQL edition (views, cached, pg_tle): all checks passed"
