@@ -168,7 +168,9 @@ def main(out_dir):
         expand((edition / "schema.sql").read_text()),
         "-- ---- from sql/schema.sql: trigger functions and triggers ----",
         shared_schema(True),
+        expand((edition / "namespaces.sql").read_text()),
         expand((edition / "core.sql").read_text()),
+        expand((edition / "queue.sql").read_text()),
         (edition / "finish.sql").read_text(),
         "COMMIT;",
     ]

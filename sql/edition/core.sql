@@ -8,8 +8,14 @@
 
 -- ---- argument checks: the messages, SQLSTATEs and hints of src/api/args.rs ----------
 
-CREATE OR REPLACE FUNCTION once_internal.usable_key(key text) RETURNS text
-    LANGUAGE plpgsql IMMUTABLE
+-- An earlier edition's usable_key(key), which checked no namespace.
+DROP FUNCTION IF EXISTS once_internal.usable_key(text);
+
+-- The key a call names (api::usable_key): checked (args::key), and one the caller may
+-- use (42501 for a key of a namespace whose owner the caller is not a member of:
+-- namespaces.sql). `function` names the call in a refusal.
+CREATE OR REPLACE FUNCTION once_internal.usable_key(key text, function text) RETURNS text
+    LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
     AS $$
 BEGIN
@@ -24,6 +30,7 @@ BEGIN
             USING ERRCODE = 'string_data_right_truncation',
             HINT = 'Keys are sent as NOTIFY payloads. Use a digest of long input as the key, e.g. encode(sha256(convert_to(url, ''UTF8'')), ''hex'').';
     END IF;
+    PERFORM once_internal.require_key(key, function);
     RETURN key;
 END
 $$;
@@ -228,6 +235,9 @@ BEGIN
                 CONTINUE;  -- someone else inserted it first: look again
             END IF;
             PERFORM set_config('lock_timeout', old_timeout, true);
+            -- namespace::recheck_key: the insert waited for a create_namespace that
+            -- committed meanwhile; if the key is now another role's, the error undoes it.
+            PERFORM once_internal.require_key(param.key, 'claim_key');
             RETURN ROW('claimed', c.token, NULL, NULL, param.owner, c.lease_expires_at, c.attempts, NULL, NULL)::once.claim;
         END IF;
         -- claim::mismatches: the key's current attempt, claimed for another request,
@@ -337,6 +347,56 @@ BEGIN
 END
 $$;
 
+-- Who a claim_key or claim_next call claims for (api::claim_owner, liveness::Owner::from_arg):
+-- this session (owner_pid NULL or its own pid), another backend (an owner session), or
+-- nobody but the lease (0). On a standby nothing is claimed and a pid names a backend of
+-- the primary: the argument is not judged, so that hits are served whatever it says.
+CREATE OR REPLACE FUNCTION once_internal.claim_owner(
+    owner_pid integer, OUT pid integer, OUT started timestamptz, OUT lease_only boolean)
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    pid_hint constant text := 'Pass the pid that once.owner_session() returned on a connection your process keeps open, 0 to end the claim only when its lease runs out, or NULL for this connection.';
+BEGIN
+    pid := pg_backend_pid();
+    lease_only := false;
+    IF pg_is_in_recovery() THEN
+        lease_only := true;
+        started := clock_timestamp();
+        RETURN;
+    END IF;
+    -- Who the claim is for (liveness::Owner::from_arg).
+    IF owner_pid < 0 THEN
+        RAISE EXCEPTION 'owner_pid must not be negative, got %', owner_pid
+            USING ERRCODE = 'invalid_parameter_value', HINT = pid_hint;
+    ELSIF owner_pid = 0 THEN
+        lease_only := true;
+    ELSIF owner_pid IS NOT NULL AND owner_pid <> pid THEN
+        pid := owner_pid;
+    END IF;
+    IF pid = pg_backend_pid() THEN
+        -- This session's start never changes: read once per session, not on every call
+        -- (pg_stat_activity builds a snapshot of every backend: about 20 us, a quarter of a
+        -- hit's time in the server, measured with 3,000 hits in a DO loop on a loaded machine).
+        -- Kept as microseconds since the epoch, which no DateStyle changes.
+        started := 'epoch'::timestamptz + nullif(current_setting('once_internal.backend_start', true), '')::bigint
+                                          * '1 microsecond'::interval;
+        IF started IS NULL THEN
+            started := once_internal.backend_started(pid);
+            PERFORM set_config('once_internal.backend_start',
+                               (extract(epoch FROM started) * 1000000)::bigint::text, false);
+        END IF;
+    ELSE
+        started := once_internal.backend_started(pid);
+    END IF;
+    IF started IS NULL THEN
+        RAISE EXCEPTION 'no backend with pid % is running', pid
+            USING ERRCODE = 'invalid_parameter_value', HINT = pid_hint;
+    END IF;
+END
+$$;
+
 -- claim_key gained fingerprint (pg_once 0.3.0): a new signature, so a new function. An
 -- earlier edition's claim_key is dropped, and what was granted on it is given to the new
 -- one below, as sql/pg_once--0.2.0--0.3.0.sql does for the extension.
@@ -367,15 +427,14 @@ LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    pid_hint constant text := 'Pass the pid that once.owner_session() returned on a connection your process keeps open, 0 to end the claim only when its lease runs out, or NULL for this connection.';
-    pid integer := pg_backend_pid();
+    pid integer;
     started timestamptz;
     only_lease boolean := false;
     deadline timestamptz;
     nap interval := '5 milliseconds';
     c once.claim;
 BEGIN
-    PERFORM once_internal.usable_key(key);
+    PERFORM once_internal.usable_key(key, 'claim_key');
     PERFORM once_internal.usable_interval(lease, 'lease',
         'Use a lease a little longer than the time between two heartbeats, e.g. ''30 seconds'', and extend it with once.heartbeat_key.',
         true, '1 day', '1 day');
@@ -386,34 +445,8 @@ BEGIN
         RAISE EXCEPTION 'serve_stale must not be NULL' USING ERRCODE = 'null_value_not_allowed',
             HINT = 'Pass true to be answered refresh and stale (see Freshness), false for the four outcomes of pg_once 0.1.';
     END IF;
-    -- Who the claim is for (liveness::Owner::from_arg).
-    IF owner_pid < 0 THEN
-        RAISE EXCEPTION 'owner_pid must not be negative, got %', owner_pid
-            USING ERRCODE = 'invalid_parameter_value', HINT = pid_hint;
-    ELSIF owner_pid = 0 THEN
-        only_lease := true;
-    ELSIF owner_pid IS NOT NULL AND owner_pid <> pid THEN
-        pid := owner_pid;
-    END IF;
-    IF pid = pg_backend_pid() THEN
-        -- This session's start never changes: read once per session, not on every call
-        -- (pg_stat_activity builds a snapshot of every backend: about 20 us, a quarter of a
-        -- hit's time in the server, measured with 3,000 hits in a DO loop on a loaded machine).
-        -- Kept as microseconds since the epoch, which no DateStyle changes.
-        started := 'epoch'::timestamptz + nullif(current_setting('once_internal.backend_start', true), '')::bigint
-                                          * '1 microsecond'::interval;
-        IF started IS NULL THEN
-            started := once_internal.backend_started(pid);
-            PERFORM set_config('once_internal.backend_start',
-                               (extract(epoch FROM started) * 1000000)::bigint::text, false);
-        END IF;
-    ELSE
-        started := once_internal.backend_started(pid);
-    END IF;
-    IF started IS NULL THEN
-        RAISE EXCEPTION 'no backend with pid % is running', pid
-            USING ERRCODE = 'invalid_parameter_value', HINT = pid_hint;
-    END IF;
+    SELECT o.pid, o.started, o.lease_only INTO pid, started, only_lease
+      FROM once_internal.claim_owner(owner_pid) o;
     -- args::fingerprint: NULL (none), or 1 to 64 bytes (a digest, never the request).
     IF octet_length(fingerprint) NOT BETWEEN 1 AND 64 THEN
         RAISE EXCEPTION '%', CASE WHEN octet_length(fingerprint) = 0 THEN 'fingerprint must not be empty'
@@ -463,7 +496,7 @@ AS $$
 DECLARE
     e once.entries;
 BEGIN
-    PERFORM once_internal.usable_key(key);
+    PERFORM once_internal.usable_key(key, 'get');
     SELECT * INTO e FROM once.entries WHERE once.entries.key_hash = once.key_hash(get.key);
     IF e.result IS NULL OR e.expires_at <= clock_timestamp() THEN
         RETURN NULL;
@@ -493,7 +526,7 @@ AS $$
 #variable_conflict use_column
 <<param>>
 DECLARE
-    key_hash bytea := once.key_hash(once_internal.usable_key(complete_key.key));
+    key_hash bytea := once.key_hash(once_internal.usable_key(complete_key.key, 'complete_key'));
     key text := complete_key.key;
     token bigint := once_internal.usable_token(complete_key.token);
     result jsonb := complete_key.result;
@@ -541,7 +574,7 @@ AS $$
 #variable_conflict use_column
 <<param>>
 DECLARE
-    key_hash bytea := once.key_hash(once_internal.usable_key(fail_key.key));
+    key_hash bytea := once.key_hash(once_internal.usable_key(fail_key.key, 'fail_key'));
     token bigint := once_internal.usable_token(fail_key.token);
     error text := fail_key.error;
     retry_after interval := fail_key.retry_after;
@@ -615,7 +648,7 @@ BEGIN
         RAISE EXCEPTION 'keys[i] must not be NULL' USING ERRCODE = 'null_value_not_allowed', HINT = hint;
     END IF;
     FOREACH k IN ARRAY keys LOOP
-        PERFORM once_internal.usable_key(k);
+        PERFORM once_internal.usable_key(k, 'complete_keys');
     END LOOP;
     PERFORM once_internal.usable_token(t) FROM unnest(tokens) t;
     PERFORM once_internal.check_policy(ttl, stale, beta, jitter);
@@ -636,7 +669,7 @@ AS $$
 #variable_conflict use_column
 <<param>>
 DECLARE
-    key_hash bytea := once.key_hash(once_internal.usable_key(heartbeat_key.key));
+    key_hash bytea := once.key_hash(once_internal.usable_key(heartbeat_key.key, 'heartbeat_key'));
     token bigint := once_internal.usable_token(heartbeat_key.token);
     lease interval := once_internal.usable_interval(heartbeat_key.lease, 'lease',
         'Use a lease a little longer than the time between two heartbeats, e.g. ''30 seconds'', and extend it with once.heartbeat_key.',
@@ -661,7 +694,7 @@ AS $$
 #variable_conflict use_column
 <<param>>
 DECLARE
-    key_hash bytea := once.key_hash(once_internal.usable_key(release_key.key));
+    key_hash bytea := once.key_hash(once_internal.usable_key(release_key.key, 'release_key'));
     token bigint := once_internal.usable_token(release_key.token);
     holder oid := once_internal.token_holder();
     done integer;
@@ -687,7 +720,7 @@ AS $$
 #variable_conflict use_column
 <<param>>
 DECLARE
-    key_hash bytea := once.key_hash(once_internal.usable_key(invalidate_key.key));
+    key_hash bytea := once.key_hash(once_internal.usable_key(invalidate_key.key, 'invalidate_key'));
     done integer;
 BEGIN
     PERFORM once_internal.refuse_writes('invalidate_key');
@@ -712,7 +745,7 @@ AS $$
 #variable_conflict use_column
 <<param>>
 DECLARE
-    key_hash bytea := once.key_hash(once_internal.usable_key(refresh_key.key));
+    key_hash bytea := once.key_hash(once_internal.usable_key(refresh_key.key, 'refresh_key'));
     stale interval := once_internal.usable_interval(refresh_key.stale, 'stale',
         'Use how long the result may still be served while it is recomputed, e.g. stale => ''1 minute''; NULL: not at all.',
         true, '100 years', '100 years', true);

@@ -97,15 +97,15 @@ CREATE OR REPLACE FUNCTION once_internal.token_holder() RETURNS oid
                                  (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'once'), 'USAGE')
                 THEN NULL ELSE once_internal.caller() END;
 
--- notify_key_resolved: pg_notify('once', key) from the trigger, sent at commit by
--- PostgreSQL itself (the extension relays through its worker when preloaded). No
--- namespaces yet in the edition, so the payload is always the key.
+-- notify_key_resolved: pg_notify('once', ...) from the trigger, sent at commit by
+-- PostgreSQL itself (the extension relays through its worker when preloaded): the key, or
+-- its hex digest for a namespace that announces digests (sql/edition/namespaces.sql).
 CREATE OR REPLACE FUNCTION once_internal.notify_key_resolved() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp
     AS $$
 BEGIN
-    PERFORM pg_notify('once', OLD.key);
+    PERFORM pg_notify('once', once_internal.notify_payload(OLD.key, OLD.key_hash));
     RETURN NULL;
 END
 $$;

@@ -308,19 +308,11 @@ pub fn require_administrator(what: &str, hint: &str) {
 
 const NAMESPACES_HINT: &str = "Namespaces are defined by a superuser or a member of the role that owns the pg_once extension, calling the function itself (not from a SECURITY DEFINER function, an index expression or a materialized view).";
 
-static UPSERT: Statement = Statement::new(concat!(
-    "INSERT INTO ",
-    internal!("namespace_owners"),
-    " (prefix, owner, notify)
-     VALUES ($prefix, $owner::regrole, $notify)
-     ON CONFLICT (prefix) DO UPDATE SET owner = EXCLUDED.owner, notify = EXCLUDED.notify"
-));
+// Statement files (protocol::rules) that name no rule, loaded without them as
+// PURGE_HANDED_OVER is (see there); in files so that the SQL edition splices them too.
+static UPSERT: Statement = Statement::new(include_str!("sql/upsert_namespace.sql"));
 
-static DELETE: Statement = Statement::new(concat!(
-    "DELETE FROM ",
-    internal!("namespace_owners"),
-    " WHERE prefix = $prefix"
-));
+static DELETE: Statement = Statement::new(include_str!("sql/delete_namespace.sql"));
 
 static KEYS_IN: Statement = Statement::new(concat!(
     "SELECT count(*) FROM once.entries

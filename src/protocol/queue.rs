@@ -57,18 +57,12 @@ pub const DEFAULT_QUEUE: &str = "default";
 static QUEUE_NAMESPACE: Statement =
     Statement::new("SELECT namespace FROM once.queues WHERE name = $name");
 
-static UPSERT_QUEUE: Statement = Statement::new(
-    "INSERT INTO once.queues (name, max_attempts, backoff, max_backoff, namespace)
-     VALUES ($name, $max_attempts, $backoff, $max_backoff, $namespace)
-     ON CONFLICT (name) DO UPDATE
-        SET max_attempts = EXCLUDED.max_attempts, backoff = EXCLUDED.backoff,
-            max_backoff = EXCLUDED.max_backoff, namespace = EXCLUDED.namespace",
-);
+static UPSERT_QUEUE: Statement = statement!("upsert_queue");
 
 static COUNT_QUEUE_KEYS: Statement =
     Statement::new("SELECT count(*) FROM once.entries WHERE queue = $name");
 
-static DROP_QUEUE: Statement = Statement::new("DELETE FROM once.queues WHERE name = $name");
+static DROP_QUEUE: Statement = statement!("drop_queue");
 
 static KEY_STATE: Statement =
     Statement::new("SELECT state::text FROM once.entries WHERE key_hash = $key_hash");
