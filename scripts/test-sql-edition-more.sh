@@ -135,11 +135,14 @@ sleep 0.05
 as_admin -q -c "SELECT once.reap_stale()" >/dev/null
 check_counts "after reap_stale purged an expired result"
 # Writers never wait for each other's counts: one transaction holds its counts' row while
-# another session completes keys under a statement timeout.
-coproc HOLD { as app_user -c "BEGIN" -c "SELECT once.complete_key('done/held', token, '{}') FROM once.claim_key('done/held')" \
+# another session completes keys under a statement timeout, even one that names the first
+# one's slot in the setting that keeps a transaction's slot (anyone may SET it).
+coproc HOLD { as app_user -c "SELECT pg_backend_pid()" -c "BEGIN" \
+                 -c "SELECT once.complete_key('done/held', token, '{}') FROM once.claim_key('done/held')" \
                  -c "SELECT pg_sleep(3)" -c "COMMIT"; }
+read -r hold_pid <&"${HOLD[0]}"
 sleep 0.5
-as app_user -c "SET statement_timeout = '2s'" \
+as app_user -c "SET statement_timeout = '2s'" -c "SET once_internal.counts_slot = '$hold_pid'" \
     -c "SELECT once.complete_key('done/beside', token, '{}') FROM once.claim_key('done/beside')" >/dev/null
 wait "$HOLD_PID"
 check_counts "after two writers at once"

@@ -59,7 +59,7 @@ CREATE OR REPLACE FUNCTION once_internal.key_count_label(key text) RETURNS text
            || coalesce('#cached:' || once_internal.cached_key_role(key)::text || ':' || repeat('0', 64), '');
 
 -- The slot of key_counts this transaction writes its changes into, chosen once per
--- transaction (kept in a transaction-local setting):
+-- transaction (kept in the transaction-local setting once_internal.counts_slot):
 -- - READ COMMITTED: this backend's pid, so that two backends never wait for each
 --   other's counts (the extension uses the backend's number, which SQL cannot see);
 -- - REPEATABLE READ or SERIALIZABLE: a slot of the transaction's own, from its id (as
@@ -85,7 +85,10 @@ DECLARE
     my_slot integer;
     read_committed boolean := current_setting('transaction_isolation') = 'read committed';
 BEGIN
-    IF chosen IS NOT NULL AND chosen <> '' THEN
+    -- A setting anyone may SET: taken only if it names this backend's slot or this
+    -- transaction's, so that nobody can write (and hold) another session's counts row.
+    IF chosen ~ '^-?[0-9]{1,10}$' AND (chosen::bigint = pg_backend_pid()
+                                       OR chosen::bigint = -2 - (txid_current() & 1073741823)) THEN
         RETURN chosen::integer;
     END IF;
     IF read_committed AND current_setting('max_prepared_transactions')::integer = 0 THEN
