@@ -467,11 +467,45 @@ def table_curve(rows):
           % (r["cycles"], r["seconds"], r["cycles"] / r["seconds"], r["sizes"][-1]["autovacuums"]))
 
 
+def table_idempotency(rows):
+    """Issue 27: POST /orders through each idempotency middleware against the same handler
+    bare, rounds alternating (bench/idempotency/bench.py)."""
+    runs = [r for r in of(rows, "idempotency") if r["row"] == "throughput"]
+    print("| service | idempotent POST req/s | bare POST req/s | idempotent / bare "
+          "| p50 ms idempotent / bare | p99 ms idempotent / bare |")
+    print("|---|---|---|---|---|---|")
+    for service in dict.fromkeys(r["service"] for r in runs):
+        cells = {}
+        for route in ("/orders", "/bare/orders"):
+            mine = [r for r in runs if r["service"] == service and r["route"] == route]
+            cells[route] = [median_range([r[f] for r in mine], d)
+                            for f, d in (("rps", 0), ("p50_ms", 1), ("p99_ms", 1))]
+        (a, ma), (b, mb) = cells["/orders"][0], cells["/bare/orders"][0]
+        print("| %s | %s | %s | %.2fx | %s / %s | %s / %s |" % (
+            service, a, b, ma / mb, cells["/orders"][1][0], cells["/bare/orders"][1][0],
+            cells["/orders"][2][0], cells["/bare/orders"][2][0]))
+
+
+def table_idempotency_duplicates(rows):
+    """Issue 27: handler runs per key under concurrent identical requests, each middleware
+    against the check-then-set baseline (the latest run of each service)."""
+    latest = {r["service"]: r for r in of(rows, "idempotency") if r["row"] == "duplicates"}
+    print("| service | keys x identical requests at once | handler runs | keys run more than once "
+          "| most runs of one key | extra runs per key |")
+    print("|---|---|---|---|---|---|")
+    for r in sorted(latest.values(), key=lambda r: r["baseline"]):
+        name = r["service"] + (" (check-then-set baseline)" if r["baseline"] else "")
+        print("| %s | %d x %d | %d | %d | %d | %.2f |" % (
+            name, r["keys"], r["retries"], r["handler_runs"], r["keys_run_more_than_once"],
+            r["max_runs_per_key"], (r["handler_runs"] - r["keys"]) / r["keys"]))
+
+
 TABLES = {
     "cycles": table_cycles, "stampede": table_stampede, "takeover": table_takeover,
     "listeners": table_listeners, "queue": table_queue, "pgmq": table_pgmq, "bloat": table_bloat,
     "pooled": table_pooled, "freshness": table_freshness, "xfetch": table_xfetch,
     "hold": table_hold, "hold_sizes": table_hold_sizes, "memory": table_memory, "curve": table_curve,
+    "idempotency": table_idempotency, "idempotency_duplicates": table_idempotency_duplicates,
 }
 
 

@@ -316,7 +316,7 @@ expect "app1 changing the default queue" "42501: permission denied: queue \"defa
     "$(as_role app1 -v VERBOSITY=verbose -c "SELECT once.create_queue('default', 9)" 2>&1 | sed -n 's/^ERROR:  //p')"
 expect "app1 dropping a shared queue" "42501: permission denied: queue \"app1q\" is shared by every role" \
     "$(as_role app1 -v VERBOSITY=verbose -c "SELECT once.drop_queue('app1q')" 2>&1 | sed -n 's/^ERROR:  //p')"
-as_admin -q -c "SELECT once.drop_queue('app1q')"
+as_admin -q -c "SELECT once.drop_queue('app1q')" >/dev/null
 # A namespace's key goes only into its own queues, for its members too.
 expect "app2's key into a shared queue" "42501: key \"t2/other\" belongs to namespace \"t2/\", queue \"default\" does not" \
     "$(as_role app2 -v VERBOSITY=verbose -c "SELECT once.enqueue_key('t2/other')" 2>&1 | sed -n 's/^ERROR:  //p')"

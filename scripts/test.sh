@@ -34,7 +34,9 @@
 #                                   clients/rust (tokio-postgres), direct and through
 #                                   PgBouncer in transaction mode; on 15's preloaded
 #                                   server also over TLS only, verified against a
-#                                   private CA (lib.sh's cluster_tls)
+#                                   private CA (lib.sh's cluster_tls), and the
+#                                   idempotency middlewares over HTTP, each example
+#                                   service under its real server (clients/conformance/http)
 #   7. monitoring                   Debian's postgres_exporter with
 #                                   monitoring/postgres_exporter.yml: the documented
 #                                   metrics, moving with use; the Grafana dashboard and
@@ -272,7 +274,16 @@ run_server_tests() {
             exit 1
         fi
         grep -E '^# (pass|fail)' "$node_log"
-        cargo test -p pg_once_client --quiet
+        cargo test -p pg_once_client --features http --quiet
+        if [ "$name" = preloaded ] && [ "$PG_MAJOR" = 15 ]; then
+            # Rule I over HTTP: each middleware's example service under its real server
+            # (uvicorn, gunicorn, node, hyper), two instances each, driven by one set of
+            # scenarios (clients/conformance/http/README.md). 15 only: nothing in it
+            # differs between server versions.
+            say "6/9 idempotent HTTP requests, $name server: every middleware's example service"
+            PG_ONCE_DSN="host=127.0.0.1 port=$port user=postgres dbname=postgres" \
+                "$py_venv/bin/python" -m pytest -q -p no:cacheprovider clients/conformance/http
+        fi
     fi
 
     if step 7; then
@@ -320,7 +331,8 @@ if step 6; then
     # would pick.
     rm -rf "$py_venv"
     python3 -m venv "$py_venv"
-    "$py_venv/bin/pip" install --quiet --disable-pip-version-check "./clients/python[test]" "psycopg[binary]"
+    "$py_venv/bin/pip" install --quiet --disable-pip-version-check "./clients/python[test]" "psycopg[binary]" \
+        -r clients/conformance/http/requirements.txt
     (cd clients/node && npm ci --silent --no-audit --no-fund && npm run --silent typecheck)
 fi
 

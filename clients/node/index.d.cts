@@ -208,6 +208,13 @@ export declare class OnceClient {
   getOrCompute<T = any>(key: string, compute: (context: ComputeContext) => T | Promise<T>, options?: GetOrComputeOptions): Promise<Awaited<T>>;
   /** `fn` wrapped so that its results are cached by key. */
   cached<A extends unknown[], T>(fn: (...args: A) => T | Promise<T>, options: CachedOptions<A>): Cached<A, Awaited<T>>;
+  /**
+   * One claim_key for code that computes and stores by itself (the idempotency
+   * middleware): the stored value, the claim (heartbeated until complete or release),
+   * 'mismatch' (held for another fingerprint), the shared failure, or 'wait' when someone
+   * else still holds it after `wait` seconds (default 0: ask once).
+   */
+  claim(key: string, options?: ClaimOptions): Promise<ClaimAnswer>;
   /** once.invalidate_key: forget the key's result or failure; false if it was absent. */
   invalidate(key: string): Promise<boolean>;
   /** once.refresh_key: compute it again, serving the result as stale for `stale` seconds meanwhile. */
@@ -277,3 +284,121 @@ export declare class ResultRefused extends OnceError {
 export declare class ConfigurationError extends OnceError {
   readonly kind: 'Configuration';
 }
+
+export interface ClaimOptions {
+  /** The claim's lease in seconds (default: the client's); heartbeats extend it every lease/3. */
+  lease?: number;
+  /** How long to wait while someone else holds the key, in seconds (default 0). */
+  wait?: number;
+  /** 1 to 64 bytes (pg_once 0.3.0): a caller with another fingerprint is answered 'mismatch'. */
+  fingerprint?: Uint8Array | null;
+  /** How often a waiting call asks again without a notification (default: the client's). */
+  recheck?: number;
+  signal?: AbortSignal;
+}
+
+export type ClaimAnswer =
+  | { outcome: 'hit'; result: Json }
+  | { outcome: 'claimed'; claim: Claim }
+  | { outcome: 'failed'; error: string; retryAt: Date }
+  | { outcome: 'mismatch' }
+  | { outcome: 'wait' };
+
+/** A claim held by the caller (OnceClient.claim): heartbeated until completed or released. */
+export declare class Claim {
+  readonly key: string;
+  /** The fencing token (int8, as a string). */
+  readonly token: string;
+  /** Aborts with ClaimLost when a heartbeat finds the claim taken over. */
+  readonly signal: AbortSignal;
+  readonly lost: boolean;
+  /** Whether complete or release was called. */
+  readonly ended: boolean;
+  /** Store `value` (JSON) through the pool, fresh for `ttl` seconds; ClaimLost when no longer ours. */
+  complete(value: Json, options?: { ttl?: number | null }): Promise<true>;
+  /** The same on the caller's own connection, inside its transaction (rule I8). */
+  completeOn(pgClient: { query: (...args: any[]) => Promise<any> }, value: Json, options?: { ttl?: number | null }): Promise<true>;
+  /** Give the claim back; false when it was no longer ours. */
+  release(): Promise<boolean>;
+}
+
+/** The idempotency middleware's options (docs/clients.md, rule I). Seconds and bytes. */
+export interface IdempotencyOptions {
+  /** The client whose pool and LISTEN connection the middleware uses; or connectionString. */
+  client?: OnceClient;
+  /** A client of the middleware's own, connected on the first request (close() ends it). */
+  connectionString?: string;
+  /** How long a stored response is replayed, in seconds (default 24 h). */
+  ttl?: number | null;
+  /** The claim's lease in seconds (default 30), heartbeated while the handler runs. */
+  lease?: number;
+  /** 'conflict' (default): 409 while the key runs; 'wait': wait up to `wait` for its response. */
+  inFlight?: 'conflict' | 'wait';
+  /** Seconds a duplicate waits with inFlight 'wait' (default 10). */
+  wait?: number;
+  /** The methods covered (default POST and PATCH). */
+  methods?: string[];
+  /** The header carrying the key (default Idempotency-Key). */
+  header?: string;
+  /** Answer 400 key_missing to a covered request without the header (default false). */
+  required?: boolean;
+  /** A prefix of the entries' keys, e.g. 'tenant2/' (default ''). */
+  namespace?: string;
+  /** Who the key belongs to: a string or null (default: SHA-256 of the Authorization header). */
+  scope?: ((request: any) => string | null) | null;
+  /** The request's digest, 1 to 64 bytes, or null for none (default SHA-256 of method, path, query, body). */
+  fingerprint?: ((request: { method: string; path: string; query: string; body: Buffer }) => Uint8Array | null) | null;
+  /** The most request body read (default 1 MiB; past it, 413). */
+  maxRequestBody?: number;
+  /** The most response body stored (default 1 MiB; past it, stored without the body). */
+  maxBody?: number;
+  /** Which statuses are stored (default: below 500); the others give the claim back. */
+  store?: (status: number) => boolean;
+  /** Store set-cookie headers too (default false). */
+  storeCookies?: boolean;
+  /** Background errors (pg_once unreachable, a store that failed). Default: console.warn. */
+  onError?: (err: Error) => void;
+}
+
+/** The claim a request runs under: `req.idempotency` (Express), `request.idempotency` (Fastify). */
+export interface IdempotencyClaim {
+  /** The pg_once key of the request's entry. */
+  readonly key: string;
+  /** The Idempotency-Key header's value. */
+  readonly idempotencyKey: string;
+  /** Aborts with ClaimLost when the claim is taken over. */
+  readonly signal: AbortSignal;
+  /**
+   * Store the response on the handler's own connection, inside its transaction, before it
+   * commits (rule I8); ClaimLost when the claim was taken over: roll back. Send the same
+   * status, headers and body.
+   */
+  complete(
+    pgClient: { query: (...args: any[]) => Promise<any> },
+    status: number,
+    headers: Record<string, string | string[]> | Array<[string, string]>,
+    body: string | Uint8Array | null,
+  ): Promise<void>;
+}
+
+/** An Express (or Node http) middleware; close() ends the client made from a connection string. */
+export interface IdempotencyMiddleware {
+  (req: any, res: any, next: (err?: unknown) => void): void;
+  close(): Promise<void>;
+}
+
+/**
+ * Express: run each POST/PATCH carrying an Idempotency-Key at most once per key. Use it
+ * before the body parsers and the routes it covers.
+ */
+export declare function idempotency(options: IdempotencyOptions): IdempotencyMiddleware;
+/**
+ * Express: the error handler to put after the routes: problem+json 500 for a handler that
+ * threw under a claim (its claim given back), 409 for ClaimLost.
+ */
+export declare function idempotencyErrors(): (err: unknown, req: any, res: any, next: (err?: unknown) => void) => void;
+/**
+ * Fastify: the plugin (not encapsulated, as fastify-plugin makes it): covers the routes of
+ * the scope it is registered in.
+ */
+export declare function idempotencyPlugin(fastify: any, options: IdempotencyOptions): Promise<void>;

@@ -19,41 +19,51 @@
 -- then fails the call with PostgreSQL's serialization error (40001), rather than letting
 -- the transaction use keys of a namespace it cannot see (require_key); one in progress is
 -- waited for. READ COMMITTED reads each statement with a new snapshot, and needs neither.
-CREATE TABLE IF NOT EXISTS once_internal.namespaces_changed (
+CREATE TABLE IF NOT EXISTS once_internal.namespaces_stamp (
     one boolean PRIMARY KEY DEFAULT true CHECK (one),
     at  timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-INSERT INTO once_internal.namespaces_changed DEFAULT VALUES ON CONFLICT DO NOTHING;
+INSERT INTO once_internal.namespaces_stamp DEFAULT VALUES ON CONFLICT DO NOTHING;
 
 -- The namespace `key` (or a queue's namespace name) belongs to: the longest registered
 -- prefix it starts with. STABLE and not SECURITY DEFINER: called by the functions below
 -- and by the SECURITY DEFINER API, which own or may read the table.
 CREATE OR REPLACE FUNCTION once_internal.namespace_of(key text)
     RETURNS once_internal.namespace_owners
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
     RETURN (SELECT n FROM once_internal.namespace_owners n
-             WHERE left(namespace_of.key, length(n.prefix)) = n.prefix
-             ORDER BY length(n.prefix) DESC, n.prefix
-             LIMIT 1);
+                 WHERE left(namespace_of.key, length(n.prefix)) = n.prefix
+                 ORDER BY length(n.prefix) DESC, n.prefix
+                 LIMIT 1);
+END
+$$;
 
 -- Whether the calling role may use the keys of a namespace owned by `owner`
 -- (Namespace::admits_caller: has_privs_of_role, which is true for a superuser).
 CREATE OR REPLACE FUNCTION once_internal.admits(owner oid) RETURNS boolean
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
     RETURN pg_has_role(once_internal.caller(), owner, 'USAGE');
+END
+$$;
 
 -- Whether the calling role administers pg_once: a superuser, or a member of the role that
 -- installed it (the owner of schema once), as namespace::caller_administers. The edition
 -- cannot tell a call made from another role's SECURITY DEFINER code (it judges the
 -- session's role: docs/sql-edition.md).
 CREATE OR REPLACE FUNCTION once_internal.administers() RETURNS boolean
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp
-    RETURN (SELECT r.rolsuper FROM pg_roles r WHERE r.oid = once_internal.caller())
-           OR pg_has_role(once_internal.caller(),
-                          (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'once'), 'USAGE');
+    AS $$
+BEGIN
+    RETURN once_internal.token_holder() IS NULL;
+END
+$$;
 
 -- The role whose once.cached key `key` is (namespace::cached_key_role: a key ending in
 -- `#cached:<role oid>:<64 characters>`, the oid as Rust's u32 parses it), else NULL.
@@ -64,14 +74,21 @@ CREATE OR REPLACE FUNCTION once_internal.cached_key_role(key text) RETURNS oid
              WHERE m[1]::bigint <= 4294967295);
 
 -- namespace::admits_cached: a once.cached key is its role's alone (and administrators').
+-- The administrator test (a few hundred microseconds: pg_roles and role membership) is
+-- asked only of a once.cached key of another role, never on the common path.
 CREATE OR REPLACE FUNCTION once_internal.admits_cached(key text) RETURNS boolean
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp
-    RETURN coalesce(once_internal.cached_key_role(key) = once_internal.caller(), true)
-           OR once_internal.administers();
+    AS $$
+DECLARE
+    role oid := once_internal.cached_key_role(key);
+BEGIN
+    RETURN role IS NULL OR role = once_internal.caller() OR once_internal.administers();
+END
+$$;
 
 -- namespace::require_key: 42501 unless the caller may use `key`; `what` names the call.
--- VOLATILE, as every function that calls it: it may lock (see namespaces_changed).
+-- VOLATILE, as every function that calls it: it may lock (see namespaces_stamp).
 CREATE OR REPLACE FUNCTION once_internal.require_key(key text, what text) RETURNS void
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -84,7 +101,7 @@ BEGIN
     -- standby serves, and they plant nothing.)
     IF current_setting('transaction_isolation') <> 'read committed' AND NOT pg_is_in_recovery() THEN
         BEGIN
-            PERFORM FROM once_internal.namespaces_changed FOR SHARE;
+            PERFORM FROM once_internal.namespaces_stamp FOR SHARE;
             -- Checked: let go of the lock at once (the subtransaction is undone), so that
             -- no create_namespace waits for this transaction.
             RAISE EXCEPTION USING ERRCODE = 'no_data_found';
@@ -92,7 +109,11 @@ BEGIN
             NULL;
         END;
     END IF;
-    n := once_internal.namespace_of(key);
+    -- namespace_of, written out: this runs on every call (a cache hit's path).
+    SELECT * INTO n FROM once_internal.namespace_owners o
+     WHERE left(require_key.key, length(o.prefix)) = o.prefix
+     ORDER BY length(o.prefix) DESC, o.prefix
+     LIMIT 1;
     IF n.prefix IS NOT NULL AND NOT once_internal.admits(n.owner) THEN
         owner := coalesce((SELECT r.rolname::text FROM pg_roles r WHERE r.oid = n.owner),
                           format('role %s', n.owner::oid));
@@ -101,7 +122,7 @@ BEGIN
                   HINT = format('Keys and queues of namespace "%s" belong to role %s: call as a member of it (GRANT %s TO ...).',
                                 n.prefix, owner, owner);
     END IF;
-    IF NOT once_internal.admits_cached(key) THEN
+    IF strpos(key, '#cached:') > 0 AND NOT once_internal.admits_cached(key) THEN
         RAISE EXCEPTION 'permission denied for key "%": %', key, what
             USING ERRCODE = 'insufficient_privilege',
                   HINT = 'once.cached keeps a query''s rows under a key of the role that ran the query: only that role (or an administrator) may use it. Call once.cached with your own query.';
@@ -129,23 +150,45 @@ $$;
 -- caller may use `key`, and the prefix of its namespace. Not SECURITY DEFINER: they
 -- answer for the calling role, whatever runs them.
 CREATE OR REPLACE FUNCTION once_internal.may_use_key(key text) RETURNS boolean
-    LANGUAGE sql STABLE PARALLEL RESTRICTED
+    LANGUAGE plpgsql STABLE PARALLEL RESTRICTED
     SET search_path = pg_catalog, pg_temp
-    RETURN coalesce(once_internal.admits((once_internal.namespace_of(key)).owner), true)
-           AND once_internal.admits_cached(key);
+    AS $$
+DECLARE
+    owner oid;
+BEGIN
+    IF key IS NULL THEN
+        RETURN NULL;
+    END IF;
+    -- namespace_of, written out as in require_key: this runs for every row of a view.
+    SELECT o.owner INTO owner FROM once_internal.namespace_owners o
+     WHERE left(may_use_key.key, length(o.prefix)) = o.prefix
+     ORDER BY length(o.prefix) DESC, o.prefix
+     LIMIT 1;
+    RETURN (owner IS NULL OR once_internal.admits(owner))
+           AND (strpos(key, '#cached:') = 0 OR once_internal.admits_cached(key));
+END
+$$;
 
 CREATE OR REPLACE FUNCTION once_internal.key_namespace(key text) RETURNS text
-    LANGUAGE sql STABLE PARALLEL RESTRICTED
+    LANGUAGE plpgsql STABLE PARALLEL RESTRICTED
     SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
     RETURN (once_internal.namespace_of(key)).prefix;
+END
+$$;
 
 -- What LISTENers on channel once receive for `key` (namespace::payload): its hex SHA-256
 -- for a namespace that announces digests, else the key.
 CREATE OR REPLACE FUNCTION once_internal.notify_payload(key text, key_hash bytea) RETURNS text
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
     RETURN CASE (once_internal.namespace_of(key)).notify WHEN 'digest' THEN encode(key_hash, 'hex')
-                                                          ELSE key END;
+                                                              ELSE key END;
+END
+$$;
 
 -- storage::entry::try_lock_against_writes, retried every 5 ms for up to 10 s
 -- (namespace::lock_against_writes): a request left waiting in the lock queue would stop
@@ -266,7 +309,7 @@ BEGIN
         END IF;
     END IF;
     {{sql:upsert_namespace}};
-    UPDATE once_internal.namespaces_changed SET at = clock_timestamp();
+    UPDATE once_internal.namespaces_stamp SET at = clock_timestamp();
 END
 $$;
 
@@ -307,7 +350,7 @@ BEGIN
         RAISE EXCEPTION 'namespace "%" does not exist', prefix
             USING ERRCODE = 'undefined_object', HINT = 'See SELECT prefix FROM once.namespaces;';
     END IF;
-    UPDATE once_internal.namespaces_changed SET at = clock_timestamp();
+    UPDATE once_internal.namespaces_stamp SET at = clock_timestamp();
 END
 $$;
 

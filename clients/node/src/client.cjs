@@ -25,6 +25,7 @@ const {
   bounded, describeError, freshness, isConnectionError, jitter, seconds, sleep,
 } = require('./util.cjs');
 const { Worker } = require('./worker.cjs');
+const { Claim } = require('./claim.cjs');
 const {
   COMPLETE_FRESHNESS_SQL, COMPLETE_SQL, ENQUEUE_MANY_SQL, ENQUEUE_SQL, FAIL_SQL, Heartbeat, INVALIDATE_SQL, REFRESH_SQL, RELEASE_SQL,
 } = require('./protocol.cjs');
@@ -44,14 +45,19 @@ SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = 'once') AS installed,
                   AND 'wait' = ANY (p.proargnames)) AS claim_next_wait,
        EXISTS (SELECT FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
                 WHERE n.nspname = 'once' AND p.proname = 'claim_key'
-                  AND 'serve_stale' = ANY (p.proargnames)) AS freshness`;
+                  AND 'serve_stale' = ANY (p.proargnames)) AS freshness,
+       EXISTS (SELECT FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                WHERE n.nspname = 'once' AND p.proname = 'claim_key'
+                  AND 'fingerprint' = ANY (p.proargnames)) AS fingerprint`;
 
 // serveStale: the caller asked for stale/beta, so it also takes the outcomes 'refresh' (ours
 // to recompute, with the previous result to answer meanwhile) and 'stale' (the previous
 // result, at once). Without them it sends exactly what pre-0.2 clients send.
-const claimSql = (withOwner, serveStale) => `
+// fingerprint (pg_once 0.3.0): the digest of the request a key stands for (rule I3); the
+// server answers 'mismatch' to a caller whose digest differs. Sent only when given.
+const claimSql = (withOwner, serveStale, fingerprint = false) => `
 SELECT outcome, token, result::text AS result, error, lease_expires_at, retry_at
-  FROM once.claim_key($1, lease => make_interval(secs => $2), wait => '0'${withOwner ? ', owner_pid => $3' : ''}${serveStale ? ', serve_stale => true' : ''})`;
+  FROM once.claim_key($1, lease => make_interval(secs => $2), wait => '0'${withOwner ? ', owner_pid => $3' : ''}${serveStale ? ', serve_stale => true' : ''}${fingerprint ? `, fingerprint => $${withOwner ? 4 : 3}::bytea` : ''})`;
 /**
  * What a follower in this process gets when the flight it shares ended on its first
  * caller's `wait`: the follower asks again itself, within its own.
@@ -215,6 +221,48 @@ class OnceClient {
     wrapper.invalidate = withKey((k) => this.invalidate(k));
     wrapper.refresh = withKey((k) => this.refresh(k, { stale: options.stale ?? this.#defaults.stale }));
     return wrapper;
+  }
+
+  /**
+   * One claim_key for code that computes and stores by itself (the idempotency
+   * middleware): `{ outcome: 'hit', result }` (the stored JSON value), `{ outcome:
+   * 'claimed', claim }` (a Claim: heartbeated until its complete or release), `{ outcome:
+   * 'mismatch' }` (the key runs or is served for another `fingerprint`), `{ outcome:
+   * 'failed', error, retryAt }`, or `{ outcome: 'wait' }` when someone else still holds it
+   * after `wait` seconds (default 0: ask once), waited for as getOrCompute waits (C2).
+   * `fingerprint`: 1 to 64 bytes (pg_once 0.3.0), or null.
+   */
+  async claim(key, {
+    lease = this.#defaults.lease, wait = 0, fingerprint = null, recheck = this.#defaults.recheck, signal,
+  } = {}) {
+    checkKey(key);
+    if (this.#closed) throw new OnceError('pg-once: the client has been ended');
+    const o = {
+      lease: seconds('lease', lease),
+      wait: seconds('wait', wait, { allowZero: true }),
+      recheck: seconds('recheck', recheck),
+      fingerprint: checkFingerprint(fingerprint),
+      serveStale: false,
+      signal,
+    };
+    if (signal !== undefined && !(signal instanceof AbortSignal)) throw new TypeError('pg-once: signal must be an AbortSignal');
+    const caps = await this.#loadCapabilities();
+    if (o.fingerprint !== null && !caps.fingerprint) {
+      throw new ConfigurationError('pg-once: a fingerprint needs pg_once 0.3.0 or later on the server (ALTER EXTENSION pg_once UPDATE)');
+    }
+    const row = await this.#claimUntilAnswered(key, o, Date.now() + o.wait * 1000);
+    switch (row.outcome) {
+      case 'hit': return { outcome: 'hit', result: JSON.parse(row.result) };
+      case 'claimed':
+        return {
+          outcome: 'claimed',
+          claim: new Claim(key, row.token, o.lease, { query: (sql, params) => this.#query(sql, params), onError: (err) => this.#onError(err) }),
+        };
+      case 'failed': return { outcome: 'failed', error: row.error, retryAt: row.retry_at };
+      case 'wait':
+      case 'mismatch': return { outcome: row.outcome };
+      default: throw new OnceError(`pg-once: unexpected claim_key outcome ${row.outcome} for ${key}`);
+    }
   }
 
   /** Forget `key`'s result or failure (once.invalidate_key): false if it was absent. */
@@ -388,13 +436,14 @@ class OnceClient {
     }
   }
 
-  async #claim(key, lease, serveStale) {
+  async #claim(key, lease, serveStale, fingerprint = null) {
+    const fp = fingerprint === null ? [] : [fingerprint];
     for (let retried = false; ; retried = true) {
       const owner = await this.#owner();
       try {
         const { rows: [claim] } = owner === null
-          ? await this.#query(claimSql(false, false), [key, lease])
-          : await this.#query(claimSql(true, serveStale), [key, lease, owner]);
+          ? await this.#query(claimSql(false, false, fp.length > 0), [key, lease, ...fp])
+          : await this.#query(claimSql(true, serveStale, fp.length > 0), [key, lease, owner, ...fp]);
         return claim;
       } catch (err) {
         // 22023 naming our owner pid: the listener connection died a moment ago and we
@@ -492,6 +541,37 @@ class OnceClient {
     if (o.freshness && !(caps.freshness && caps.claim_owner)) {
       throw new ConfigurationError('pg-once: stale, beta and jitter need pg_once 0.2.0 or later on the server (ALTER EXTENSION pg_once UPDATE)');
     }
+    const claim = await this.#claimUntilAnswered(key, o, deadline, () => { flight.waited = true; });
+    switch (claim.outcome) {
+      case 'hit':
+      case 'stale': // someone refreshes it (or its last refresh failed): the previous result, never a wait
+        flight.kind = claim.outcome === 'hit' && flight.waited ? 'waited' : claim.outcome;
+        return o.serializer.deserialize(claim.result);
+      case 'refresh':
+        // Ours to recompute; the previous result is the answer meanwhile.
+        this.#refreshInBackground(key, claim.token, compute, o);
+        flight.kind = 'refresh';
+        return o.serializer.deserialize(claim.result);
+      case 'failed':
+        throw new OnceFailed(key, claim.error, claim.retry_at);
+      case 'claimed':
+        flight.kind = 'claimed';
+        return this.#computeClaimed(key, claim.token, compute, o);
+      case 'wait':
+        throw Object.assign(new OnceTimeout(key, o.wait), { [OWN_DEADLINE]: true });
+      default:
+        throw new OnceError(`pg-once: unexpected claim_key outcome ${claim.outcome} for ${key}`);
+    }
+  }
+
+  /**
+   * claim_key (wait => 0) until it answers anything but 'wait', or `deadline` passes (then
+   * that last 'wait'), sleeping between asks as rule C2 says: on the LISTEN connection
+   * until the key is notified, the owner's lease runs out or a jittered recheck passes
+   * (with listen: false, polling 50 ms doubling to 1 s), holding no pooled connection.
+   * `onWait` is told each time someone else holds the key.
+   */
+  async #claimUntilAnswered(key, o, deadline, onWait = () => {}) {
     // Interest first, claim second: a completion notified in between is not lost.
     const interest = this.#listener?.interest(key);
     let pollDelay = 50; // listen: false — 50 ms doubling to 1 s
@@ -499,45 +579,25 @@ class OnceClient {
       for (;;) {
         o.signal?.throwIfAborted();
         interest?.arm();
-        const claim = await this.#claim(key, o.lease, o.serveStale);
-        switch (claim.outcome) {
-          case 'hit':
-          case 'stale': // someone refreshes it (or its last refresh failed): the previous result, never a wait
-            flight.kind = claim.outcome === 'hit' && flight.waited ? 'waited' : claim.outcome;
-            return o.serializer.deserialize(claim.result);
-          case 'refresh':
-            // Ours to recompute; the previous result is the answer meanwhile.
-            this.#refreshInBackground(key, claim.token, compute, o);
-            flight.kind = 'refresh';
-            return o.serializer.deserialize(claim.result);
-          case 'failed':
-            throw new OnceFailed(key, claim.error, claim.retry_at);
-          case 'claimed':
-            flight.kind = 'claimed';
-            return await this.#computeClaimed(key, claim.token, compute, o);
-          case 'wait': {
-            flight.waited = true;
-            // claim.token is NULL here (or, from older servers, the owner's): never used.
-            const now = Date.now();
-            if (now >= deadline) throw Object.assign(new OnceTimeout(key, o.wait), { [OWN_DEADLINE]: true });
-            let pause;
-            if (interest) {
-              pause = jitter(o.recheck * 1000);
-            } else {
-              pause = jitter(pollDelay);
-              pollDelay = Math.min(pollDelay * 2, 1000);
-            }
-            // Ask again right after the owner's lease runs out: a stuck owner is taken over
-            // then. (A lease already past by our clock is clock skew: keep the pause.)
-            const leaseLeft = new Date(claim.lease_expires_at).getTime() - now + 20;
-            if (leaseLeft > 0) pause = Math.min(pause, leaseLeft);
-            pause = Math.min(pause, deadline - now);
-            await bounded(interest ? interest.wait(pause) : sleep(pause), { signal: o.signal });
-            continue;
-          }
-          default:
-            throw new OnceError(`pg-once: unexpected claim_key outcome ${claim.outcome} for ${key}`);
+        const claim = await this.#claim(key, o.lease, o.serveStale, o.fingerprint ?? null);
+        if (claim.outcome !== 'wait') return claim;
+        onWait();
+        // claim.token is NULL here (or, from older servers, the owner's): never used.
+        const now = Date.now();
+        if (now >= deadline) return claim;
+        let pause;
+        if (interest) {
+          pause = jitter(o.recheck * 1000);
+        } else {
+          pause = jitter(pollDelay);
+          pollDelay = Math.min(pollDelay * 2, 1000);
         }
+        // Ask again right after the owner's lease runs out: a stuck owner is taken over
+        // then. (A lease already past by our clock is clock skew: keep the pause.)
+        const leaseLeft = new Date(claim.lease_expires_at).getTime() - now + 20;
+        if (leaseLeft > 0) pause = Math.min(pause, leaseLeft);
+        pause = Math.min(pause, deadline - now);
+        await bounded(interest ? interest.wait(pause) : sleep(pause), { signal: o.signal });
       }
     } finally {
       interest?.dispose();
@@ -664,6 +724,16 @@ class OnceClient {
     }
   }
 
+}
+
+/** A claim's fingerprint: null, or 1 to 64 bytes (the server's bounds, refused before any call). */
+function checkFingerprint(fingerprint) {
+  if (fingerprint === null || fingerprint === undefined) return null;
+  if (!(fingerprint instanceof Uint8Array) || fingerprint.length < 1 || fingerprint.length > 64) {
+    throw new TypeError(`pg-once: a fingerprint is 1 to 64 bytes (a Buffer or Uint8Array, e.g. a SHA-256 digest) or null, got ${
+      fingerprint instanceof Uint8Array ? `${fingerprint.length} bytes` : typeof fingerprint}`);
+  }
+  return Buffer.from(fingerprint.buffer, fingerprint.byteOffset, fingerprint.length);
 }
 
 function checkEnqueueOptions(priority, runAt, maxAttempts) {

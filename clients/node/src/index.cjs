@@ -6,6 +6,9 @@
 const { OnceClient } = require('./client.cjs');
 const { Worker } = require('./worker.cjs');
 const { defaultKey, MAX_KEY_BYTES } = require('./keys.cjs');
+const { Claim } = require('./claim.cjs');
+const { idempotency, idempotencyErrors } = require('./express.cjs');
+const { idempotencyPlugin } = require('./fastify.cjs');
 const {
   OnceError, OnceFailed, OnceTimeout, ClaimLost, NotSerializable, ResultRefused, ConfigurationError,
 } = require('./errors.cjs');
@@ -13,6 +16,10 @@ const {
 module.exports = {
   OnceClient,
   Worker,
+  Claim,
+  idempotency,
+  idempotencyErrors,
+  idempotencyPlugin,
   defaultKey,
   MAX_KEY_BYTES,
   OnceError,

@@ -1,7 +1,9 @@
 // Compiled (never run) by `npm run typecheck`: the declarations in index.d.cts (through
 // index.d.mts, as import sees them) describe the API.
 import pg from 'pg';
-import { OnceClient, OnceFailed, ClaimLost, defaultKey, type Job, type OutcomeEvent } from 'pg-once';
+import {
+  OnceClient, OnceFailed, ClaimLost, defaultKey, idempotency, idempotencyErrors, idempotencyPlugin, type IdempotencyClaim, type Job, type OutcomeEvent,
+} from 'pg-once';
 
 const client = new OnceClient({ pool: new pg.Pool(), listenConnectionString: 'postgres://direct/db', lease: 10 });
 const n: number = await client.getOrCompute('k', async () => 42, { ttl: 60 });
@@ -31,4 +33,20 @@ try {
   if (err instanceof OnceFailed) console.log(err.error, err.retryAt.toISOString());
 }
 console.log(n, s, fresh, stats.completed, client.ownerPid);
+const guard = idempotency({ client, inFlight: 'wait', wait: 5, maxBody: 1 << 20, ttl: 3600, scope: (req) => String(req.user ?? '') || null });
+const errors = idempotencyErrors();
+console.log(typeof guard, typeof errors, typeof idempotencyPlugin);
+await guard.close();
+const answer = await client.claim('k', { fingerprint: new Uint8Array(32), wait: 1 });
+if (answer.outcome === 'claimed') {
+  await answer.claim.completeOn(new pg.Client(), { status: 201 }, { ttl: 60 });
+  const released: boolean = await answer.claim.release();
+  console.log(released);
+} else if (answer.outcome === 'failed') {
+  console.log(answer.error, answer.retryAt);
+}
+const onRequest = async (claim: IdempotencyClaim | undefined, db: pg.PoolClient) => {
+  await claim?.complete(db, 201, { 'content-type': 'application/json' }, '{"id": 1}');
+};
+void onRequest;
 await client.end({ refreshTimeout: 5 });

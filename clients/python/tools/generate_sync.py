@@ -1,4 +1,4 @@
-"""Generate the sync client, pg_once/_sync/{client,listener,worker}.py, from the asyncio
+"""Generate the sync client, pg_once/_sync/{client,idempotency,listener,worker}.py, from the asyncio
 one in pg_once/_async/, with unasync (drop async/await, rename the Async* names), the way
 httpcore keeps its two flavours. Run it after changing anything in _async/ (except
 _compat.py, which each flavour has by hand):
@@ -19,9 +19,12 @@ from typing import Dict
 import unasync
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "pg_once"
-GENERATED = ("client.py", "listener.py", "worker.py")
+GENERATED = ("client.py", "idempotency.py", "listener.py", "worker.py")
 RENAMES = {
     "AsyncClient": "Client",
+    "AsyncClaim": "Claim",
+    "AsyncIdempotency": "Idempotency",
+    "AsyncRequestClaim": "RequestClaim",
     "AsyncWorker": "Worker",
     "AsyncListener": "Listener",
     "AsyncConnectionPool": "ConnectionPool",
@@ -44,7 +47,7 @@ def generate() -> Dict[str, str]:
         for name in GENERATED:
             text = (Path(tmp) / "_sync" / name).read_text()
             # unasync renames names, not words inside docstrings and comments.
-            text = re.sub(r"\bAsync(Client|Worker|Listener)\b", r"\1", text)
+            text = re.sub(r"\bAsync(Client|Claim|RequestClaim|Idempotency|Worker|Listener)\b", r"\1", text)
             # What compute returns: Await[T] (an awaitable of T) is T for threads.
             text = re.sub(r"\bA\.Await\[(\w+)\]", r"\1", text)
             out[name] = HEADER.format(name=name) + text

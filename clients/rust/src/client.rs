@@ -852,6 +852,43 @@ impl Inner {
                 .await
     }
 
+    /// C2: the pause of a call told `wait` before it asks again, holding no connection:
+    /// until the key's notification arrives on the LISTEN connection (`interest`,
+    /// registered before the question, C4), just after the owner's lease runs out
+    /// (`lease_expires_at`), a jittered recheck interval, or `deadline`, whichever comes
+    /// first. Without a LISTEN connection it polls with jittered backoff (`poll_backoff`,
+    /// 50 ms doubling to 1 s).
+    pub(crate) async fn pause_while_running(
+        &self,
+        interest: Option<&mut Interest>,
+        lease_expires_at: Option<SystemTime>,
+        deadline: Instant,
+        poll_backoff: &mut Duration,
+    ) {
+        let now = Instant::now();
+        let mut until = deadline;
+        if let Some(expiry) = lease_expires_at {
+            let left = expiry
+                .duration_since(SystemTime::now())
+                .unwrap_or(Duration::ZERO);
+            until = until.min(now + left + Duration::from_millis(20));
+        }
+        match interest {
+            Some(interest) => {
+                until = until.min(now + crate::jitter(self.options.recheck));
+                tokio::select! {
+                    _ = interest.changed() => {}
+                    _ = tokio::time::sleep_until(until.into()) => {}
+                }
+            }
+            None => {
+                until = until.min(now + crate::jitter(*poll_backoff));
+                *poll_backoff = (*poll_backoff * 2).min(Duration::from_secs(1));
+                tokio::time::sleep_until(until.into()).await;
+            }
+        }
+    }
+
     /// The owner to claim as: the LISTEN connection's pid, or the lease alone.
     pub(crate) async fn owner(&self, patience: Duration) -> Result<Owner> {
         match &self.listener {
@@ -987,35 +1024,20 @@ async fn resolve(
             }
             "wait" => {
                 waited = true;
-                let now = Instant::now();
-                if now >= deadline {
+                if Instant::now() >= deadline {
                     return Err(Error::Timeout {
                         key: key.to_owned(),
                         waited: started.elapsed(),
                     });
                 }
-                let mut until = deadline;
-                if let Some(expiry) = claim.lease_expires_at {
-                    // Ask again just after the owner's lease runs out.
-                    let left = expiry
-                        .duration_since(SystemTime::now())
-                        .unwrap_or(Duration::ZERO);
-                    until = until.min(now + left + Duration::from_millis(20));
-                }
-                match interest.as_mut() {
-                    Some(interest) => {
-                        until = until.min(now + crate::jitter(inner.options.recheck));
-                        tokio::select! {
-                            _ = interest.changed() => {}
-                            _ = tokio::time::sleep_until(until.into()) => {}
-                        }
-                    }
-                    None => {
-                        until = until.min(now + crate::jitter(poll_backoff));
-                        poll_backoff = (poll_backoff * 2).min(Duration::from_secs(1));
-                        tokio::time::sleep_until(until.into()).await;
-                    }
-                }
+                inner
+                    .pause_while_running(
+                        interest.as_mut(),
+                        claim.lease_expires_at,
+                        deadline,
+                        &mut poll_backoff,
+                    )
+                    .await;
             }
             other => return Err(Error::Protocol(format!("claim_key outcome {other:?}"))),
         }

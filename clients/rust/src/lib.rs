@@ -31,6 +31,10 @@
 //! # Ok(()) }
 //! ```
 //!
+//! With the feature `http`, `http::IdempotencyLayer` (a `tower::Layer` for axum and
+//! hyper) runs each request carrying an `Idempotency-Key` once across every process and
+//! replays its response to retries (rule I).
+//!
 //! The behaviour every pg_once client shares is specified in `docs/clients.md`. TLS (the
 //! default feature `tls`, rustls) follows the conninfo's `sslmode` and `sslrootcert` for
 //! the pool and the LISTEN connection alike ([`Conninfo`]).
@@ -39,6 +43,8 @@
 mod client;
 mod conninfo;
 mod error;
+#[cfg(feature = "http")]
+pub mod http;
 pub mod key;
 mod listener;
 mod outcome;

@@ -246,6 +246,22 @@ pub async fn claim_key_serving_stale(
     claim(client, key, lease, wait, owner, true).await
 }
 
+/// `once.claim_key(key, lease, wait, owner_pid, fingerprint => fingerprint)` (pg_once
+/// 0.3): as [`claim_key`], for a key that stands for one request (an `Idempotency-Key`):
+/// the claim that takes the key stores `fingerprint` (1 to 64 bytes, a digest of the
+/// request), and a call with another fingerprint while the key runs or its result is
+/// served is answered `mismatch`, changing nothing. None leaves the argument out.
+pub async fn claim_key_fingerprinted(
+    client: &Client,
+    key: &str,
+    lease: Duration,
+    wait: Duration,
+    owner: Owner,
+    fingerprint: Option<&[u8]>,
+) -> Result<Claim> {
+    claim_with(client, key, lease, wait, owner, false, fingerprint).await
+}
+
 async fn claim(
     client: &Client,
     key: &str,
@@ -253,6 +269,18 @@ async fn claim(
     wait: Duration,
     owner: Owner,
     serve_stale: bool,
+) -> Result<Claim> {
+    claim_with(client, key, lease, wait, owner, serve_stale, None).await
+}
+
+async fn claim_with(
+    client: &Client,
+    key: &str,
+    lease: Duration,
+    wait: Duration,
+    owner: Owner,
+    serve_stale: bool,
+    fingerprint: Option<&[u8]>,
 ) -> Result<Claim> {
     let (lease, wait, pid) = (Some(secs(lease)), Some(secs(wait)), owner.pid());
     let serve_stale = serve_stale.then_some(true);
@@ -265,6 +293,7 @@ async fn claim(
     .interval(&wait)
     .named("owner_pid", &pid, Type::INT4)
     .named("serve_stale", &serve_stale, Type::BOOL)
+    .named("fingerprint", &fingerprint, Type::BYTEA)
     .one(client)
     .await?;
     Ok(Claim {
@@ -300,6 +329,23 @@ pub async fn complete_key_with(
     result: &Value,
     freshness: &Freshness,
 ) -> Result<bool> {
+    complete_key_in(client, key, token, result, freshness).await
+}
+
+/// [`complete_key_with`] on any connection or transaction
+/// ([`tokio_postgres::GenericClient`]): run inside the caller's own transaction, the
+/// result is stored (and announced) only if that transaction commits, together with its
+/// other writes. False if the claim was lost.
+pub async fn complete_key_in<C>(
+    client: &C,
+    key: &str,
+    token: i64,
+    result: &Value,
+    freshness: &Freshness,
+) -> Result<bool>
+where
+    C: tokio_postgres::GenericClient + Sync,
+{
     let f = FreshnessArgs::from(freshness);
     let mut call = Call::new("SELECT once.complete_key(");
     call.value(&key, Type::TEXT)
@@ -307,7 +353,8 @@ pub async fn complete_key_with(
         .value(result, Type::JSONB)
         .interval(&f.ttl);
     f.add_to(&mut call);
-    Ok(call.one(client).await?.try_get(0)?)
+    let row = client.query_typed_one(&call.sql(), &call.params).await?;
+    Ok(row.try_get(0)?)
 }
 
 /// [`Freshness`] as the SQL arguments carry it (intervals in seconds).

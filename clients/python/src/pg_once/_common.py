@@ -45,6 +45,15 @@ CLAIM_KEY_SERVE_STALE = (
 CLAIM_KEY_LEGACY = (
     "SELECT outcome, token, result::text, error, lease_expires_at, retry_at"
     f" FROM once.claim_key(%s, lease => {SECS}, wait => '0')")
+# A claim for a request (rule I3, pg_once 0.3.0): a fingerprint of what the key stands for;
+# a different request under the same key is answered 'mismatch' and changes nothing.
+CLAIM_KEY_FINGERPRINT = (
+    "SELECT outcome, token, result::text, error, lease_expires_at, retry_at"
+    f" FROM once.claim_key(%s, lease => {SECS}, wait => '0', owner_pid => %s::integer,"
+    " fingerprint => %s::bytea)")
+NO_FINGERPRINT_SERVER = (
+    "fingerprints (the idempotency middleware) need pg_once 0.3.0 or later on the server "
+    "(ALTER EXTENSION pg_once UPDATE)")
 NO_FRESHNESS_SERVER = (
     "stale, beta and jitter need pg_once 0.2.0 or later on the server "
     "(ALTER EXTENSION pg_once UPDATE)")
@@ -220,6 +229,36 @@ def call_options(key: Any, *, ttl: Optional[Duration] = None, lease: Duration = 
         check_key(key), ttl_s, seconds(lease, "lease", positive=True), seconds(wait, "wait"),
         seconds(retry_after, "retry_after"), freshness(ttl_s, stale, beta, jitter),
         check_serializer(serializer or JSON))
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What AsyncClient.claim / Client.claim got from claim_key: `outcome` (hit, claimed,
+    failed, mismatch, wait), the stored `result` as JSON text (hit), the failure's `error`
+    and `retry_at` (failed), and the `claim` to store or release (claimed)."""
+
+    outcome: str
+    result: Optional[str] = None
+    error: Optional[str] = None
+    retry_at: Optional[datetime] = None
+    claim: Any = None
+
+
+MAX_FINGERPRINT_BYTES = 64   # the server's bound: a digest, never the request itself
+
+
+def check_fingerprint(fingerprint: Any) -> Optional[bytes]:
+    """None, or 1 to 64 bytes (a SHA-512 digest is 64), checked before any call (F1)."""
+    if fingerprint is None:
+        return None
+    if not isinstance(fingerprint, (bytes, bytearray, memoryview)):
+        raise TypeError(f"fingerprint must be bytes (a digest of the request) or None, "
+                        f"got {type(fingerprint).__name__}")
+    fingerprint = bytes(fingerprint)
+    if not 1 <= len(fingerprint) <= MAX_FINGERPRINT_BYTES:
+        raise ValueError(f"fingerprint must be 1 to {MAX_FINGERPRINT_BYTES} bytes (a digest such "
+                         f"as SHA-256's 32), got {len(fingerprint)}")
+    return fingerprint
 
 
 def jittered(base: float) -> float:

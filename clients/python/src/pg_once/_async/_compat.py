@@ -137,3 +137,6 @@ def install_signals(on_signal: Callable[[], None]) -> Callable[[], None]:
 
 def open_at_once(client: Any) -> None:
     """An AsyncClient opens on `await open()` or its first call (a constructor cannot await)."""
+
+
+Lock = asyncio.Lock   # `async with` it; held across awaits (the sync flavour: a threading.Lock)

@@ -55,6 +55,49 @@ class _Refresh:
         self.key, self.token, self.task = key, token, None
 
 
+class AsyncClaim:
+    """A claim this process holds on a key (claim_key answered `claimed`; AsyncClient.claim
+    makes it), heartbeated every lease/3 (rule H1) until it ends with store() or release().
+    `lost` is set when a heartbeat found the claim gone (H3)."""
+
+    def __init__(self, client: "AsyncClient", key: str, token: int, lease: float,
+                 ttl: Optional[float]) -> None:
+        self.key, self.token, self.ttl = key, token, ttl
+        self._client = client
+        self.lost = A.Event()
+        self.ended = False
+        self._beat = A.spawn(client._beat, key, token, lease, self.lost,
+                             name=f"pg_once-heartbeat {key}")
+
+    async def store(self, text: str, conn: Optional[psycopg.AsyncConnection] = None) -> None:
+        """Store `text` (JSON) as the key's result with complete_key, fresh for the claim's
+        ttl: on `conn`, the caller's connection, inside the caller's transaction (so that
+        the result commits with the caller's own writes, or not at all), or through the
+        pool. Raises ClaimLost when the claim is no longer current (taken over, or
+        invalidated): then nothing was stored, and the caller's transaction should roll
+        back. Raises the server's error (e.g. 54000: over once.max_result_size)."""
+        self._beat.cancel()   # a heartbeat behind the caller's uncommitted completion would wait for it
+        if conn is None:
+            stored, _ = await self._client._complete(self.key, self.token, text, self.ttl)
+        else:
+            cur = await conn.execute(C.COMPLETE_KEY, (self.key, self.token, self.ttl, text),
+                                     prepare=False)
+            stored, _ = await cur.fetchone()
+        if not stored:
+            self.ended = True
+            raise ClaimLost(self.key)
+        # On the caller's connection the completion commits (or rolls back) with the
+        # caller's transaction: until then, release() may still give the claim back.
+        self.ended = conn is None
+
+    async def release(self) -> bool:
+        """Give the claim back (release_key): the key is free at once for the next caller.
+        False if it was no longer ours."""
+        self._beat.cancel()
+        self.ended = True
+        return await self._client._release(self.key, self.token)
+
+
 class AsyncClient:
     """A pg_once client.
 
@@ -337,49 +380,81 @@ class AsyncClient:
         how many jobs it completed. Options as for AsyncWorker."""
         return await self.worker(queue, handler, **options).run()
 
+    async def claim(self, key: str, *, fingerprint: Optional[bytes] = None, lease: Duration = 30,
+                    wait: Duration = 0, ttl: Optional[Duration] = None) -> C.Answer:
+        """One claim_key for a caller that runs the work itself, such as the idempotency
+        middleware (pg_once.asgi, pg_once.wsgi): an Answer whose `outcome` is `hit`
+        (`result`: the stored JSON text), `claimed` (`claim`: an AsyncClaim, heartbeated
+        until it is stored or released), `failed` (`error`, `retry_at`), `mismatch` (the
+        key runs or is stored with another `fingerprint`, 1 to 64 bytes; pg_once 0.3.0) or
+        `wait` (someone else runs it, still after `wait` seconds). While waiting it holds
+        no connection and wakes on the key's notification (rule C2). `ttl` is how long a
+        result stored with the claim is served. No in-process coalescing: a second caller
+        of this process for a running key is answered `wait` like any other."""
+        key = C.check_key(key)
+        lease_s, wait_s = seconds(lease, "lease", positive=True), seconds(wait, "wait")
+        ttl_s = seconds(ttl, "ttl", positive=True)
+        fingerprint = C.check_fingerprint(fingerprint)
+        if not self._opened:
+            await self.open()
+        row, _ = await self._ask(key, lease_s, wait_s, fingerprint=fingerprint)
+        outcome, token, result, error, _, retry_at = row
+        claim = AsyncClaim(self, key, token, lease_s, ttl_s) if outcome == "claimed" else None
+        return C.Answer(outcome, result, error, retry_at, claim)
+
     # -- the protocol ---------------------------------------------------------------------
 
     async def _resolve(self, compute, opts: C.CallOptions):
         """(value, outcome kind) of one call, asking the server until it answers."""
         key = opts.key
-        deadline = time.monotonic() + opts.wait
+        row, waited = await self._ask(key, opts.lease, opts.wait, opts.fresh.serve_stale)
+        outcome, token, result, error, lease_expires_at, retry_at = row
+        if outcome == "hit":
+            return opts.serializer.loads(result), "waited" if waited else "hit"
+        if outcome == "failed":
+            raise OnceFailed(key, error, retry_at)
+        if outcome == "stale":
+            # Someone refreshes it (or its last refresh failed): the previous result, never
+            # a wait. Its token is not ours (rule C5).
+            return opts.serializer.loads(result), "stale"
+        if outcome == "refresh":
+            # Ours to recompute; the previous result is the answer meanwhile.
+            await self._refresh_in_background(key, token, compute, opts)
+            return opts.serializer.loads(result), "refresh"
+        if outcome == "wait":
+            raise OnceTimeout(key, opts.wait)
+        return await self._compute(key, token, compute, opts), "claimed"
+
+    async def _ask(self, key: str, lease: float, wait: float, serve_stale: bool = False,
+                   fingerprint: Optional[bytes] = None):
+        """(claim_key's row, whether it waited): the first answer that is not 'wait', or
+        the last 'wait' once `wait` seconds have run out (at once for wait=0). While
+        someone else computes the key it sleeps holding no connection until the key's
+        notification, the owner's lease expiry, or a jittered recheck (C2)."""
+        deadline = time.monotonic() + wait
         delays = C.poll_delays()
         listener = self._listener
         waited = False
         while True:
-            # Interest first, then the question: a completion in between still wakes us.
+            # Interest first, then the question: a completion in between still wakes us (C4).
             event = listener.watch(key) if listener is not None else None
             try:
                 owner = await self.owner_pid()
                 try:
-                    row = await self._claim(key, opts.lease, owner, opts.fresh.serve_stale)
+                    row = await self._claim(key, lease, owner, serve_stale, fingerprint)
                 except psycopg.errors.InvalidParameterValue:
                     # owner_pid refused (22023): our LISTEN backend went away between reading
                     # P and the claim. Ask again with the new P once the listener is back (R3).
                     if listener is None or await listener.owner_pid() == owner:
                         raise
                     continue
-                outcome, token, result, error, lease_expires_at, retry_at = row
-                if outcome == "hit":
-                    return opts.serializer.loads(result), "waited" if waited else "hit"
-                if outcome == "failed":
-                    raise OnceFailed(key, error, retry_at)
-                if outcome == "claimed":
-                    break
-                if outcome == "stale":
-                    # Someone refreshes it (or its last refresh failed): the previous result,
-                    # never a wait. Its token is not ours (rule C5).
-                    return opts.serializer.loads(result), "stale"
-                if outcome == "refresh":
-                    # Ours to recompute; the previous result is the answer meanwhile.
-                    await self._refresh_in_background(key, token, compute, opts)
-                    return opts.serializer.loads(result), "refresh"
-                # "wait": someone else computes it. Sleep holding no connection until the
-                # key's notification, the owner's lease expiry, or a jittered recheck.
-                waited = True
+                if row[0] != "wait":
+                    return row, waited
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise OnceTimeout(key, opts.wait)
+                    return row, waited
+                waited = True
+                lease_expires_at = row[4]
                 pause = C.jittered(C.RECHECK_SECONDS) if event is not None else next(delays)
                 pause = min(pause, remaining, max(0.02, C.until(lease_expires_at)))
                 if event is not None:
@@ -389,7 +464,6 @@ class AsyncClient:
             finally:
                 if event is not None:
                     listener.unwatch(key, event)
-        return await self._compute(key, token, compute, opts), "claimed"
 
     async def _refresh_in_background(self, key, token, compute, opts) -> None:
         with self._flights_lock:
@@ -516,7 +590,13 @@ class AsyncClient:
                     await conn.close()   # so that the pool drops it rather than lend it again
             log.info("pg_once: %s retried on a fresh connection", name)
 
-    async def _claim(self, key, lease, owner, serve_stale=False):
+    async def _claim(self, key, lease, owner, serve_stale=False, fingerprint=None):
+        if fingerprint is not None:
+            try:
+                return await self._execute("claim_key", C.CLAIM_KEY_FINGERPRINT,
+                                           (key, lease, owner, fingerprint))
+            except psycopg.errors.UndefinedFunction as exc:   # no fingerprint argument
+                raise ConfigurationError(C.NO_FINGERPRINT_SERVER) from exc
         if serve_stale:
             if owner is None:
                 raise ConfigurationError(C.NO_FRESHNESS_SERVER)

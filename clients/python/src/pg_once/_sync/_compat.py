@@ -127,3 +127,6 @@ def install_signals(on_signal: Callable[[], None]) -> Callable[[], None]:
 def open_at_once(client: Any) -> None:
     """A Client opens in its constructor, so that a wrong conninfo fails there."""
     client.open()
+
+
+Lock = threading.Lock

@@ -1,0 +1,339 @@
+"""The pure parts of rule I (docs/clients.md, "Idempotent HTTP requests"), shared by the
+ASGI and WSGI middlewares: which requests are covered, the header's value, the entry's key,
+the default scope and fingerprint, the stored form of a response and its replay, the
+problem+json answers, and the options. Nothing here does I/O;
+clients/conformance/vectors/idempotency.json is what these functions must produce."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from http import HTTPStatus
+from typing import Any, Callable, Iterable, List, Optional, Tuple
+
+from ._common import Duration, check_fingerprint, seconds
+from ._keys import derive_key
+
+Headers = List[Tuple[str, str]]
+Scope = Callable[[Any], Optional[str]]          # the request (ASGI scope, WSGI environ) -> scope
+Fingerprint = Callable[[str, str, str, bytes], Optional[bytes]]   # method, path, query, body
+
+MiB = 1 << 20
+# The stored form carries the body in base64 (4 bytes for 3) inside jsonb, which
+# complete_key refuses past once.max_result_size (16MB by default): 12 MiB of body fits.
+MAX_STORED_BODY = 12 * MiB
+MAX_HEADER_KEY = 255
+# Not stored (I5): hop-by-hop headers, and what the server writes again for each response.
+NOT_STORED = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
+                        "te", "trailer", "transfer-encoding", "upgrade", "content-length",
+                        "date"})
+REPLAYED = ("idempotent-replayed", "true")
+PROBLEM_TYPE = "application/problem+json"
+# RFC 9110's reason phrases: the same titles from every pg_once middleware, whatever the
+# language's own table says (Python 3.11 still calls 422 "Unprocessable Entity").
+TITLES = {400: "Bad Request", 409: "Conflict", 413: "Content Too Large",
+          422: "Unprocessable Content", 500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+def store_below_500(status: int) -> bool:
+    """The default `store`: every status below 500 is the request's answer; a 5xx is a
+    failure worth retrying, so its claim is given back."""
+    return status < 500
+
+
+@dataclass(frozen=True)
+class Options:
+    """A middleware's options, checked when it is built (I9). Durations in seconds."""
+
+    methods: frozenset = frozenset({"POST", "PATCH"})
+    header: str = "Idempotency-Key"
+    required: bool = False
+    namespace: str = ""
+    scope: Optional[Scope] = None           # None: the default scope (I2)
+    fingerprint: Optional[Fingerprint] = None   # None: the default fingerprint (I3)
+    ttl: Optional[float] = 24 * 3600.0
+    lease: float = 30.0
+    in_flight: str = "conflict"
+    wait: float = 10.0
+    store: Callable[[int], bool] = store_below_500
+    store_cookies: bool = False
+    max_body: int = MiB
+    max_request_body: int = MiB
+    header_lower: str = field(init=False, default="")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "header_lower", self.header.lower())
+
+    @classmethod
+    def build(cls, *, methods: Iterable[str] = ("POST", "PATCH"),
+              header: str = "Idempotency-Key", required: bool = False, namespace: str = "",
+              scope: Optional[Scope] = None, fingerprint: Optional[Fingerprint] = None,
+              ttl: Optional[Duration] = 24 * 3600, lease: Duration = 30,
+              in_flight: str = "conflict", wait: Duration = 10,
+              store: Optional[Callable[[int], bool]] = None, store_cookies: bool = False,
+              max_body: int = MiB, max_request_body: int = MiB) -> "Options":
+        if isinstance(methods, str):
+            raise TypeError(f"methods must be a list of method names, got the string {methods!r}")
+        names = frozenset(_method(m) for m in methods)
+        if not names:
+            raise ValueError("methods must name at least one HTTP method (default POST and PATCH)")
+        if not isinstance(header, str) or not header or not all(_token_char(c) for c in header):
+            raise ValueError(f"header must be an HTTP header name, got {header!r}")
+        if not isinstance(namespace, str):
+            raise TypeError(f"namespace must be a str (e.g. 'tenant2/'), got {namespace!r}")
+        for name, fn in (("scope", scope), ("fingerprint", fingerprint), ("store", store)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name} must be a function, got {fn!r}")
+        if in_flight not in ("conflict", "wait"):
+            raise ValueError(f"in_flight must be 'conflict' (answer 409 at once) or 'wait' "
+                             f"(wait for the running request's response), got {in_flight!r}")
+        for name, flag in (("required", required), ("store_cookies", store_cookies)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {flag!r}")
+        _size("max_request_body", max_request_body)
+        if _size("max_body", max_body) > MAX_STORED_BODY:
+            raise ValueError(f"max_body must be at most {MAX_STORED_BODY} bytes: a stored response "
+                             "must fit in the server's once.max_result_size (16MB by default), "
+                             f"in base64; got {max_body}")
+        return cls(names, header, required, namespace, scope, fingerprint,
+                   seconds(ttl, "ttl", positive=True), seconds(lease, "lease", positive=True),
+                   in_flight, seconds(wait, "wait"), store or store_below_500, store_cookies,
+                   max_body, max_request_body)
+
+    @property
+    def claim_wait(self) -> float:
+        """How long claim_key may wait for a running duplicate (I4)."""
+        return self.wait if self.in_flight == "wait" else 0.0
+
+
+def _method(name: Any) -> str:
+    if not isinstance(name, str) or not name or not all(_token_char(c) for c in name):
+        raise ValueError(f"methods must be HTTP method names, got {name!r}")
+    return name.upper()
+
+
+def _token_char(c: str) -> bool:
+    return c.isascii() and (c.isalnum() or c in "!#$%&'*+-.^_`|~")
+
+
+def _size(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive number of bytes, got {value!r}")
+    return value
+
+
+# -- the request ---------------------------------------------------------------------------
+
+class Problem(Exception):
+    """An answer the middleware makes itself (I7) instead of running the handler."""
+
+    def __init__(self, status: int, code: str, detail: str, headers: Headers = ()) -> None:
+        super().__init__(detail)
+        self.status, self.code, self.detail, self.headers = status, code, detail, list(headers)
+
+    def reply(self) -> "Reply":
+        body = json.dumps({"type": "about:blank", "title": TITLES.get(self.status) or
+                           HTTPStatus(self.status).phrase, "status": self.status,
+                           "detail": self.detail, "code": self.code}).encode()
+        return Reply(self.status, [("content-type", PROBLEM_TYPE), *self.headers,
+                                   ("content-length", str(len(body)))], body)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A response the middleware sends itself: a problem or a replay."""
+
+    status: int
+    headers: Headers
+    body: bytes
+
+
+def request_key(options: Options, values: List[str]) -> Optional[str]:
+    """The request's idempotency key from its header lines (I1): None without the header
+    (the request passes through), or Problem 400 when it is required and missing or when
+    it is not 1 to 255 visible ASCII characters."""
+    if not values:
+        if options.required:
+            raise Problem(400, "key_missing", f"This endpoint needs an {options.header} header: "
+                          "send a unique value (a UUID) per operation, the same on its retries.")
+        return None
+    if len(values) > 1:
+        raise _invalid(options, "it was sent more than once")
+    return parse_key(options, values[0])
+
+
+def parse_key(options: Options, value: str) -> str:
+    """A header value as a key: a structured-field string ("...") is unquoted first."""
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        value = _unquote(options, value[1:-1])
+    if not value:
+        raise _invalid(options, "it is empty")
+    if len(value) > MAX_HEADER_KEY:
+        raise _invalid(options, f"it is {len(value)} characters long")
+    if not all("\x21" <= c <= "\x7e" for c in value):
+        raise _invalid(options, "it has characters other than visible ASCII")
+    return value
+
+
+def _unquote(options: Options, inner: str) -> str:
+    out, escaped = [], False
+    for c in inner:
+        if escaped:
+            if c not in '"\\':
+                raise _invalid(options, "it is a quoted string with a bad escape")
+            out.append(c)
+            escaped = False
+        elif c == "\\":
+            escaped = True
+        elif c == '"':
+            raise _invalid(options, "it is a quoted string with an unescaped quote")
+        else:
+            out.append(c)
+    if escaped:
+        raise _invalid(options, "it is a quoted string ending in a backslash")
+    return "".join(out)
+
+
+def _invalid(options: Options, why: str) -> Problem:
+    return Problem(400, "key_invalid", f"The {options.header} header is not a valid key: "
+                   f"{why}. Send 1 to {MAX_HEADER_KEY} visible ASCII characters, e.g. a UUID.")
+
+
+def body_too_large(options: Options) -> Problem:
+    return Problem(413, "body_too_large", f"The request body is over "
+                   f"{options.max_request_body} bytes, more than this endpoint reads to check "
+                   f"that a retry under the same {options.header} is the same request.")
+
+
+def default_scope(authorization: Optional[str]) -> Optional[str]:
+    """The lowercase hex SHA-256 of the Authorization header, or None without one (I2):
+    two callers' identical keys never meet, and no credential is stored in the key."""
+    if authorization is None:
+        return None
+    return hashlib.sha256(authorization.encode("latin-1")).hexdigest()
+
+
+def entry_key(namespace: str, scope: Optional[str], key: str) -> str:
+    """The pg_once key of a request (I2): NAMESPACE + "idempotency:" + ENCODE([scope, key]),
+    the default key of rule K (K2 keeps scope and key apart; K3 hashes one too long)."""
+    if scope is not None and not isinstance(scope, str):
+        raise TypeError(f"the scope function must return a str or None, got {scope!r}")
+    return derive_key(f"{namespace}idempotency", [scope, key])
+
+
+def default_fingerprint(method: str, path: str, query: str, body: bytes) -> bytes:
+    """SHA-256 of METHOD \\n PATH \\n QUERY \\n BODY (I3): the path as received, not decoded,
+    the raw query without '?'."""
+    head = f"{method.upper()}\n{path}\n{query}\n".encode("latin-1")
+    return hashlib.sha256(head + body).digest()
+
+
+def fingerprint_of(options: Options, method: str, path: str, query: str,
+                   body: bytes) -> Optional[bytes]:
+    if options.fingerprint is None:
+        return default_fingerprint(method, path, query, body)
+    return check_fingerprint(options.fingerprint(method, path, query, body))
+
+
+# -- the response ----------------------------------------------------------------------------
+
+def stored_headers(headers: Iterable[Tuple[Any, Any]], store_cookies: bool) -> Headers:
+    """The headers kept with a response (I5): in order, names in lower case, without the
+    hop-by-hop ones, content-length, date, and set-cookie unless store_cookies."""
+    kept = []
+    for name, value in headers:
+        name, value = _text(name).lower(), _text(value)
+        if name in NOT_STORED or (name == "set-cookie" and not store_cookies):
+            continue
+        kept.append((name, value))
+    return kept
+
+
+def stored_form(status: int, headers: Iterable[Tuple[Any, Any]], body: Optional[bytes],
+                store_cookies: bool) -> dict:
+    """The entry's result (I2, I5): {"status", "headers", "body": base64, or None when the
+    body was over max_body}."""
+    return {"status": status,
+            "headers": [list(h) for h in stored_headers(headers, store_cookies)],
+            "body": None if body is None else base64.b64encode(body).decode("ascii")}
+
+
+def stored_text(options: Options, status: int, headers: Iterable[Tuple[Any, Any]],
+                body: Optional[bytes]) -> str:
+    if body is not None and len(body) > options.max_body:
+        body = None
+    return json.dumps(stored_form(status, headers, body, options.store_cookies),
+                      separators=(",", ":"))
+
+
+def replay(result: str) -> Reply:
+    """A stored response as it is replayed (I6), marked Idempotent-Replayed."""
+    stored = json.loads(result)
+    body = base64.b64decode(stored["body"]) if stored.get("body") is not None else b""
+    headers = [(name, value) for name, value in stored["headers"]]
+    headers += [REPLAYED, ("content-length", str(len(body)))]
+    return Reply(stored["status"], headers, body)
+
+
+def _text(value: Any) -> str:
+    return value.decode("latin-1") if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+class Collected:
+    """A response as the handler produces it, its body kept up to max_body (I5)."""
+
+    def __init__(self, max_body: int) -> None:
+        self.status: Optional[int] = None
+        self.headers: list = []
+        self._chunks: List[bytes] = []
+        self._size = 0
+        self._max = max_body
+
+    def add(self, chunk: bytes) -> None:
+        self._size += len(chunk)
+        if self._size <= self._max:
+            self._chunks.append(bytes(chunk))
+        else:
+            self._chunks = []
+
+    @property
+    def body(self) -> Optional[bytes]:
+        """The whole body, or None when it was longer than max_body."""
+        return b"".join(self._chunks) if self._size <= self._max else None
+
+
+# -- the middleware's own answers (I4, I7) ----------------------------------------------------
+
+def in_flight(options: Options) -> Problem:
+    waited = f" for {options.wait:g} s" if options.in_flight == "wait" else ""
+    return Problem(409, "in_flight", f"A request with this {options.header} is still being "
+                   f"processed{waited}; retry after a second to get its response.",
+                   [("retry-after", "1")])
+
+
+def failed(options: Options, retry_at: Optional[datetime]) -> Problem:
+    wait = 1 if retry_at is None else max(
+        1, math.ceil((retry_at - datetime.now(timezone.utc)).total_seconds()))
+    return Problem(409, "in_flight", f"The operation under this {options.header} failed "
+                   f"elsewhere and may be retried in {wait} s.", [("retry-after", str(wait))])
+
+
+def mismatch(options: Options) -> Problem:
+    return Problem(422, "fingerprint_mismatch", f"This {options.header} was already used for "
+                   "another request (a different method, path, query or body): send a new "
+                   "key for a new operation, or the same request to get its response.")
+
+
+def handler_failed() -> Problem:
+    return Problem(500, "handler_failed", "The request failed before it completed; it was "
+                   "not recorded, so retrying it with the same key runs it again.")
+
+
+def unavailable() -> Problem:
+    return Problem(503, "unavailable", "The idempotency store (PostgreSQL) cannot be reached, "
+                   "so the request was not run; retry it with the same key.",
+                   [("retry-after", "1")])

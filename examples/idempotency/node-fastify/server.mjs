@@ -1,0 +1,94 @@
+// A Fastify service whose POST /orders runs at most once per Idempotency-Key, with
+// pg-once's idempotency plugin. It is also the example service of the shared HTTP
+// scenarios (clients/conformance/http/README.md): the same routes and handler as the
+// Python and Rust ones.
+//
+//   PG_ONCE_DSN=postgres://... node server.mjs 8000
+import Fastify from 'fastify';
+import { Readable } from 'node:stream';
+import pg from 'pg';
+import { OnceClient, idempotencyPlugin } from 'pg-once';
+
+const dsn = process.env.PG_ONCE_DSN;
+const port = Number(process.argv[2] ?? process.env.PORT ?? 8000);
+
+// The handler's own connections, for its business transaction.
+const db = new pg.Pool({ connectionString: dsn, max: 20 });
+// pg_once's: a pool and the LISTEN connection that owns this process's claims.
+const once = await OnceClient.connect(dsn);
+
+const options = { client: once, ttl: 3600, maxBody: 1024 * 1024 };
+const app = Fastify();
+app.get('/health', async () => ({ ok: true }));
+// The plugin covers the routes of the scope it is registered in: one scope per
+// configuration. A handler that throws gets a problem+json 500 and its claim given back;
+// a completion refused because the claim was taken over (ClaimLost) gets 409.
+for (const [prefix, config] of [
+  ['', options],
+  ['/wait', { ...options, inFlight: 'wait', wait: 10 }],
+  ['/strict', { ...options, required: true }],
+  ['/bare', null],
+]) {
+  app.register(async (scope) => {
+    if (config) await scope.register(idempotencyPlugin, config);
+    scope.post('/orders', createOrder);
+  }, { prefix });
+}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+async function createOrder(request, reply) {
+  const key = request.headers['idempotency-key'] ?? null;
+  const {
+    sku = null, sleep_ms: sleepMs = 0, status = 201, raise = false, size = 0, chunks = 0,
+  } = request.body ?? {};
+  await db.query('INSERT INTO idem_demo.started (idempotency_key, pid) VALUES ($1, $2)', [key, process.pid]);
+  await sleep(sleepMs);
+  if (raise) throw new Error('asked to raise');
+  if (status >= 500) return reply.code(status).send({ error: 'asked' });
+  if (chunks > 0) {
+    await db.query('INSERT INTO idem_demo.orders (idempotency_key, sku, pid) VALUES ($1, $2, $3)', [key, JSON.stringify(sku), process.pid]);
+    const stream = Readable.from((async function* produce() {
+      for (let i = 0; i < chunks; i += 1) {
+        yield Buffer.alloc(size, 'x');
+        await sleep(10);
+      }
+    })(), { objectMode: false });
+    return reply.code(201).header('content-type', 'text/plain').send(stream);
+  }
+  // The order and the stored response commit together (rule I8): if this request's claim
+  // was taken over meanwhile, complete() throws ClaimLost and the order rolls back.
+  const conn = await db.connect();
+  try {
+    await conn.query('BEGIN');
+    const { rows: [{ id }] } = await conn.query(
+      'INSERT INTO idem_demo.orders (idempotency_key, sku, pid) VALUES ($1, $2, $3) RETURNING id',
+      [key, JSON.stringify(sku), process.pid]);
+    const body = JSON.stringify({ order_id: Number(id), sku, pid: process.pid, padding: 'x'.repeat(size) });
+    const headers = {
+      'content-type': 'application/json', location: `/orders/${id}`, 'set-cookie': 'visited=1', 'x-handler-pid': String(process.pid),
+    };
+    await request.idempotency?.complete(conn, status, headers, body);
+    await conn.query('COMMIT');
+    // As bytes: Fastify would add "; charset=utf-8" to a string's content-type, and the
+    // response would differ from the one stored (and replayed).
+    return reply.code(status).headers(headers).send(Buffer.from(body));
+  } catch (err) {
+    await conn.query('ROLLBACK');
+    throw err;
+  } finally {
+    conn.release();
+  }
+}
+
+await app.listen({ port, host: '127.0.0.1' });
+console.log(`listening on http://127.0.0.1:${port}`);
+// Stop taking requests, give those running a few seconds, then end: a request cut short
+// here holds a claim that ends with this process's owner session, so a retry runs.
+process.once('SIGTERM', async () => {
+  setTimeout(() => process.exit(0), 5000).unref();
+  await app.close();
+  await once.end();
+  await db.end();
+  process.exit(0);
+});
