@@ -1,13 +1,9 @@
-#!/usr/bin/env python3
 """The SQL edition's views, once.cached, and its pg_tle form (docs/sql-edition.md).
 
 Used by scripts/sql_edition.py, which puts `extra_parts()` before sql/edition/finish.sql
 and `late_parts()` after it, then calls `write_tle(DIR)` once DIR/pg_once_sql.sql is
-written. Run by itself, `python3 scripts/sql_edition_tle.py DIR` does the same around
-sql_edition.main (for a sql_edition.py without those calls yet) and writes:
-
-- DIR/pg_once_sql.sql, the plain script, with the parts below;
-- DIR/pg_once_tle.sql, the same script installed through pg_tle as extension pg_once.
+written: DIR/pg_once_tle.sql, the same script installed through pg_tle as extension
+pg_once.
 
 What the parts take from the extension's own files, unchanged but for re-runnability
 (one home per rule): from sql/schema.sql the table once_internal.key_counts and the
@@ -18,11 +14,9 @@ once_internal.may_use_key as their reader; the edition's may_use_key reads a tab
 reader may not, so they call once_internal.view_may_use_key (sql/edition/views.sql).
 """
 import re
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import sql_edition  # noqa: E402
+import sql_edition  # imported by it: the helpers below are called only once both are loaded
 
 ROOT = sql_edition.ROOT
 EDITION = ROOT / "sql/edition"
@@ -181,22 +175,3 @@ def write_tle(out_dir):
     plain = (out / "pg_once_sql.sql").read_text()
     (out / "pg_once_tle.sql").write_text(tle_file(extension_script(plain)))
 
-
-def main(out_dir):
-    sql_edition.main(out_dir)
-    path = Path(out_dir) / "pg_once_sql.sql"
-    plain = path.read_text()
-    if MARK not in plain:
-        # sql_edition.py does not call this stage yet: the parts go around finish.sql.
-        finish = (EDITION / "finish.sql").read_text()
-        if plain.count(finish) != 1 or not plain.endswith("\n\nCOMMIT;\n"):
-            raise SystemExit("pg_once_sql.sql: finish.sql or COMMIT not found once")
-        plain = plain.replace(finish, "\n\n".join(extra_parts() + [finish] + late_parts()), 1)
-        path.write_text(plain)
-    write_tle(out_dir)
-
-
-if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: sql_edition_tle.py DIR")
-    main(sys.argv[1])

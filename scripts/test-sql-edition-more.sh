@@ -3,7 +3,7 @@
 # (docs/sql-edition.md), on a plain PostgreSQL 15 without pg_once, installed by a
 # database owner who is not a superuser (CREATEROLE, pg_read_all_stats,
 # pg_signal_backend), as scripts/test-sql-edition.sh does for the rest:
-# 1. the script (scripts/sql_edition_tle.py) installs, twice, keeping grants;
+# 1. the script (scripts/sql-edition.sh) installs, twice, keeping grants;
 # 2. pg_test/regress docs.sql and queue.sql, whole, against the extension's output;
 # 3. once.stats: its counts equal a count of once.entries after each kind of write
 #    (autocommit, rollback, savepoint, REPEATABLE READ, TRUNCATE, purge), a transaction
@@ -28,7 +28,7 @@ TLE_PORT=$((PORT + 1))
 NAME=sql-edition-more
 TLE_NAME=sql-edition-tle
 OUT=$PG_ONCE_WORK/$NAME-build
-python3 "$REPO_ROOT/scripts/sql_edition_tle.py" "$OUT"
+"$REPO_ROOT/scripts/sql-edition.sh" "$OUT"
 chmod -R a+rX "$OUT" "$REPO_ROOT/pg_test/edition"
 SYSTEM_PG_BIN=$PG_BIN
 trap 'PG_BIN=$SYSTEM_PG_BIN; cluster_stop $NAME; PG_BIN=$PG_ONCE_WORK/$TLE_NAME-pg/usr/lib/postgresql/15/bin; cluster_stop $TLE_NAME' EXIT
