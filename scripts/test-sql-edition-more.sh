@@ -17,7 +17,9 @@
 #    EXTENSION pg_once by the non-superuser, the same smoke checks, a prepared
 #    transaction, and ALTER EXTENSION UPDATE to a newer version keeping the rows;
 # 6. with PG_ONCE_TEST_CRON=1 (a minute more) and pg_cron installed, reap_stale
-#    scheduled with pg_cron by the owner reaps a gone owner's claim.
+#    scheduled with pg_cron by the owner reaps a gone owner's claim;
+# 7. with PG_ONCE_PY_VENV (test.sh sets it when step 6 runs too) and clients/node's
+#    node_modules, the Python (sync), Node and Rust clients' suites, as the owner.
 # PG_ONCE_PG_BIN and PG_ONCE_WORK as for test.sh; ports PG_ONCE_TEST_PORT (default 28010)
 # and the one after it.
 set -euo pipefail
@@ -398,5 +400,50 @@ if [ "${PG_ONCE_TEST_CRON:-0}" = 1 ] && [ -n "$cron_lib" ]; then
     done
     expect "a gone owner's claim after pg_cron's reap_stale (pg_cron $version)" "failed|succeeded|admin" \
         "$(tle admin -c "SELECT state FROM once.entries WHERE key = 'gone owner'")|$(tle admin -c "SELECT status FROM cron.job_run_details ORDER BY runid LIMIT 1")|$(tle admin -c "SELECT username FROM cron.job")"
+fi
+# 7. The three client libraries' suites against the edition (what scripts/test.sh step 6
+# runs against the extension), when test.sh runs steps 3 and 6 together and so has made
+# their dependencies: PG_ONCE_PY_VENV (a virtualenv with clients/python[test] and
+# psycopg) and clients/node/node_modules (npm ci). A database of their own, the edition
+# installed by the owner who is not a superuser, and the suites connected as that owner
+# over TCP: direct only (PgBouncer and TLS are between client and server, the same for
+# both editions, and tested against the extension), and
+# Python's sync flavour only (the async one runs the same SQL; CI's time).
+py_venv=${PG_ONCE_PY_VENV:-}
+if [ -z "$py_venv" ] || [ ! -x "$py_venv/bin/python" ] || [ ! -d "$REPO_ROOT/clients/node/node_modules" ]; then
+    say "SQL edition: the client suites are skipped (run with test.sh's steps 3 and 6 together, or set PG_ONCE_PY_VENV and run npm ci in clients/node)"
+else
+    cluster_psql "$NAME" "$PORT" -q -c "CREATE DATABASE clients OWNER admin"
+    "$PG_BIN/psql" -h "$PG_ONCE_WORK/$NAME" -p "$PORT" -U admin -d clients -X -q -v ON_ERROR_STOP=1 -f "$OUT/pg_once_sql.sql"
+    dsn="host=127.0.0.1 port=$PORT user=admin dbname=clients"
+    direct_only=(env -u PG_ONCE_BOUNCER_DSN -u PG_ONCE_SESSION_BOUNCER_DSN -u PG_ONCE_TLS_DSN -u PG_ONCE_TLS_URL)
+    say "SQL edition: the Python client's suite (sync), as the owner"
+    suite_started=$SECONDS
+    py_log=$PG_ONCE_WORK/$NAME-python.log
+    if ! (cd "$REPO_ROOT" && "${direct_only[@]}" PG_ONCE_DSN="$dsn" PG_ONCE_FLAVOURS=sync \
+            "$py_venv/bin/python" -m pytest -q -p no:cacheprovider -rs clients/python/tests >"$py_log" 2>&1); then
+        cat "$py_log" >&2
+        exit 1
+    fi
+    tail -1 "$py_log"
+    say "SQL edition: the Python suite took $((SECONDS - suite_started)) s"
+    say "SQL edition: the Node client's suite, as the owner"
+    suite_started=$SECONDS
+    node_log=$PG_ONCE_WORK/$NAME-node.log
+    if ! (cd "$REPO_ROOT/clients/node" && "${direct_only[@]}" \
+            PG_ONCE_DSN="postgres://admin@127.0.0.1:$PORT/clients" npm test --silent >"$node_log" 2>&1); then
+        cat "$node_log" >&2
+        exit 1
+    fi
+    grep -E '^# (pass|fail|skipped)' "$node_log"
+    say "SQL edition: the Node suite took $((SECONDS - suite_started)) s"
+    say "SQL edition: the Rust client's suite, as the owner"
+    suite_started=$SECONDS
+    # Two tests say they are skipped (in their output, shown with -- --nocapture): contract's
+    # an_empty_notification_wakes_every_waiter needs a superuser (SET
+    # session_replication_role), and old_server a role that may create databases.
+    (cd "$REPO_ROOT" && "${direct_only[@]}" \
+        PG_ONCE_DSN="$dsn" cargo test -p pg_once_client --features http --quiet)
+    say "SQL edition: the Rust suite took $((SECONDS - suite_started)) s"
 fi
 say "SQL edition (views, cached, pg_tle): all checks passed"
