@@ -18,6 +18,8 @@ import re
 import sys
 from pathlib import Path
 
+import sql_edition_tle  # the views and once.cached (taken from sql/functions.sql), and the pg_tle form
+
 ROOT = Path(__file__).resolve().parent.parent
 STATEMENTS = ROOT / "src/protocol/sql"
 RULES = STATEMENTS / "rules"
@@ -171,12 +173,15 @@ def main(out_dir):
         expand((edition / "namespaces.sql").read_text()),
         expand((edition / "core.sql").read_text()),
         expand((edition / "queue.sql").read_text()),
+        *sql_edition_tle.extra_parts(),
         (edition / "finish.sql").read_text(),
+        *sql_edition_tle.late_parts(),
         "COMMIT;",
     ]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "pg_once_sql.sql").write_text("\n\n".join(parts) + "\n")
+    sql_edition_tle.write_tle(out)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,10 @@
 #                                   installed by a non-superuser owner, docs.sql's core
 #                                   transcript and its multi-session checks, on its own
 #                                   server (port 6 above $PG_ONCE_TEST_PORT, its
-#                                   standby 7 above)
+#                                   standby 7 above); scripts/test-sql-edition-more.sh:
+#                                   the views, once.cached and the pg_tle form (8 and 9
+#                                   above), and with step 6 the three client libraries'
+#                                   suites against the edition (direct, as its owner)
 #   4. multi-connection tests       cargo test -p pg_once_multi, pg_test/multi; on a hot
 #                                   standby of the preloaded server; crash and restart
 #                                   tests that kill -9 and stop -m immediate; fencing
@@ -397,6 +400,11 @@ fi
 if step 3 && [ "$PG_MAJOR" = 15 ]; then
     say "3/9 SQL edition"
     PG_ONCE_TEST_PORT=$((PORT + 6)) ./scripts/test-sql-edition.sh
+    # With step 6, the three client libraries' suites against it too, in the virtualenv
+    # and node_modules made above.
+    clients_venv=
+    step 6 && clients_venv=$py_venv
+    PG_ONCE_TEST_PORT=$((PORT + 8)) PG_ONCE_PY_VENV=$clients_venv ./scripts/test-sql-edition-more.sh
 fi
 
 if step 8; then

@@ -16,7 +16,7 @@ BEGIN
         -- The digest function is harmless and handy for looking keys up by hand: PUBLIC
         -- keeps it, as in the extension (sql/functions.sql).
         CONTINUE WHEN f OPERATOR(pg_catalog.=) 'once.key_hash(text)'::pg_catalog.regprocedure;
-        EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
+        EXECUTE pg_catalog.format('REVOKE ALL ON ROUTINE %s FROM PUBLIC', f);
     END LOOP;
 END
 $owner_only$;

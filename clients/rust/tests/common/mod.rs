@@ -109,6 +109,20 @@ pub async fn connect(dsn: &str) -> tokio_postgres::Client {
         .expect("connection")
 }
 
+/// Whether the role `client` is connected as has `attribute` of pg_roles (`rolsuper`,
+/// `rolcreatedb`): the SQL edition (docs/sql-edition.md) is tested as a database owner who
+/// is not a superuser, where the few tests that need one are skipped, saying so.
+pub async fn role_has(client: &tokio_postgres::Client, attribute: &str) -> bool {
+    client
+        .query_one(
+            &format!("SELECT {attribute} FROM pg_roles WHERE rolname = current_user"),
+            &[],
+        )
+        .await
+        .expect("pg_roles")
+        .get(0)
+}
+
 /// A key (or name) unique to this test run.
 pub fn fresh(name: &str) -> String {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
