@@ -1,0 +1,65 @@
+"""Edge cases of rule I (docs/clients.md) where the middlewares disagreed with the rule or
+with each other on the same bytes: repeated headers, non-ASCII credentials, the problem
+titles, a quote that opens no structured-field string. Same driver as test_http.py."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from support import entry_key, fresh_key
+from test_http import assert_problem
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_key_header_sent_twice_is_refused(api):
+    # I1: "a request carrying the header twice is 400, and nothing runs". A WSGI server
+    # joins repeated lines with "," (gunicorn) and "k,k" is a valid key by itself.
+    key = fresh_key()
+    before = api.db.started_total()
+    for values in ([key, key], [key, "other"]):
+        answer = await api.http.post(
+            api.url(None) + "/orders", content=b'{"sku": "twice"}',
+            headers=[("content-type", "application/json")] + [("idempotency-key", v) for v in values])
+        assert_problem(answer, 400, "key_invalid", f" for the header sent twice ({values})")
+    assert api.db.started_total() == before, "a request carrying the key header twice ran the handler"
+
+
+async def test_default_scope_hashes_the_authorization_bytes(api):
+    # I2: the scope is the SHA-256 of the Authorization header as received; with a byte
+    # past ASCII every middleware must hash the same bytes, or one service's entries are
+    # another's strangers on the same database.
+    key, raw = fresh_key(), "Bearer caf\u00e9".encode()
+    answer = await api.http.post(
+        api.url(None) + "/orders", content=b'{"sku": "scoped"}',
+        headers=[(b"content-type", b"application/json"), (b"idempotency-key", key.encode()),
+                 (b"authorization", raw)])
+    assert answer.status_code == 201, answer.text
+    want = entry_key(key, hashlib.sha256(raw).hexdigest())
+    got = api.db.value("SELECT string_agg(key, ' ') FROM once.entries WHERE key LIKE %s",
+                       f"%{key}%")
+    assert got == want, f"the entry of a non-ASCII Authorization: want {want}, got {got}"
+
+
+async def test_problem_titles_are_rfc_9110s(api):
+    # I7: the titles are RFC 9110's reason phrases, the same from every middleware.
+    key = fresh_key()
+    assert (await api.post("/orders", {"sku": "a"}, key)).status_code == 201
+    mismatch = await api.post("/orders", {"sku": "b"}, key)
+    assert_problem(mismatch, 422, "fingerprint_mismatch")
+    assert mismatch.json()["title"] == "Unprocessable Content", mismatch.json()
+
+    too_large = await api.post("/orders", b"x" * ((1 << 20) + 1), fresh_key())
+    assert_problem(too_large, 413, "body_too_large")
+    assert too_large.json()["title"] == "Content Too Large", too_large.json()
+
+
+async def test_a_quote_opening_no_string_is_part_of_the_key(api):
+    # I1: a value that is not a structured-field string ("..." closed) but is visible
+    # ASCII is a key as it stands; the three middlewares must agree on it.
+    key = '"' + fresh_key()
+    first = await api.post("/orders", {"sku": "quote"}, key)
+    assert first.status_code == 201, first.text
+    assert api.db.value("SELECT count(*) FROM once.entries WHERE key = %s", entry_key(key)) == 1
