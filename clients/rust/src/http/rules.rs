@@ -251,6 +251,34 @@ mod tests {
     }
 
     #[test]
+    fn problem_titles_are_rfc_9110s() {
+        // I7: the same titles from every middleware; http's canonical reasons are older.
+        for (problem, title) in [
+            (Problem::BodyTooLarge, "Content Too Large"),
+            (Problem::FingerprintMismatch, "Unprocessable Content"),
+        ] {
+            let body: Value = serde_json::from_slice(problem.response("x", None).body()).unwrap();
+            assert_eq!(body["title"], title);
+        }
+    }
+
+    #[test]
+    fn a_header_value_past_ascii_is_stored_and_replayed_byte_for_byte() {
+        // I5: Python and Node keep such a value (one character per byte); dropping it
+        // replays a response without, e.g., its content-disposition.
+        let raw = b"attachment; filename=\"caf\xe9.txt\"";
+        let mut headers = HeaderMap::new();
+        headers.append("content-disposition", HeaderValue::from_bytes(raw).unwrap());
+        let stored = stored_response(StatusCode::OK, &headers, Some(b""), false);
+        assert_eq!(
+            stored["headers"],
+            json!([["content-disposition", "attachment; filename=\"caf\u{e9}.txt\""]])
+        );
+        let replay = replayed_response(&stored).unwrap();
+        assert_eq!(replay.headers()["content-disposition"].as_bytes(), raw);
+    }
+
+    #[test]
     fn escapes_in_a_quoted_key_are_read() {
         assert_eq!(key_from_header(br#""a\"b""#).unwrap(), "a\"b");
         assert!(key_from_header(br#""a"b""#).is_err());
