@@ -967,5 +967,7 @@ async fn namespace_scope_and_fingerprint_options() {
 
 /// The bytes of a string whose characters are bytes (latin-1), as the vectors write header values.
 fn latin1(text: &str) -> Vec<u8> {
-    text.chars().map(|c| u8::try_from(u32::from(c)).expect("a latin-1 character")).collect()
+    text.chars()
+        .map(|c| u8::try_from(u32::from(c)).expect("a latin-1 character"))
+        .collect()
 }
