@@ -4,7 +4,9 @@ titles, a quote that opens no structured-field string. Same driver as test_http.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import time
 
 import pytest
 
@@ -74,3 +76,52 @@ async def test_a_quote_opening_no_string_is_part_of_the_key(api):
     first = await api.post("/orders", {"sku": "quote"}, key)
     assert first.status_code == 201, first.text
     assert api.db.value("SELECT count(*) FROM once.entries WHERE key = %s", entry_key(key)) == 1
+
+
+async def test_retry_as_the_response_ends_is_a_replay(api):
+    # I5: the response is stored before its end reaches the caller, so a retry sent the
+    # moment the first answer is read (on the other instance) is its replay, never a 409.
+    for _ in range(10):
+        key, body = fresh_key(), {"sku": "quick"}
+        first = await api.post("/orders", body, key, instance=0)
+        retry = await api.post("/orders", body, key, instance=1)
+        assert first.status_code == 201, first.text
+        assert (retry.status_code, retry.headers.get("idempotent-replayed")) == (201, "true"), \
+            f"a retry right after the response: {retry.status_code} {retry.text}"
+
+
+async def test_wait_gives_up_when_told(api):
+    # I4: with in_flight "wait" a duplicate waits up to `wait` (10 s on /wait/orders), then
+    # answers 409: not sooner, and not held much past it.
+    key, body = fresh_key(), {"sku": "slow", "sleep_ms": 13000}
+    first = asyncio.create_task(api.post("/wait/orders", body, key, instance=0))
+    deadline = time.monotonic() + 5
+    while not api.db.started(key):
+        assert time.monotonic() < deadline, "the first request did not start"
+        await asyncio.sleep(0.02)
+    sent = time.monotonic()
+    duplicate = await api.post("/wait/orders", body, key, instance=1)
+    waited = time.monotonic() - sent
+    assert_problem(duplicate, 409, "in_flight")
+    assert 9.5 <= waited <= 11.5, f"told to wait 10 s, the duplicate answered after {waited:.1f} s"
+    assert (await first).status_code == 201
+    assert len(api.db.started(key)) == 1
+
+
+@pytest.mark.skip(reason="design question for rule I5: every middleware gives the claim back when "
+                  "a started stream breaks, as I5 says, so a handler whose side effects committed "
+                  "before it streamed runs twice (seen on python-asgi and node-express)")
+async def test_a_stream_broken_after_its_side_effects_does_not_run_them_again(api):
+    # A careless client that gives up mid-download and retries: the streaming handler
+    # committed its order before streaming, the broken stream gives the claim back (I5),
+    # and the retry orders again.
+    key, body = fresh_key(), {"sku": "stream", "chunks": 50, "size": 1024}
+    async with api.stream("/orders", body, key, instance=0) as response:
+        assert response.status_code == 201
+        async for _ in response.aiter_raw():
+            break   # hang up after the first chunk
+    await asyncio.sleep(1)
+    retry = await api.post("/orders", body, key, instance=1)
+    assert retry.status_code in (201, 409), retry.text
+    assert len(api.db.orders(key)) == 1, \
+        f"a broken stream and its retry ordered {len(api.db.orders(key))} times (handler runs: {api.db.started(key)})"
