@@ -126,6 +126,10 @@ STEAL = "SELECT once.release_key(key, token) FROM once.entries WHERE key = %s"
 ORDERS = "SELECT count(*) FROM idem_demo.orders WHERE idempotency_key = %s"
 
 
+class HandledRollback(Exception):
+    """A handler's own reason to roll its transaction back and answer anyway."""
+
+
 def plan(body: bytes) -> dict:
     return json.loads(body or b"{}")
 
@@ -166,16 +170,24 @@ class AsgiService:
             if spec.get("complete"):
                 claim = request.scope["pg_once.claim"]
                 async with await psycopg.AsyncConnection.connect(DIRECT) as conn:
-                    async with conn.transaction():
-                        await conn.execute("INSERT INTO idem_demo.orders (idempotency_key, sku)"
-                                           " VALUES (%s, %s)", (claim.key, Jsonb(spec.get("sku"))))
-                        if spec.get("steal"):
-                            with psycopg.connect(DIRECT, autocommit=True) as admin:
-                                admin.execute(STEAL, (claim.key,))
-                        await claim.complete(conn, status, headers, payload)
-                        if spec.get("raise_after_complete"):
-                            raise RuntimeError("asked to raise after completing")
+                    try:
+                        await complete_async(conn, claim, spec, status, headers, payload)
+                    except HandledRollback:
+                        return Response(b"rolled back", status_code=200)
             return Response(payload, status_code=status, headers=headers)
+
+        async def complete_async(conn, claim, spec, status, headers, payload):
+            async with conn.transaction():
+                await conn.execute("INSERT INTO idem_demo.orders (idempotency_key, sku)"
+                                   " VALUES (%s, %s)", (claim.key, Jsonb(spec.get("sku"))))
+                if spec.get("steal"):
+                    with psycopg.connect(DIRECT, autocommit=True) as admin:
+                        admin.execute(STEAL, (claim.key,))
+                await claim.complete(conn, status, headers, payload)
+                if spec.get("raise_after_complete"):
+                    raise RuntimeError("asked to raise after completing")
+                if spec.get("roll_back_after_complete"):
+                    raise HandledRollback()
 
         # Where Starlette puts it (add_middleware, or Mount(..., middleware=)): around the
         # routes, inside the application's ServerErrorMiddleware.
@@ -241,16 +253,21 @@ class WsgiService:
             status = spec.get("status", 201)
             if spec.get("complete"):
                 claim = request.environ["pg_once.claim"]
-                with psycopg.connect(DIRECT) as conn:
-                    with conn.transaction():
-                        conn.execute("INSERT INTO idem_demo.orders (idempotency_key, sku)"
-                                     " VALUES (%s, %s)", (claim.key, Jsonb(spec.get("sku"))))
-                        if spec.get("steal"):
-                            with psycopg.connect(DIRECT, autocommit=True) as admin:
-                                admin.execute(STEAL, (claim.key,))
-                        claim.complete(conn, status, headers, payload)
-                        if spec.get("raise_after_complete"):
-                            raise RuntimeError("asked to raise after completing")
+                try:
+                    with psycopg.connect(DIRECT) as conn:
+                        with conn.transaction():
+                            conn.execute("INSERT INTO idem_demo.orders (idempotency_key, sku)"
+                                         " VALUES (%s, %s)", (claim.key, Jsonb(spec.get("sku"))))
+                            if spec.get("steal"):
+                                with psycopg.connect(DIRECT, autocommit=True) as admin:
+                                    admin.execute(STEAL, (claim.key,))
+                            claim.complete(conn, status, headers, payload)
+                            if spec.get("raise_after_complete"):
+                                raise RuntimeError("asked to raise after completing")
+                            if spec.get("roll_back_after_complete"):
+                                raise HandledRollback()
+                except HandledRollback:
+                    return Response(b"rolled back", status=200)
             return Response(payload, status=status, headers=headers)
 
         self.middleware = IdempotencyMiddleware(app.wsgi_app, **{"conninfo": DIRECT, **options})
@@ -436,6 +453,21 @@ def test_a_completion_rolled_back_with_the_handler_is_released(service, new_key,
     retry = s.post(headers={"Idempotency-Key": key}, json={"complete": True})   # at once, not 409
     assert retry.status_code == 201 and retry.json()["run"] == 2
     assert admin.execute(ORDERS, (I.entry_key("", None, key),)).fetchone()[0] == 1
+
+
+def test_a_completion_rolled_back_by_a_handler_that_answers_is_released(service, new_key, admin):
+    # The handler completes in its transaction, then rolls it back for a reason of its own
+    # and answers: nothing was stored, so the claim must go back (as Node does), not stay
+    # held without heartbeats until its lease runs out while retries get 409.
+    s = service()
+    key = new_key()
+    first = s.post(headers={"Idempotency-Key": key},
+                   json={"complete": True, "roll_back_after_complete": True})
+    assert first.status_code == 200 and first.content == b"rolled back"
+    retry = s.post(headers={"Idempotency-Key": key},
+                   json={"complete": True, "roll_back_after_complete": True})
+    assert retry.status_code == 200 and len(s.runs) == 2, \
+        f"the retry of a rolled-back completion: {retry.status_code} {retry.text}"
 
 
 def test_a_lost_claim_rolls_the_handler_back(service, new_key, admin):
