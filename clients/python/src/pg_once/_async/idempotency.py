@@ -105,9 +105,11 @@ class AsyncIdempotency:
         """The handler answered in full: store its response (I5), unless it did so itself
         (I8) or its status is not stored; then give the claim back. The response is sent
         by now, so a failure here is logged, never the caller's."""
-        if claim.completed or claim.lost:
+        if claim.lost:
             return
-        if not self.options.store(response.status):
+        if claim.completed or not self.options.store(response.status):
+            # A completion in the handler's transaction that rolled back left the claim
+            # ours, unheartbeated: it goes back (release_key answers false if it committed).
             await self.give_back(claim)
             return
         try:
