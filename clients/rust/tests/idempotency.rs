@@ -312,6 +312,13 @@ async fn handle(
             .complete(&*tx, status, &headers, body.as_bytes())
             .await
         {
+            Ok(()) if ask["roll_back"] == true => {
+                drop(tx); // a reason of the handler's own: its completion rolls back too
+                return Response::builder()
+                    .status(200)
+                    .body(Body::from("rolled back"))
+                    .unwrap();
+            }
             Ok(()) => tx.commit().await.unwrap(),
             Err(Error::ClaimLost { .. }) => {
                 drop(tx); // rolls the order back
@@ -669,6 +676,35 @@ async fn bodies_over_the_limits() {
         assert_eq!(big.status, 413);
         assert_eq!(big.problem_code(), "body_too_large");
         assert_eq!(app.runs(), 1);
+    }
+}
+
+/// I8: a handler that completes in its transaction, then rolls it back for a reason of
+/// its own and answers: nothing was stored, so its claim goes back and a retry runs at
+/// once (it stayed held, without heartbeats, until its lease ran out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_rolled_back_by_a_handler_that_answers_is_released() {
+    for setup in setups() {
+        let admin = setup.admin().await;
+        let table = format!("pg_once_idem_{}", fresh("orders").replace('-', "_"));
+        admin
+            .batch_execute(&format!("CREATE TABLE {table} (key text)"))
+            .await
+            .unwrap();
+        let client = ready_client(&setup, "rust-idem-i8-rollback").await;
+        let app = App::new(client.clone(), ttl(&client));
+        let key = fresh("i8-rollback");
+        let ask = json!({"i8_table": table, "roll_back": true});
+        let first = app.post(Some(&key), ask.clone()).await;
+        assert_eq!(first.status, 200, "[{}]", setup.name);
+        let retry = app.post(Some(&key), ask).await;
+        assert_eq!(
+            (retry.status, app.runs()),
+            (StatusCode::OK, 2),
+            "[{}] the retry of a rolled-back completion: {:?}",
+            setup.name,
+            retry.body
+        );
     }
 }
 
