@@ -356,7 +356,13 @@ impl Answer {
         let problem: Value = serde_json::from_slice(&self.body).unwrap();
         assert_eq!(problem["status"], self.status.as_u16());
         assert_eq!(problem["type"], "about:blank");
-        assert_eq!(problem["title"], self.status.canonical_reason().unwrap());
+        // RFC 9110's phrases (I7), which http's canonical reasons are not for 413 and 422.
+        let title = match self.status.as_u16() {
+            413 => "Content Too Large",
+            422 => "Unprocessable Content",
+            _ => self.status.canonical_reason().unwrap(),
+        };
+        assert_eq!(problem["title"], title);
         assert!(problem["detail"].as_str().is_some_and(|d| !d.is_empty()));
         problem["code"].as_str().unwrap().to_owned()
     }
