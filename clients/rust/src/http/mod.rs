@@ -488,14 +488,10 @@ where
         // back, and another request runs (or ran) the key.
         return Ok(answer_duplicate(&config, &entry, fingerprint.as_deref()).await);
     }
-    let stored = (config.store)(response.status());
-    if !stored {
+    if held.completed_by_handler() || !(config.store)(response.status()) {
         // Given back even if the handler completed it: a completion that committed
         // makes this a no-op, one that rolled back leaves the key to a retry.
         held.release().await;
-        return Ok(boxed(response));
-    }
-    if held.completed_by_handler() {
         return Ok(boxed(response));
     }
     let (head, body) = boxed(response).into_parts();
