@@ -1013,3 +1013,39 @@ fn latin1(text: &str) -> Vec<u8> {
         .map(|c| u8::try_from(u32::from(c)).expect("a latin-1 character"))
         .collect()
 }
+
+/// I3: the fingerprint's path is the request target's as received. axum hands a nested
+/// router a URI without its prefix, so a layer inside `nest("/v1", ..)` and
+/// `nest("/v2", ..)` sees `/orders` for both: another endpoint under the same key is
+/// replayed instead of refused with 422.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "design: the layer sees the URI axum hands the nested router; using axum's \
+            OriginalUri would tie the tower layer to axum (see the attack report)"]
+async fn a_nested_router_fingerprints_the_path_as_received() {
+    for setup in setups() {
+        let client = ready_client(&setup, "rust-idem-nested").await;
+        let inner = App::new(client.clone(), ttl(&client)).router;
+        let router = Router::new().nest("/v1", inner.clone()).nest("/v2", inner);
+        let key = fresh("nested");
+        let post_to = |path: &'static str| {
+            Request::builder()
+                .method(Method::POST)
+                .uri(path)
+                .header("content-type", "application/json")
+                .header("idempotency-key", key.as_str())
+                .body(Body::from("{}"))
+                .unwrap()
+        };
+        let v1 = router.clone().oneshot(post_to("/v1/orders")).await.unwrap();
+        assert_eq!(v1.status(), 201, "[{}]", setup.name);
+        v1.into_body().collect().await.unwrap(); // read whole: stored
+        let v2 = router.clone().oneshot(post_to("/v2/orders")).await.unwrap();
+        assert_eq!(
+            v2.status(),
+            422,
+            "[{}] the same key on another endpoint: {:?}",
+            setup.name,
+            v2.headers()
+        );
+    }
+}
