@@ -118,7 +118,7 @@ def test_the_library_imports_no_framework():
 # -- two services, one handler ------------------------------------------------------------------
 #
 # The handler takes a JSON body: {"sleep": s, "status": 201, "raise": false, "chunks": 0,
-# "size": 0, "complete": false (store the response itself, rule I8), "steal": false (take
+# "size": 0, "broken": false (the stream raises after its first chunk), "complete": false (store the response itself, rule I8), "steal": false (take
 # the claim away before that), "raise_after_complete": false, "sku": ...}, records each run in `runs`, and answers its run
 # number and the body it read.
 
@@ -162,6 +162,8 @@ class AsgiService:
             if spec.get("chunks"):
                 async def chunks():
                     for i in range(spec["chunks"]):
+                        if spec.get("broken") and i == 1:
+                            raise RuntimeError("the stream broke")
                         yield bytes([65 + i]) * spec["size"]
                         await asyncio.sleep(0.01)
                 return StreamingResponse(chunks(), status_code=201, media_type="text/plain")
@@ -246,6 +248,8 @@ class WsgiService:
             if spec.get("chunks"):
                 def chunks():
                     for i in range(spec["chunks"]):
+                        if spec.get("broken") and i == 1:
+                            raise RuntimeError("the stream broke")
                         yield bytes([65 + i]) * spec["size"]
                         time.sleep(0.01)
                 return Response(chunks(), status=201, content_type="text/plain")
@@ -501,6 +505,20 @@ def test_streaming_responses_are_collected(service, new_key):
     again = s.post(headers={"Idempotency-Key": key}, json=body)
     assert first.content == b"".join(bytes([65 + i]) * 1000 for i in range(5))
     assert again.content == first.content and again.headers["idempotent-replayed"] == "true"
+    assert len(s.runs) == 1
+
+
+def test_a_stream_broken_after_its_head_is_stored_without_its_body(service, new_key):
+    # I5: the head went out, so the handler ran (and may have committed): the claim is kept,
+    # and the retry is replayed its status and headers, not run again.
+    s = service()
+    key, body = new_key(), {"chunks": 3, "size": 1000, "broken": True}
+    with pytest.raises(Exception):
+        s.post(headers={"Idempotency-Key": key}, json=body).read()
+    again = s.post(headers={"Idempotency-Key": key}, json=body)
+    assert (again.status_code, again.content, again.headers.get("idempotent-replayed")) == \
+        (201, b"", "true"), f"the retry of a broken stream: {again.status_code} {again.text}"
+    assert again.headers["content-type"].startswith("text/plain")
     assert len(s.runs) == 1
 
 
