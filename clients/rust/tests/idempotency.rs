@@ -634,6 +634,35 @@ async fn a_stream_broken_after_its_head_is_stored_without_its_body() {
     }
 }
 
+/// I4: a caller that hangs up while the handler runs (its request future is dropped, as
+/// hyper does) neither stops the handler half-way nor strands the key: the response is
+/// stored whole, and the retry is its replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_hanging_up_mid_request_does_not_strand_its_key() {
+    for setup in setups() {
+        let client = ready_client(&setup, "rust-idem-hangup").await;
+        let app = App::new(client.clone(), ttl(&client));
+        let key = fresh("hangup");
+        let ask = json!({"sleep_ms": 600});
+        let request =
+            app.router
+                .clone()
+                .oneshot(app.request(Method::POST, Some(&key), ask.clone()));
+        let hung_up = tokio::time::timeout(Duration::from_millis(150), request).await;
+        assert!(hung_up.is_err(), "the caller hung up before the answer");
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let retry = app.post(Some(&key), ask).await;
+        assert_eq!(
+            (retry.status, retry.replayed()),
+            (StatusCode::CREATED, true),
+            "[{}] the retry of a request whose caller hung up",
+            setup.name
+        );
+        assert_eq!(retry.body, json!({"run": 1, "padding": ""}).to_string());
+        assert_eq!(app.runs(), 1, "[{}]", setup.name);
+    }
+}
+
 fn problem_headers() -> HeaderMap {
     let mut headers = HeaderMap::new();
     headers.insert(
