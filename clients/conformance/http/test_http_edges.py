@@ -109,13 +109,10 @@ async def test_wait_gives_up_when_told(api):
     assert len(api.db.started(key)) == 1
 
 
-@pytest.mark.skip(reason="design question for rule I5: every middleware gives the claim back when "
-                  "a started stream breaks, as I5 says, so a handler whose side effects committed "
-                  "before it streamed runs twice (seen on python-asgi and node-express)")
 async def test_a_stream_broken_after_its_side_effects_does_not_run_them_again(api):
     # A careless client that gives up mid-download and retries: the streaming handler
-    # committed its order before streaming, the broken stream gives the claim back (I5),
-    # and the retry orders again.
+    # committed its order before streaming, and once the head went out the broken stream
+    # keeps the claim, stored without its body (I5), so the retry is its replay.
     key, body = fresh_key(), {"sku": "stream", "chunks": 50, "size": 1024}
     async with api.stream("/orders", body, key, instance=0) as response:
         assert response.status_code == 201
@@ -123,7 +120,8 @@ async def test_a_stream_broken_after_its_side_effects_does_not_run_them_again(ap
             break   # hang up after the first chunk
     await asyncio.sleep(1)
     retry = await api.post("/orders", body, key, instance=1)
-    assert retry.status_code in (201, 409), retry.text
+    assert (retry.status_code, retry.headers.get("idempotent-replayed"), retry.content) == \
+        (201, "true", b""), f"the retry of a broken stream: {retry.status_code} {retry.text}"
     assert len(api.db.orders(key)) == 1, \
         f"a broken stream and its retry ordered {len(api.db.orders(key))} times (handler runs: {api.db.started(key)})"
 
@@ -173,13 +171,9 @@ async def test_cookie_users_do_not_share_responses(api):
 
 async def test_a_caller_hanging_up_mid_request_does_not_strand_its_key(api):
     # A careless client with a 0.5 s timeout on a 2 s request, retrying a little later:
-    # the handler runs to its end and its response is stored (Python, Node), so the retry
-    # is its replay. Under hyper a dropped connection cancels the handler's future, and the
-    # claim it held is neither stored nor given back: the retry is 409 for the whole lease.
-    if api.running.service.name == "rust-axum":
-        pytest.skip("design: hyper cancels the request future when the caller hangs up; the "
-                    "layer would have to run the handler in a task of its own, or give the "
-                    "claim back on drop (see the attack report)")
+    # the handler runs to its end and its response is stored (I5; under hyper, which drops
+    # the request's future, the layer runs the handler on a task of its own), so the retry
+    # is its replay.
     key, body = fresh_key(), {"sku": "hangup", "sleep_ms": 2000}
     with pytest.raises(httpx.TimeoutException):
         await api.post("/orders", body, key, instance=0, timeout=0.5)
