@@ -114,7 +114,8 @@ function readBodyKeepingIt(req, limit) {
 /**
  * Collect the response while it streams to the caller (I5), and store it before its last
  * bytes go out: a retry that arrives once the caller has the response is replayed, never
- * told 409. A response that breaks once started gives the claim back.
+ * told 409. A response that breaks once its head went out keeps its claim, stored without
+ * its body: the handler ran, and its side effects may have committed.
  */
 function collectResponse(res, rc, maxBody) {
   const writeHead = res.writeHead;
@@ -162,10 +163,13 @@ function collectResponse(res, rc, maxBody) {
     }, (err) => res.destroy(err));
     return this;
   };
-  // Closed once the response started, but not stored: it broke (or was taken over from
-  // Express); a response still being computed keeps its claim, finished or not.
+  // Closed once its head went out, before end(): the stream broke or the caller hung up.
+  // Stored without its body (a no-op once finish() has begun). A response still being
+  // computed keeps its claim, finished or not.
   res.on('close', () => {
-    if (res.headersSent) rc.abandon(); // a no-op once finish() has begun
+    if (!res.headersSent) return;
+    const { status, headers } = head ?? { status: res.statusCode, headers: current() };
+    rc.finish(status, headers, null);
   });
 }
 

@@ -50,12 +50,17 @@ async function claim(gate, request, reply, payload) {
     key: checked.key, method: request.method, url: request.raw.url, headers: request.headers, body, request,
   });
   if (decision.answer) return send(reply, decision.answer);
-  request[STATE] = { claim: decision.claim, error: null };
+  request[STATE] = { claim: decision.claim, error: null, head: null };
   request.idempotency = decision.claim;
-  // Closed once the response started, but not stored: it broke, or the handler hijacked
-  // the reply (no onSend). A response still being computed keeps its claim.
+  // Closed once its head went out, before it was stored: the stream broke or the caller
+  // hung up. The handler ran, so the claim is kept: stored without its body (a no-op once
+  // finish() has begun). A reply the handler hijacked (no onSend: its head is unknown) is
+  // given back. A response still being computed keeps its claim.
   reply.raw.on('close', () => {
-    if (reply.raw.headersSent) decision.claim.abandon(); // a no-op once finish() has begun
+    if (!reply.raw.headersSent) return;
+    const { head } = request[STATE];
+    if (head) decision.claim.finish(head.status, head.headers, null);
+    else decision.claim.abandon();
   });
   const again = Readable.from([body], { objectMode: false });
   again.receivedEncodedLength = body.length; // what Fastify compares with content-length
@@ -88,6 +93,7 @@ async function collect(gate, request, reply, payload) {
   }
   const status = reply.statusCode;
   const headers = headerPairs(reply.getHeaders());
+  state.head = { status, headers };
   if (payload !== null && typeof payload === 'object' && typeof payload.pipe === 'function') {
     return collectStream(rc, status, headers, payload, gate.options.maxBody);
   }
@@ -98,7 +104,8 @@ async function collect(gate, request, reply, payload) {
 
 /**
  * A streamed response goes on to the caller chunk by chunk, collected meanwhile; its end
- * waits until it is stored. A stream that breaks gives the claim back.
+ * waits until it is stored. A stream that breaks is stored without its body: its head is
+ * on its way, the handler ran (I5).
  */
 function collectStream(rc, status, headers, stream, maxBody) {
   let chunks = [];
@@ -116,7 +123,7 @@ function collectStream(rc, status, headers, stream, maxBody) {
     },
   });
   pipeline(stream, collector, (err) => {
-    if (err) rc.abandon();
+    if (err) rc.finish(status, headers, null);
   });
   return collector;
 }

@@ -176,7 +176,7 @@ class RequestClaim {
    * The response went out (or is about to): store it (I5) unless the handler did (I8).
    * Resolves to null, or, when the claim turned out lost, to the answer a concurrent
    * duplicate gets (send it instead, if the response has not started).
-   * `body`: the bytes collected, or null past maxBody.
+   * `body`: the bytes collected, or null past maxBody or when the stream broke after its head.
    */
   finish(status, headers, body) {
     this.#settled ??= this.#finish(status, headers, body);

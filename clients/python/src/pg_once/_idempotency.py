@@ -300,9 +300,14 @@ class Collected:
         else:
             self._chunks = []
 
+    def cut(self) -> None:
+        """The stream broke after its head was sent: the handler ran, so the response is
+        stored, but without the part of its body it got to (I5, as past max_body)."""
+        self._size, self._chunks = self._max + 1, []
+
     @property
     def body(self) -> Optional[bytes]:
-        """The whole body, or None when it was longer than max_body."""
+        """The whole body, or None when it was longer than max_body or cut."""
         return b"".join(self._chunks) if self._size <= self._max else None
 
 

@@ -10,6 +10,7 @@ A plain ASGI middleware: it imports no framework."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Awaitable, Callable, MutableMapping, Optional
 
@@ -140,9 +141,12 @@ class IdempotencyMiddleware:
         try:
             await self.app({**scope, CLAIM: claim}, receive_body, send_collected)
         except BaseException as exc:
+            if state["started"]:
+                await self._keep_cut(claim, response, state)
+                raise   # a broken stream: the caller has its head, nothing more can be said
             await self._gate.give_back(claim)
-            if state["started"] or not isinstance(exc, Exception):
-                raise   # a broken stream, or a cancellation: nothing more can be said
+            if not isinstance(exc, Exception):
+                raise   # a cancellation
             if claim.lost or isinstance(exc, ClaimLost):
                 await _answer(send, I.in_flight(self.options).reply())
             else:
@@ -152,8 +156,20 @@ class IdempotencyMiddleware:
             return
         if state["swallowed"]:
             await _answer(send, I.in_flight(self.options).reply())
-        elif not state["ended"]:   # the handler returned without answering in full
+        elif state["started"]:   # a stream cut short (Starlette's, when the caller hangs up)
+            await self._keep_cut(claim, response, state)
+        elif not state["ended"]:   # the handler returned without answering
             await self._gate.give_back(claim)
+
+    async def _keep_cut(self, claim: AsyncRequestClaim, response: I.Collected,
+                        state: dict) -> None:
+        """The response's head went out and its body did not end: the handler ran (its side
+        effects may have committed), so the claim is kept, stored without its body (I5).
+        Shielded: a cancelled request (a caller gone) still stores it."""
+        if not state["ended"]:
+            state["ended"] = True
+            response.cut()
+            await asyncio.shield(self._gate.finish(claim, response))
 
     # -- the lifespan: the middleware's own client -------------------------------------------
 

@@ -118,9 +118,16 @@ class IdempotencyMiddleware:
                 start_response(started["status"], started["headers"], started["exc_info"])
                 sent = True
         except BaseException as exc:
+            if sent:
+                # A broken stream, or the server closing it (GeneratorExit, the caller gone):
+                # the head went out, the handler ran and its side effects may have
+                # committed, so the claim is kept, stored without its body (I5).
+                response.cut()
+                self._finish(claim, response, started)
+                raise
             self._gate.give_back(claim)
-            if sent or not isinstance(exc, Exception):
-                raise   # a broken stream, or the server closing it (GeneratorExit)
+            if not isinstance(exc, Exception):
+                raise
             yield from self._failed(claim, exc, start_response)
             return
         finally:
@@ -130,13 +137,16 @@ class IdempotencyMiddleware:
         if claim.lost and not sent:   # the framework made an error page of the lost claim (I8)
             yield from _answer(start_response, I.in_flight(self.options).reply())
             return
-        response.status = int(started["status"].split()[0])
-        response.headers = started["headers"]
         # Stored before the response's last bytes reach the caller, so that a retry sent on
         # seeing its end is replayed rather than told it still runs.
-        self._gate.finish(claim, response)
+        self._finish(claim, response, started)
         if last:
             yield last
+
+    def _finish(self, claim: RequestClaim, response: I.Collected, started: dict) -> None:
+        response.status = int(started["status"].split()[0])
+        response.headers = started["headers"]
+        self._gate.finish(claim, response)
 
     def _failed(self, claim: RequestClaim, exc: Exception, start_response) -> Iterator[bytes]:
         if claim.lost or isinstance(exc, ClaimLost):

@@ -7,9 +7,10 @@
 //! the whole response and retries at once is replayed it, never told the key still runs.
 //! (hyper stops polling a body once it has sent `content-length` bytes: storing at the end
 //! of the stream alone would never happen for such a body, and dropping it would release
-//! the claim.) A stream that breaks, or a caller that
-//! goes away before the end (the body is dropped), releases the claim: a retry runs the
-//! request again.
+//! the claim.) A stream that breaks, or a caller that goes away before the end (the body
+//! is dropped), keeps the claim: the handler ran and its side effects may have committed,
+//! so the response is stored without its body, as one over `max_body` is, and a retry is
+//! replayed its status and headers rather than run again.
 
 use super::claim::Held;
 use super::rules;
@@ -151,7 +152,7 @@ impl Body for StoringBody {
                     return Poll::Ready(Some(Ok(frame)));
                 }
                 Some(Err(e)) => {
-                    release_in_background(this.store.take());
+                    store_cut_in_background(this.store.take());
                     return Poll::Ready(Some(Err(e)));
                 }
                 None => this.start_storing(None),
@@ -170,17 +171,18 @@ impl Body for StoringBody {
 
 impl Drop for StoringBody {
     fn drop(&mut self) {
-        // The caller went away before the end: nothing complete was sent, so nothing is
-        // stored, and a retry runs again.
-        release_in_background(self.store.take());
+        // The caller went away before the end: the handler ran all the same, so the
+        // response is stored without the body it did not get to the end of.
+        store_cut_in_background(self.store.take());
     }
 }
 
-fn release_in_background(store: Option<Store>) {
+/// Store a response cut short (a broken stream, a caller gone) without its body (I5).
+fn store_cut_in_background(store: Option<Store>) {
     let Some(store) = store else { return };
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => {
-            runtime.spawn(async move { store.held.release().await });
+            runtime.spawn(store.finish(None));
         }
         Err(_) => tracing::warn!(
             key = store.held.key,

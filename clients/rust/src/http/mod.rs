@@ -37,7 +37,7 @@ use crate::error::{Error, Result};
 use crate::{key, Client};
 use body::{Store, StoringBody};
 use bytes::Bytes;
-use claim::Answer;
+use claim::{Answer, Held};
 use futures_util::future::{BoxFuture, FutureExt};
 use http::header::HeaderName;
 use http::request::Parts;
@@ -328,7 +328,7 @@ impl<S, B, ResBody> Service<Request<B>> for Idempotency<S>
 where
     S: Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
-    S::Error: std::fmt::Display + Send,
+    S::Error: std::fmt::Display + Send + 'static,
     B: Body + From<Bytes> + Send + 'static,
     B::Data: Send,
     B::Error: Into<BoxError>,
@@ -375,7 +375,7 @@ async fn run<S, B, ResBody>(
 where
     S: Service<Request<B>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
-    S::Error: std::fmt::Display + Send,
+    S::Error: std::fmt::Display + Send + 'static,
     B: Body + From<Bytes> + Send + 'static,
     B::Data: Send,
     B::Error: Into<BoxError>,
@@ -462,8 +462,60 @@ where
         Ok(other) => return Ok(answer_without_running(other, &entry)),
         Err(e) => return Ok(unavailable(&entry, &e)),
     };
-    // I4 `claimed`: run the handler, with the claim as an extension (I8).
-    let mut request = Request::from_parts(parts, B::from(body));
+    // I4 `claimed`: run the handler.
+    let request = Request::from_parts(parts, B::from(body));
+    Ok(run_to_the_end(inner, config, request, held, entry, fingerprint).await)
+}
+
+/// I4 `claimed`: the handler runs on a task of its own, so that a caller who hangs up
+/// (hyper then drops the request's future) neither stops it half-way nor strands its
+/// claim: its response is stored, or its claim given back, whether or not the caller is
+/// still there, as under the other clients. Without a caller, the task reads the
+/// response's body itself, so that it is stored whole.
+async fn run_to_the_end<S, B, ResBody>(
+    inner: S,
+    config: Arc<Config>,
+    request: Request<B>,
+    held: Arc<Held>,
+    entry: String,
+    fingerprint: Option<Vec<u8>>,
+) -> Response<ResponseBody>
+where
+    S: Service<Request<B>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: std::fmt::Display + Send + 'static,
+    B: Body + Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let response = run_claimed(inner, &config, request, held, &entry, fingerprint).await;
+        if let Err(unread) = answer.send(response) {
+            let mut body = unread.into_body();
+            while let Some(Ok(_)) = body.frame().await {}
+        }
+    });
+    // An Err is a task that panicked outside the handler: its claim went with it.
+    answered.await.unwrap_or_else(|_| handler_failed())
+}
+
+/// The handler under its claim, given as an extension (I8); then its response, stored
+/// as it streams (I5), or an answer of the middleware's own.
+async fn run_claimed<S, B, ResBody>(
+    mut inner: S,
+    config: &Config,
+    mut request: Request<B>,
+    held: Arc<Held>,
+    entry: &str,
+    fingerprint: Option<Vec<u8>>,
+) -> Response<ResponseBody>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+    S::Error: std::fmt::Display,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
     request.extensions_mut().insert(IdempotencyClaim {
         held: held.clone(),
         ttl: config.ttl,
@@ -476,27 +528,23 @@ where
         Ok(Err(e)) => {
             tracing::error!(key = entry, error = %e, "pg_once: the handler of a request failed");
             held.release().await;
-            return Ok(handler_failed());
+            return handler_failed();
         }
         Err(_panic) => {
             held.release().await;
-            return Ok(handler_failed());
+            return handler_failed();
         }
     };
     if held.lost() {
         // I8: the handler's completion found its claim taken over: its writes rolled
         // back, and another request runs (or ran) the key.
-        return Ok(answer_duplicate(&config, &entry, fingerprint.as_deref()).await);
+        return answer_duplicate(config, entry, fingerprint.as_deref()).await;
     }
-    let stored = (config.store)(response.status());
-    if !stored {
+    if held.completed_by_handler() || !(config.store)(response.status()) {
         // Given back even if the handler completed it: a completion that committed
         // makes this a no-op, one that rolled back leaves the key to a retry.
         held.release().await;
-        return Ok(boxed(response));
-    }
-    if held.completed_by_handler() {
-        return Ok(boxed(response));
+        return boxed(response);
     }
     let (head, body) = boxed(response).into_parts();
     let store = Store {
@@ -510,10 +558,10 @@ where
     if body.is_end_stream() {
         // No body (a 204, say): hyper may never poll it, so it is stored now.
         store.finish(Some(&[])).await;
-        return Ok(Response::from_parts(head, body));
+        return Response::from_parts(head, body);
     }
     let body = StoringBody::new(body, store).boxed_unsync();
-    Ok(Response::from_parts(head, body))
+    Response::from_parts(head, body)
 }
 
 /// I8: a request whose claim was lost is answered as a concurrent duplicate: `409`,

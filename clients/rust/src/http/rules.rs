@@ -113,8 +113,9 @@ const NOT_STORED: [&str; 10] = [
 /// I5: the stored form of a response, `{"status": 201, "headers": [[name, value], ...],
 /// "body": "<base64>"}`: headers in order, names in lower case (as `http` keeps them),
 /// without the headers never stored (hop-by-hop, `content-length`, `date`) and, unless `store_cookies`, `set-cookie`; `body` None (stored
-/// as null) when it was longer than the middleware keeps. A header value that is not
-/// UTF-8 cannot be JSON text and is left out.
+/// as null) when it was longer than the middleware keeps. A value is written one character
+/// per byte (latin-1), as the Python and Node middlewares write it, so that bytes past
+/// ASCII are kept and replayed as they were.
 pub fn stored_response(
     status: StatusCode,
     headers: &HeaderMap,
@@ -127,7 +128,7 @@ pub fn stored_response(
             let name = name.as_str();
             !NOT_STORED.contains(&name) && (store_cookies || name != "set-cookie")
         })
-        .filter_map(|(name, value)| Some(json!([name.as_str(), value.to_str().ok()?])))
+        .map(|(name, value)| json!([name.as_str(), latin1_text(value.as_bytes())]))
         .collect();
     json!({
         "status": status.as_u16(),
@@ -151,7 +152,7 @@ pub fn replayed_response(stored: &Value) -> Option<Response<Bytes>> {
     let headers = response.headers_mut();
     for pair in stored["headers"].as_array()? {
         let name = HeaderName::from_bytes(pair[0].as_str()?.as_bytes()).ok()?;
-        let value = HeaderValue::from_str(pair[1].as_str()?).ok()?;
+        let value = HeaderValue::from_bytes(&latin1_bytes(pair[1].as_str()?)?).ok()?;
         headers.append(name, value);
     }
     headers.insert(
@@ -159,6 +160,18 @@ pub fn replayed_response(stored: &Value) -> Option<Response<Bytes>> {
         HeaderValue::from_static("true"),
     );
     Some(response)
+}
+
+/// Header bytes as text, one character per byte (latin-1).
+fn latin1_text(bytes: &[u8]) -> String {
+    bytes.iter().map(|&b| char::from(b)).collect()
+}
+
+/// The bytes of text written one character per byte; None past U+00FF.
+fn latin1_bytes(text: &str) -> Option<Vec<u8>> {
+    text.chars()
+        .map(|c| u8::try_from(u32::from(c)).ok())
+        .collect()
 }
 
 /// I7: the `code` of each answer the middleware makes itself.
@@ -192,6 +205,19 @@ impl Problem {
         }
     }
 
+    /// RFC 9110's reason phrase, the same in every middleware (`http`'s canonical reasons
+    /// still say "Payload Too Large" and "Unprocessable Entity").
+    pub fn title(self) -> &'static str {
+        match self {
+            Problem::KeyMissing | Problem::KeyInvalid => "Bad Request",
+            Problem::BodyTooLarge => "Content Too Large",
+            Problem::InFlight => "Conflict",
+            Problem::FingerprintMismatch => "Unprocessable Content",
+            Problem::HandlerFailed => "Internal Server Error",
+            Problem::Unavailable => "Service Unavailable",
+        }
+    }
+
     pub fn code(self) -> &'static str {
         match self {
             Problem::KeyMissing => "key_missing",
@@ -210,7 +236,7 @@ impl Problem {
         let status = self.status();
         let body = json!({
             "type": "about:blank",
-            "title": status.canonical_reason().unwrap_or(""),
+            "title": self.title(),
             "status": status.as_u16(),
             "detail": detail,
             "code": self.code(),
@@ -248,6 +274,37 @@ mod tests {
             json!({"type": "about:blank", "title": "Conflict", "status": 409,
                    "detail": "Retry later.", "code": "in_flight"})
         );
+    }
+
+    #[test]
+    fn problem_titles_are_rfc_9110s() {
+        // I7: the same titles from every middleware; http's canonical reasons are older.
+        for (problem, title) in [
+            (Problem::BodyTooLarge, "Content Too Large"),
+            (Problem::FingerprintMismatch, "Unprocessable Content"),
+        ] {
+            let body: Value = serde_json::from_slice(problem.response("x", None).body()).unwrap();
+            assert_eq!(body["title"], title);
+        }
+    }
+
+    #[test]
+    fn a_header_value_past_ascii_is_stored_and_replayed_byte_for_byte() {
+        // I5: Python and Node keep such a value (one character per byte); dropping it
+        // replays a response without, e.g., its content-disposition.
+        let raw = b"attachment; filename=\"caf\xe9.txt\"";
+        let mut headers = HeaderMap::new();
+        headers.append("content-disposition", HeaderValue::from_bytes(raw).unwrap());
+        let stored = stored_response(StatusCode::OK, &headers, Some(b""), false);
+        assert_eq!(
+            stored["headers"],
+            json!([[
+                "content-disposition",
+                "attachment; filename=\"caf\u{e9}.txt\""
+            ]])
+        );
+        let replay = replayed_response(&stored).unwrap();
+        assert_eq!(replay.headers()["content-disposition"].as_bytes(), raw);
     }
 
     #[test]

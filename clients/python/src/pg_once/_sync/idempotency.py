@@ -107,9 +107,11 @@ class Idempotency:
         """The handler answered in full: store its response (I5), unless it did so itself
         (I8) or its status is not stored; then give the claim back. The response is sent
         by now, so a failure here is logged, never the caller's."""
-        if claim.completed or claim.lost:
+        if claim.lost:
             return
-        if not self.options.store(response.status):
+        if claim.completed or not self.options.store(response.status):
+            # A completion in the handler's transaction that rolled back left the claim
+            # ours, unheartbeated: it goes back (release_key answers false if it committed).
             self.give_back(claim)
             return
         try:
@@ -135,9 +137,9 @@ class Idempotency:
         claim._claim.store(I.stored_text(self.options, status, headers, body))
 
     def give_back(self, claim: RequestClaim) -> None:
-        """Release the claim (a 5xx, an exception, a broken stream): a retry runs again. A
-        completion made in the handler's transaction (I8) that then failed was rolled back
-        with it, so it is released too (release_key answers false if it did commit). A
+        """Release the claim (a 5xx, an exception before the response started): a retry
+        runs again. A completion made in the handler's transaction (I8) that then failed was
+        rolled back with it, so it is released too (release_key answers false if it did commit). A
         release that fails is logged: the claim then ends with its owner or lease (F4)."""
         if claim.lost or claim._claim.ended:
             return
