@@ -41,15 +41,20 @@
 #   EXT_PG_BIN=/opt/pg-bench/usr/lib/postgresql/15/bin \
 #   EDITION_PG_BIN=/opt/pg-node/usr/lib/postgresql/15/bin \
 #   CARGO_TARGET_DIR=/var/tmp/pg_once-scale/target nice -n 10 bench/edition/edition.sh
-# Settings: ROUNDS (3), SECONDS_PER_RUN (5), STAMPEDE_CALLERS ("20 200"; the waiting
-# row needs 200 among them), EXT_PG_BIN
-# (default /usr/lib/postgresql/15/bin), EDITION_PG_BIN (default PG_ONCE_PG_BIN, else
-# EXT_PG_BIN), PG_ONCE_BENCH_PORT (28300; the edition's cluster takes the next port).
+# Settings: ROUNDS (3), SECONDS_PER_RUN (5), STAMPEDE_CALLERS ("20 200"; the waiting row
+# needs 200 among them), EXT_PG_BIN (default /usr/lib/postgresql/15/bin), EDITION_PG_BIN
+# (default PG_ONCE_PG_BIN, as for scripts/*.sh), PG_ONCE_BENCH_PORT (28300; the edition's
+# cluster takes the next port).
+#
+# The figures depend on how long a run is: the edition's cycles slow down as
+# once_internal.key_counts grows between autovacuums (seen on 2026-12-02: from about 500
+# to 160 cycles/s at 8 clients over a minute of cycles, back to 500 after a VACUUM of
+# it), so keep ROUNDS and SECONDS_PER_RUN when comparing runs.
 set -euo pipefail
 PG_MAJOR=15
 source "$(dirname "$0")/../../scripts/lib.sh"
 EXT_PG_BIN=${EXT_PG_BIN:-/usr/lib/postgresql/15/bin}
-EDITION_PG_BIN=${EDITION_PG_BIN:-${PG_ONCE_PG_BIN:-$EXT_PG_BIN}}
+EDITION_PG_BIN=${EDITION_PG_BIN:-$PG_BIN}
 ROUNDS=${ROUNDS:-3}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-5}
 STAMPEDE_CALLERS=${STAMPEDE_CALLERS:-20 200}
