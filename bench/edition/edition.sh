@@ -46,10 +46,11 @@
 # (default PG_ONCE_PG_BIN, as for scripts/*.sh), PG_ONCE_BENCH_PORT (28300; the edition's
 # cluster takes the next port).
 #
-# The figures depend on how long a run is: the edition's cycles slow down as
-# once_internal.key_counts grows between autovacuums (seen on 2026-12-02: from about 500
-# to 160 cycles/s at 8 clients over a minute of cycles, back to 500 after a VACUUM of
-# it), so keep ROUNDS and SECONDS_PER_RUN when comparing runs.
+# Until commit b99d8de the figures depended on how long a run was: with prepared
+# transactions allowed (lib.sh's clusters allow 10), every edition transaction wrote a
+# counts slot of its own into once_internal.key_counts, whose dead rows the next fold
+# read again until autovacuum (from about 500 to 160 cycles/s at 8 clients within a
+# minute). bench/edition/drift.sh runs cycles for 2 minutes and samples that table.
 set -euo pipefail
 PG_MAJOR=15
 source "$(dirname "$0")/../../scripts/lib.sh"
