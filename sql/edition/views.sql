@@ -67,7 +67,7 @@ CREATE OR REPLACE FUNCTION once_internal.key_count_label(key text) RETURNS text
 -- - REPEATABLE READ or SERIALIZABLE: a slot of the transaction's own, from its id (as
 --   counts::transaction_slot), which no other transaction updates: such a transaction
 --   may not update a row that another one (a fold) changed after its snapshot (40001);
--- - while a prepared transaction exists (pg_prepared_xacts, read only when
+-- - while a prepared transaction exists (pg_prepared_xact(), read only when
 --   max_prepared_transactions > 0), the transaction's own as well: a prepared
 --   transaction keeps its rows locked after its backend moved on, and this backend's
 --   next write to the same slot would wait for it. Not whenever prepared transactions
@@ -102,7 +102,7 @@ BEGIN
         RETURN chosen::integer;
     END IF;
     IF read_committed AND (current_setting('max_prepared_transactions')::integer = 0
-                           OR NOT EXISTS (SELECT 1 FROM pg_prepared_xacts)) THEN
+                           OR NOT EXISTS (SELECT 1 FROM pg_prepared_xact() p)) THEN
         my_slot := pg_backend_pid();
     ELSE
         my_slot := -2 - (txid_current() & 1073741823)::integer;
