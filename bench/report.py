@@ -500,7 +500,67 @@ def table_idempotency_duplicates(rows):
             r["max_runs_per_key"], (r["handler_runs"] - r["keys"]) / r["keys"]))
 
 
+def table_edition(rows):
+    """Issue 28: the SQL edition against the extension, sides alternating in one run
+    (bench/edition/edition.sh): each figure's median (range) on both, and their ratio."""
+    runs = of(rows, "edition")
+    measured = [r for r in runs if r["measure"] != "run"]
+    # (row title, measure, size field, size, figure, decimals, what is better)
+    lines = []
+    for (measure, size_field) in (("hit", "clients"), ("cycle", "clients"),
+                                  ("stampede", "callers"), ("takeover", None)):
+        sizes = dict.fromkeys(r.get(size_field) for r in measured if r["measure"] == measure)
+        for n in sizes:
+            if measure in ("hit", "cycle"):
+                what = "cache hits/s (claim_key)" if measure == "hit" else "claim+complete cycles/s"
+                lines.append(("%s, %d client%s" % (what, n, "" if n == 1 else "s"), measure, size_field, n, "tps", 0, "higher"))
+            elif measure == "stampede":
+                for f in ("p50_ms", "p99_ms"):
+                    lines.append(("stampede wake-up %s ms, %d callers" % (f[:3], n),
+                                  measure, size_field, n, f, 1, "lower"))
+            else:
+                lines.append(("takeover ms (killed owner, 30 s lease)", measure, None, None,
+                              "takeover_ms", 1, "lower"))
+    print("| measure | extension | SQL edition | edition / extension |")
+    print("|---|---|---|---|")
+    for title, measure, size_field, n, field, decimals, _ in lines:
+        cells = {}
+        for side in ("extension", "edition"):
+            mine = [r for r in measured if r["measure"] == measure and r["side"] == side
+                    and (size_field is None or r.get(size_field) == n)]
+            cells[side] = median_range([r[field] for r in mine], decimals) if mine else ("-", None)
+        (a, ma), (b, mb) = cells["extension"], cells["edition"]
+        ratio = "%.2fx" % (mb / ma) if ma and mb is not None else "-"
+        print("| %s | %s | %s | %s |" % (title, a, b, ratio))
+    # Waiting: per round and side, the extra server CPU of the longer stampede over the
+    # 500 ms one of the same callers, per second of the extra computation.
+    busy = {}
+    for w in (r for r in measured if r["measure"] == "waiting"):
+        short = [r for r in measured if r["measure"] == "stampede" and r["side"] == w["side"]
+                 and r["round"] == w["round"] and r["callers"] == w["callers"]]
+        if short and "server_cpu_s" in w:
+            busy.setdefault((w["callers"], w["side"]), []).append(
+                (w["server_cpu_s"] - short[0]["server_cpu_s"]) / w["longer_by_s"])
+    for n in dict.fromkeys(c for c, _ in busy):
+        a = median_range(busy.get((n, "extension"), [0]), 2)
+        b = median_range(busy.get((n, "edition"), [0]), 2)
+        ratio = "%.2gx" % (b[1] / a[1]) if a[1] > 0 else "-"
+        print("| server cores busy while %d callers wait | %s | %s | %s |" % (n, a[0], b[0], ratio))
+    computations = sorted({r["computations"] for r in measured if r["measure"] == "stampede"})
+    loads = [r["load1"] for r in measured]
+    for run in (r for r in runs if r["measure"] == "run"):
+        print()
+        print("pg_once %s (release build, preloaded) on PostgreSQL %s against the SQL edition of "
+              "commit %s; %d rounds alternating the sides, %d s pgbench runs, %d cores; "
+              "computations per stampede: %s; 1-minute load average %.1f to %.1f over the rows "
+              "(%s before the run, %s after)." % (
+                  run["extension_version"], run["postgres"], run["edition_commit"], run["rounds"],
+                  run["seconds_per_run"], run["cores"], ", ".join(map(str, computations)) or "-",
+                  min(loads, default=0), max(loads, default=0), run["load_before"], run["load_after"]))
+
+
 TABLES = {
+    "edition": table_edition,
     "cycles": table_cycles, "stampede": table_stampede, "takeover": table_takeover,
     "listeners": table_listeners, "queue": table_queue, "pgmq": table_pgmq, "bloat": table_bloat,
     "pooled": table_pooled, "freshness": table_freshness, "xfetch": table_xfetch,

@@ -433,6 +433,9 @@ DECLARE
     deadline timestamptz;
     nap interval := '5 milliseconds';
     c once.claim;
+    h bytea;
+    r record;
+    seen_token bigint;
 BEGIN
     PERFORM once_internal.usable_key(key, 'claim_key');
     PERFORM once_internal.usable_interval(lease, 'lease',
@@ -463,15 +466,47 @@ BEGIN
     -- runs out. The edition has no latches to be woken by: the sleeps start at 5 ms and
     -- double up to 100 ms (a waiter sees a result at most that late), and hold no lock (a
     -- look that loses takes none with it).
+    -- A waiting look is first a read of the key's row by its hash: while it is the same
+    -- running claim (same token), within its lease and with its owner alive, the answer
+    -- is the same wait, with the row's owner, lease and attempts, and claim_attempt (its
+    -- checks, its settings, its subtransaction) is not run. The owner's liveness is then
+    -- looked at most every 200 ms (backend_alive, once_internal.waiting). Anything else,
+    -- and the last look at the deadline, is claim_attempt's.
     deadline := clock_timestamp() + wait;
     LOOP
+        IF seen_token IS NOT NULL AND clock_timestamp() < deadline THEN
+            SELECT e.token, e.state, e.owner, e.lease_expires_at, e.attempts, e.lease_only,
+                   e.owner_pid, e.owner_started
+              INTO r FROM once.entries e WHERE e.key_hash = h;
+            IF FOUND AND r.token = seen_token AND r.state = 'running'
+               AND r.lease_expires_at > clock_timestamp()
+               AND (r.lease_only OR pg_is_in_recovery()
+                    OR once_internal.backend_alive(r.owner_pid, r.owner_started)) THEN
+                c.owner := r.owner;
+                c.lease_expires_at := r.lease_expires_at;
+                c.attempts := r.attempts;
+                PERFORM pg_sleep(extract(epoch FROM least(nap, deadline - clock_timestamp())));
+                nap := least(nap * 2, '100 milliseconds');
+                CONTINUE;
+            END IF;
+        END IF;
         c := once_internal.claim_attempt(key, lease, pid, started, only_lease,
                                          greatest(deadline - clock_timestamp(), '0'), serve_stale,
                                          fingerprint);
         EXIT WHEN c.outcome <> 'wait' OR clock_timestamp() >= deadline;
+        seen_token := NULL;
+        IF c.owner IS NOT NULL THEN
+            -- A running claim: remember which, for the next looks.
+            h := coalesce(h, once.key_hash(key));
+            SELECT e.token INTO seen_token FROM once.entries e
+             WHERE e.key_hash = h AND e.state = 'running' AND e.owner = c.owner
+               AND e.lease_expires_at = c.lease_expires_at;
+            PERFORM set_config('once_internal.waiting', 'on', true);
+        END IF;
         PERFORM pg_sleep(extract(epoch FROM least(nap, deadline - clock_timestamp())));
         nap := least(nap * 2, '100 milliseconds');
     END LOOP;
+    PERFORM set_config('once_internal.waiting', 'off', true);
     RETURN c;
 END
 $$;

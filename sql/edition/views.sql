@@ -61,20 +61,29 @@ CREATE OR REPLACE FUNCTION once_internal.key_count_label(key text) RETURNS text
 -- The slot of key_counts this transaction writes its changes into, chosen once per
 -- transaction (kept in the transaction-local setting once_internal.counts_slot):
 -- - READ COMMITTED: this backend's pid, so that two backends never wait for each
---   other's counts (the extension uses the backend's number, which SQL cannot see);
+--   other's counts (the extension uses the backend's number, which SQL cannot see), and
+--   a transaction updates its one row in place (HOT: fillfactor 50, no index on the
+--   counters), which page pruning cleans up without VACUUM;
 -- - REPEATABLE READ or SERIALIZABLE: a slot of the transaction's own, from its id (as
 --   counts::transaction_slot), which no other transaction updates: such a transaction
 --   may not update a row that another one (a fold) changed after its snapshot (40001);
--- - with prepared transactions enabled (max_prepared_transactions > 0), always the
---   transaction's own: a prepared transaction keeps its rows locked after its backend
---   moved on, and this backend's next write to the same slot would wait for it.
+-- - while a prepared transaction exists (pg_prepared_xact(), read only when
+--   max_prepared_transactions > 0), the transaction's own as well: a prepared
+--   transaction keeps its rows locked after its backend moved on, and this backend's
+--   next write to the same slot would wait for it. Not whenever prepared transactions
+--   are merely allowed: a slot per transaction is a row inserted and a row deleted per
+--   transaction, and between two autovacuums their dead index entries made every fold
+--   slower (8 clients' cycles fell from 535/s to 259/s within a minute, 2026-12-02,
+--   bench/edition/drift.sh).
 -- A READ COMMITTED transaction then folds into its slot the rows no transaction holds
 -- of the transactions' own slots (below -1: committed ones; nobody writes them again),
--- and, on the session's first write, those of backends that are gone: the rows
--- once.stats sums stay about as many as there are namespaces times backends running,
--- without any reaping (the extension folds in its worker's reap_stale). SKIP LOCKED:
--- a fold never waits, and nothing waits for a fold but a new backend that got a gone
--- one's pid, until the folding transaction ends.
+-- at most 64 of them, oldest slot numbers first, through the primary key (a plain index
+-- scan, which marks the dead entries it passes so that the next scan skips them; a
+-- bitmap scan never does), and, on the session's first write, those of backends that
+-- are gone: the rows once.stats sums stay about as many as there are namespaces times
+-- backends running, without any reaping (the extension folds in its worker's
+-- reap_stale). SKIP LOCKED: a fold never waits, and nothing waits for a fold but a new
+-- backend that got a gone one's pid, until the folding transaction ends.
 CREATE OR REPLACE FUNCTION once_internal.counts_slot() RETURNS integer
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -84,6 +93,7 @@ DECLARE
     chosen text := current_setting('once_internal.counts_slot', true);
     my_slot integer;
     read_committed boolean := current_setting('transaction_isolation') = 'read committed';
+    first_write boolean;
 BEGIN
     -- A setting anyone may SET: taken only if it names this backend's slot or this
     -- transaction's, so that nobody can write (and hold) another session's counts row.
@@ -91,23 +101,25 @@ BEGIN
                                        OR chosen::bigint = -2 - (txid_current() & 1073741823)) THEN
         RETURN chosen::integer;
     END IF;
-    IF read_committed AND current_setting('max_prepared_transactions')::integer = 0 THEN
+    IF read_committed AND (current_setting('max_prepared_transactions')::integer = 0
+                           OR NOT EXISTS (SELECT 1 FROM pg_prepared_xact() p)) THEN
         my_slot := pg_backend_pid();
     ELSE
         my_slot := -2 - (txid_current() & 1073741823)::integer;
     END IF;
     IF read_committed THEN
+        first_write := current_setting('once_internal.counts_session', true)
+                       IS DISTINCT FROM pg_backend_pid()::text;
         WITH folded AS (
             DELETE FROM once_internal.key_counts k
-             WHERE k.ctid = ANY (ARRAY(
-                       SELECT c.ctid FROM once_internal.key_counts c
-                        WHERE c.slot <> my_slot
-                          AND (c.slot < -1
-                               OR (c.slot > 0
-                                   AND current_setting('once_internal.counts_session', true)
-                                       IS DISTINCT FROM pg_backend_pid()::text
-                                   AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = c.slot)))
-                        FOR UPDATE SKIP LOCKED))
+             WHERE k.ctid = ANY (ARRAY(SELECT c.ctid FROM once_internal.key_counts c
+                                        WHERE c.slot < -1 AND c.slot <> my_slot
+                                        ORDER BY c.slot LIMIT 64
+                                          FOR UPDATE SKIP LOCKED)
+                                 || ARRAY(SELECT c.ctid FROM once_internal.key_counts c
+                                           WHERE first_write AND c.slot > 0 AND c.slot <> my_slot
+                                             AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = c.slot)
+                                             FOR UPDATE SKIP LOCKED))
             RETURNING k.namespace, k.queued, k.done, k.failed, k.errors, k.attempts)
         INSERT INTO once_internal.key_counts AS c (slot, namespace, queued, done, failed, errors, attempts)
         SELECT my_slot, f.namespace, sum(f.queued), sum(f.done), sum(f.failed), sum(f.errors), sum(f.attempts)
@@ -116,7 +128,9 @@ BEGIN
            SET queued = c.queued + excluded.queued, done = c.done + excluded.done,
                failed = c.failed + excluded.failed, errors = c.errors + excluded.errors,
                attempts = c.attempts + excluded.attempts;
-        PERFORM set_config('once_internal.counts_session', pg_backend_pid()::text, false);
+        IF first_write THEN
+            PERFORM set_config('once_internal.counts_session', pg_backend_pid()::text, false);
+        END IF;
     END IF;
     PERFORM set_config('once_internal.counts_slot', my_slot::text, true);
     RETURN my_slot;
