@@ -363,6 +363,22 @@ tle app_user -c "BEGIN" -c "SELECT once.invalidate_key('prepared')" \
 tle_su -c "COMMIT PREPARED 'p1'" >/dev/null
 expect "once.stats through the extension, after a prepared transaction" \
     "$(tle admin -c "$truth")" "$(tle admin -c "$stats")"
+# With prepared transactions allowed and none prepared, a READ COMMITTED transaction
+# still counts into its backend's row, updated in place: 200 of them insert no row each
+# (they did once, and the dead rows slowed every later fold: BENCHMARKS.md section 13).
+counts_inserted() {
+    tle admin -c "SELECT n_tup_ins FROM pg_stat_user_tables WHERE relid = 'once_internal.key_counts'::regclass"
+}
+inserted_before=$(counts_inserted)
+for i in $(seq 200); do echo "SELECT once.complete_key('rc/$i', token, '1') FROM once.claim_key('rc/$i');"; done |
+    tle app_user -q >/dev/null
+sleep 1   # the session's statistics reach the shared counters as it exits
+inserted=$(($(counts_inserted) - inserted_before))
+if [ "$inserted" -gt 5 ]; then
+    echo "200 READ COMMITTED completions inserted $inserted rows into once_internal.key_counts" >&2
+    exit 1
+fi
+tle admin -q -c "DELETE FROM once.entries WHERE key LIKE 'rc/%'"
 # An upgrade: a newer version's file adds an update path, ALTER EXTENSION UPDATE runs it.
 sed "s/this constant text := '0.3.0';/this constant text := '0.3.1-test';/" "$tle_file" >"$work/pg_once_tle_next.sql"
 tle admin -q -f "$work/pg_once_tle_next.sql"
