@@ -404,7 +404,9 @@ if step 3 && [ "$PG_MAJOR" = 15 ]; then
     # and node_modules made above.
     clients_venv=
     step 6 && clients_venv=$py_venv
-    PG_ONCE_TEST_PORT=$((PORT + 8)) PG_ONCE_PY_VENV=$clients_venv ./scripts/test-sql-edition-more.sh
+    # PG_ONCE_TEST_CRON: reap_stale scheduled with Debian's pg_cron, as the docs say.
+    PG_ONCE_TEST_PORT=$((PORT + 8)) PG_ONCE_PY_VENV=$clients_venv PG_ONCE_TEST_CRON=1 \
+        ./scripts/test-sql-edition-more.sh
 fi
 
 if step 8; then
