@@ -12,10 +12,21 @@
 //! Nobody on a standby wakes a waiter either: the commit callbacks that do so run on the
 //! primary, so a wait here polls (protocol::waiting).
 //!
+//! A waiting claim_key is one statement, and keeps that statement's snapshot for as long as
+//! it waits. Replay of the primary's cleanup of rows that snapshot may still see stops
+//! until the statement ends (or max_standby_streaming_delay runs out and PostgreSQL cancels
+//! it): had the waiter gone on waiting, it would have held back the very completion it
+//! waits for. So a waiter that finds replay stopped answers `wait` at once (`replay_waits`),
+//! and its caller asks again with a new snapshot.
+//!
 //! This module is the one place that asks whether the server is in recovery.
 
 use crate::errors;
+use crate::protocol::rules::statement;
+use crate::storage::statements::{self, params, Statement};
 use pgrx::pg_sys;
+
+static REPLAY_WAITS: Statement = statement!("replay_waits");
 
 /// Whether this server is a standby (in recovery), where nothing can be written.
 pub fn active() -> bool {
@@ -35,4 +46,15 @@ pub fn refuse_writes(function: &str) {
             ),
         );
     }
+}
+
+/// Is replay on this standby stopped by a conflict with a backend here (possibly the
+/// caller's own snapshot)? Only meaningful while `active()`.
+pub fn replay_waits() -> bool {
+    statements::run(&REPLAY_WAITS, params![], |table| {
+        Ok(table
+            .first()
+            .get_by_name::<bool, _>("waits")?
+            .unwrap_or(false))
+    })
 }
