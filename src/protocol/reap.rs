@@ -37,22 +37,58 @@ pub struct Reaped {
     pub history: i64,
 }
 
-/// Take back claims whose owner is gone, purge expired results and old attempt history.
+/// Take back claims whose owner is gone, purge expired results and old attempt history:
+/// once.reap_stale(), in the caller's transaction.
 pub fn reap() -> Reaped {
+    let reclaimed = reclaim();
+    let (expired, history) = purge();
+    Reaped {
+        reclaimed,
+        expired,
+        history,
+    }
+}
+
+/// Take back claims whose owner is gone; returns how many. The worker commits this on its
+/// own, before it purges: a reclaimed row stays locked until the transaction that wrote
+/// it ends, and a claim of that key meanwhile is answered `wait` (it never waits for a
+/// lock with `wait => 0`), so the shorter that transaction, the sooner the key is
+/// claimable and its waiters are woken.
+pub fn reclaim() -> i64 {
     standby::refuse_writes("reap_stale");
     liveness::refresh();
     let reclaimed = statements::run(&REAP_GONE_OWNERS, params![], |table| Ok(table.len() as i64));
+    shmem::count_n(Counter::Reaped, reclaimed as u64);
+    reclaimed
+}
+
+/// Purge expired results and old attempt history, and fold key counts; returns how many
+/// results and history rows were purged.
+pub fn purge() -> (i64, i64) {
+    standby::refuse_writes("reap_stale");
     let expired = statements::run(&PURGE_EXPIRED, params![batch = PURGE_BATCH], |table| {
         Ok(table.len() as i64)
     });
-    let retention = guc::HISTORY_RETENTION_S.get() as f64;
+    let history = purge_history(guc::HISTORY_RETENTION_S.get() as f64, PURGE_BUDGET);
+    counts::fold();
+    shmem::count_n(Counter::Purged, expired as u64);
+    (expired, history)
+}
+
+/// Delete attempt history older than `retention_s` seconds, a batch at a time, until none
+/// is left or `budget` has gone (checked after each batch: at least one batch is purged).
+pub fn purge_history(retention_s: f64, budget: Duration) -> i64 {
     let started = Instant::now();
     let mut history = 0;
     let mut after: Option<TimestampWithTimeZone> = None;
     loop {
         let (purged, last) = statements::run(
             &PURGE_HISTORY,
-            params![retention_s = retention, after = after, batch = PURGE_BATCH],
+            params![
+                retention_s = retention_s,
+                after = after,
+                batch = PURGE_BATCH
+            ],
             |table| {
                 let row = table.first();
                 Ok((
@@ -64,16 +100,8 @@ pub fn reap() -> Reaped {
         );
         history += purged;
         after = last;
-        if purged < PURGE_BATCH || started.elapsed() >= PURGE_BUDGET {
-            break;
+        if purged < PURGE_BATCH || started.elapsed() >= budget {
+            return history;
         }
-    }
-    counts::fold();
-    shmem::count_n(Counter::Reaped, reclaimed as u64);
-    shmem::count_n(Counter::Purged, expired as u64);
-    Reaped {
-        reclaimed,
-        expired,
-        history,
     }
 }

@@ -197,35 +197,43 @@ fn relay(shared: &shmem::Shared, queue: usize) -> usize {
     }
 }
 
-/// reap_stale, where this library's version of the extension is installed. Between a
-/// package upgrade and ALTER EXTENSION pg_once UPDATE the tables are not the ones this
-/// code knows: the worker says so once and waits (relaying still works: it touches no
-/// table).
+/// reap_stale, where this library's version of the extension is installed, in two
+/// transactions: the takeover of gone owners' claims commits first, on its own, so that
+/// those keys are claimable (and their waiters woken) without waiting for the purges
+/// (protocol::reap::reclaim). Between a package upgrade and ALTER EXTENSION pg_once UPDATE
+/// the tables are not the ones this code knows: the worker says so once and waits
+/// (relaying still works: it touches no table).
 fn reap() {
-    BackgroundWorker::transaction(|| {
-        let Some(version) = installed::installed_version() else {
-            return;
-        };
-        if version != installed::LIBRARY_VERSION {
-            if !MISMATCH_LOGGED.replace(true) {
-                warning!(
-                    "pg_once worker: this database has pg_once {version} installed, but the server runs the pg_once {} library; the worker reaps nothing until ALTER EXTENSION pg_once UPDATE is run in it",
-                    installed::LIBRARY_VERSION
-                );
-            }
-            return;
-        }
-        MISMATCH_LOGGED.set(false);
-        let r = protocol::reap::reap();
-        if r.reclaimed > 0 || r.expired > 0 || r.history > 0 {
-            debug1!(
-                "pg_once: reclaimed {} claims, purged {} expired results and {} history rows",
-                r.reclaimed,
-                r.expired,
-                r.history
+    let reclaimed =
+        BackgroundWorker::transaction(|| installed_here().then(protocol::reap::reclaim));
+    let Some(reclaimed) = reclaimed else {
+        return;
+    };
+    let (expired, history) = BackgroundWorker::transaction(protocol::reap::purge);
+    if reclaimed > 0 || expired > 0 || history > 0 {
+        debug1!(
+            "pg_once: reclaimed {reclaimed} claims, purged {expired} expired results and {history} history rows"
+        );
+    }
+}
+
+/// Is this library's version of the extension installed in the worker's database? Logs
+/// a mismatch once, until it is resolved.
+fn installed_here() -> bool {
+    let Some(version) = installed::installed_version() else {
+        return false;
+    };
+    if version != installed::LIBRARY_VERSION {
+        if !MISMATCH_LOGGED.replace(true) {
+            warning!(
+                "pg_once worker: this database has pg_once {version} installed, but the server runs the pg_once {} library; the worker reaps nothing until ALTER EXTENSION pg_once UPDATE is run in it",
+                installed::LIBRARY_VERSION
             );
         }
-    });
+        return false;
+    }
+    MISMATCH_LOGGED.set(false);
+    true
 }
 
 thread_local! {
