@@ -12,6 +12,8 @@ import { entryKey } from '../src/idempotency.cjs';
 import { DSN, admin, sleep } from './helpers.js';
 
 const SCHEMA = 'node_idempotency_test';
+// What the middlewares under test are keyed with (rule I2).
+const SECRET = 'pg-once node middleware tests, 32+ bytes';
 
 /**
  * The routes every app serves, one handler behind several configurations (a smaller
@@ -81,7 +83,7 @@ function makeHandler(pool) {
 async function expressApp(client, handler) {
   const app = express();
   for (const [path, options] of Object.entries(ROUTES)) {
-    app.use(path, idempotency({ client, ttl: 3600, onError: () => {}, ...options }));
+    app.use(path, idempotency({ client, secret: SECRET, ttl: 3600, onError: () => {}, ...options }));
   }
   app.use(express.json());
   app.get('/orders', (req, res) => res.json({ listing: true }));
@@ -101,7 +103,7 @@ async function fastifyApp(client, handler) {
   const app = Fastify();
   for (const [path, options] of Object.entries(ROUTES)) {
     app.register(async (scope) => {
-      await scope.register(idempotencyPlugin, { client, ttl: 3600, onError: () => {}, ...options });
+      await scope.register(idempotencyPlugin, { client, secret: SECRET, ttl: 3600, onError: () => {}, ...options });
       scope.post('/orders', async (request, reply) => {
         const answer = await handler.handle(request.headers['idempotency-key'] ?? null, request.body, request.idempotency);
         reply.code(answer.status).headers(answer.headers);
@@ -259,7 +261,7 @@ for (const [name, makeApp] of [['express', expressApp], ['fastify', fastifyApp]]
       try {
         let taken;
         for (let i = 0; i < 50 && taken?.outcome !== 'claimed'; i += 1) {
-          taken = await other.claim(entryKey('', null, key), { fingerprint: null });
+          taken = await other.claim(entryKey('', null, key, Buffer.from(SECRET)), { fingerprint: null });
           if (taken.outcome !== 'claimed') await sleep(100);
         }
         assert.equal(taken.outcome, 'claimed');
