@@ -151,10 +151,12 @@ async def test_a_listener_cannot_crack_the_callers_credentials(api, attacker):
                if hashlib.sha256(("Basic " + base64.b64encode(f"alice:{w}".encode()).decode())
                                  .encode()).hexdigest() in entry]
     assert not cracked, f"channel once announced {entry}: alice's password is {cracked[0]!r}"
+    assert credential.split()[1] not in entry, f"channel once announced the credential: {entry}"
     assert key not in entry, f"channel once announced the key itself: {entry}"
     digest = hashlib.sha256(credential.encode()).hexdigest()
-    assert attacker.conn.execute("SELECT count(*) FROM once.entries WHERE key LIKE %s",
-                                 (f"%{digest}%",)).fetchone()[0] == 0, \
+    assert digest not in entry and attacker.conn.execute(
+        "SELECT count(*) FROM once.entries WHERE key LIKE %s AND key LIKE %s",
+        (f"%{digest}%", f"%{key}%")).fetchone()[0] == 0, \
         "once.entries (and so every dump) holds the credential's unkeyed digest"
 
 
