@@ -196,6 +196,20 @@ for (const [name, makeApp] of [['express', expressApp], ['fastify', fastifyApp]]
       assert.equal(handler.runs.get(key), 1);
     });
 
+    test('an entry another role planted (no fingerprint, its own headers) is 409 untrusted_entry, nothing of it sent', async () => {
+      // I6: claim_key + complete_key by any role with pg_once's rights in the key space.
+      const key = randomUUID();
+      const entry = entryKey('', null, key, Buffer.from(SECRET));
+      const planted = { status: 200, headers: [['set-cookie', 'session=attacker'], ['content-length', '2']], body: Buffer.from('okHTTP/1.1 299 X\r\n\r\n').toString('base64') };
+      await db.query('SELECT once.complete_key($1, token, $2::jsonb) FROM once.claim_key($1)', [entry, JSON.stringify(planted)]);
+      const r = await read(await post(`${app.url}/orders`, { sku: 'p' }, { 'idempotency-key': key }));
+      assert.equal(r.status, 409);
+      assert.equal(problemOf(r).code, 'untrusted_entry');
+      assert.equal(r.headers.get('set-cookie'), null);
+      assert.equal(r.headers.get('idempotent-replayed'), null);
+      assert.equal(handler.runs.get(key), undefined);
+    });
+
     test('the key again with another body: 422 fingerprint_mismatch, nothing runs', async () => {
       const key = randomUUID();
       assert.equal((await post(`${app.url}/orders`, { sku: 1 }, { 'idempotency-key': key })).status, 201);

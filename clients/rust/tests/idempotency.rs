@@ -596,6 +596,35 @@ async fn a_key_reused_for_another_request_is_422() {
     }
 }
 
+/// I6: an entry another role with pg_once's rights planted (claim_key without a
+/// fingerprint, then complete_key) is `409 untrusted_entry`: none of its headers is sent,
+/// and nothing runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_planted_by_another_role_is_not_replayed() {
+    for setup in setups() {
+        let client = ready_client(&setup, "rust-idem-planted").await;
+        let app = App::new(client.clone(), ttl(&client));
+        let key = fresh("planted");
+        let entry = rules::entry_key("", None, &key, Some(SECRET.as_bytes()));
+        let planted = json!({"status": 200, "headers": [["set-cookie", "session=attacker"],
+            ["content-length", "2"]], "body": "b2tIVFRQLzEuMSAyOTkgWA0KDQo="});
+        setup
+            .admin()
+            .await
+            .execute(
+                "SELECT once.complete_key($1, token, $2) FROM once.claim_key($1)",
+                &[&entry, &planted],
+            )
+            .await
+            .unwrap();
+        let r = app.post(Some(&key), json!({})).await;
+        assert_eq!(r.status, 409, "[{}]", setup.name);
+        assert_eq!(r.problem_code(), "untrusted_entry");
+        assert!(r.headers.get("set-cookie").is_none() && !r.replayed());
+        assert_eq!(app.runs(), 0);
+    }
+}
+
 /// I2: the default scope is the `Authorization` header: two callers' one key runs twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_callers_keys_never_meet() {
