@@ -344,7 +344,13 @@ export interface IdempotencyOptions {
   required?: boolean;
   /** A prefix of the entries' keys, e.g. 'tenant2/' (default ''). */
   namespace?: string;
-  /** Who the key belongs to: a string or null (default: SHA-256 of the Authorization header). */
+  /**
+   * Keys the entries (an HMAC of scope and key) and authenticates the stored responses: at
+   * least 32 bytes, the same in every process (e.g. from an environment variable). Required
+   * with the default scope, which comes from the caller's credentials.
+   */
+  secret?: string | Uint8Array | null;
+  /** Who the key belongs to, the authenticated principal: a string or null (default: the Authorization header, keyed by `secret`). */
   scope?: ((request: any) => string | null) | null;
   /** The request's digest, 1 to 64 bytes, or null for none (default SHA-256 of method, path, query, body). */
   fingerprint?: ((request: { method: string; path: string; query: string; body: Buffer }) => Uint8Array | null) | null;

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -40,6 +41,9 @@ SETUP_TIMEOUT_S = 1800  # a first `cargo build` of a service on two shared cores
 STOP_GRACE_S = 5
 # Marks every process this run starts (see the module's docstring).
 RUN_MARK = "PG_ONCE_HTTP_RUN"
+# What every service's middlewares are keyed with (docs/clients.md, I2), given to them as
+# IDEMPOTENCY_SECRET: one per run, the same for every instance, as a deployment shares it.
+SECRET = os.environ.get("IDEMPOTENCY_SECRET") or secrets.token_hex(32)
 
 
 class ServiceError(Exception):
@@ -292,7 +296,8 @@ class Running:
         self.service, self.dsn, self.count = service, dsn, count
         self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix=f"idem-{service.name}-"))
         self.mark = uuid.uuid4().hex
-        self.env = {**os.environ, "PG_ONCE_DSN": url_dsn(dsn), RUN_MARK: self.mark}
+        self.env = {**os.environ, "PG_ONCE_DSN": url_dsn(dsn), "IDEMPOTENCY_SECRET": SECRET,
+                    RUN_MARK: self.mark}
         self.instances: list[Instance] = []
 
     def __enter__(self) -> "Running":

@@ -4,6 +4,8 @@ its orders, its pg_once entry), and a client that spreads requests over the inst
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import itertools
 import json
 import time
@@ -12,7 +14,7 @@ import uuid
 import httpx
 import psycopg
 
-from services import Running
+from services import SECRET, Running
 
 TABLES = """
 CREATE SCHEMA IF NOT EXISTS idem_demo;
@@ -33,8 +35,12 @@ def fresh_key() -> str:
 
 
 def entry_key(key: str, scope: str | None = None) -> str:
-    """pg_once's key of a request's entry (docs/clients.md, I2) for a key without namespace."""
-    return "idempotency:" + json.dumps([scope, key], separators=(",", ":"))
+    """pg_once's key of a request's entry (docs/clients.md, I2) for a key without namespace,
+    keyed with the run's secret; `scope` is the Authorization header as received (one
+    character per byte), or None. (json.dumps is rule K2's ENCODE for these ASCII keys.)"""
+    encoded = json.dumps(["idempotency-key", scope, key], separators=(",", ":"), ensure_ascii=False)
+    digest = hmac.new(SECRET.encode(), encoded.encode("utf-8"), hashlib.sha256).hexdigest()
+    return f"idempotency:#hmac-sha256:{digest}"
 
 
 class Db:

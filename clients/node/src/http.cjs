@@ -7,6 +7,7 @@ const { OnceClient } = require('./client.cjs');
 const { ClaimLost } = require('./errors.cjs');
 const {
   defaultScope, entryKey, headerPairs, idempotencyOptions, parseKeyHeader, problem, replay, splitTarget, storedResponse,
+  untrusted, untrustedEntry,
 } = require('./idempotency.cjs');
 
 const defaultOnError = (err) => console.warn(`pg-once idempotency: ${err?.message ?? err}`);
@@ -72,11 +73,11 @@ class Gate {
   async begin({ key, method, url, headers, body, request }) {
     const o = this.options;
     const scope = o.scope ? o.scope(request) : defaultScope(headers.authorization);
-    const entry = entryKey(o.namespace, scope ?? null, key);
+    const entry = entryKey(o.namespace, scope ?? null, key, o.secret);
     let fingerprint = null;
     if (o.fingerprint) {
       const { path, query } = splitTarget(url);
-      fingerprint = o.fingerprint({ method: method.toUpperCase(), path, query, body });
+      fingerprint = o.fingerprint({ method: method.toUpperCase(), path, query, body }) ?? null;
     }
     const asked = await this.#claim(entry, fingerprint, o.inFlight === 'wait' ? o.wait : 0);
     if (asked.answer) return asked;
@@ -110,7 +111,12 @@ class Gate {
     }
     switch (asked.outcome) {
       case 'claimed': return { claim: asked.claim };
-      case 'hit': return { answer: replay(asked.result) };
+      case 'hit': {
+        const why = untrusted(this.options, entry, fingerprint, asked.result);
+        if (why === null) return { answer: replay(asked.result) };
+        this.onError(new Error(`pg-once: not replaying the entry ${entry}: ${why}; something other than this middleware wrote it (a role with pg_once's rights in its key space?)`));
+        return { answer: untrustedEntry(this.options.header) };
+      }
       case 'mismatch':
         return { answer: problem('fingerprint_mismatch', 'This idempotency key was used with another request (method, path, query or body); use a new key for a new request.') };
       case 'failed': {
@@ -167,7 +173,7 @@ class RequestClaim {
     if (this.#settled) throw new ClaimLost(this.key);
     const bytes = Buffer.from(body ?? '');
     const o = this.#gate.options;
-    const stored = storedResponse(status, headerPairs(headers), bytes.length > o.maxBody ? null : bytes, o);
+    const stored = storedResponse(status, headerPairs(headers), bytes.length > o.maxBody ? null : bytes, this.#form());
     await this.#claim.completeOn(pgClient, stored, { ttl: o.ttl });
     this.#completedByHandler = true;
   }
@@ -195,6 +201,12 @@ class RequestClaim {
     return this.#settled;
   }
 
+  /** What the stored form of this request's response is keyed with (I5). */
+  #form() {
+    const { storeCookies, secret } = this.#gate.options;
+    return { storeCookies, secret, entry: this.key, fingerprint: this.#fingerprint };
+  }
+
   async #finish(status, headers, body) {
     const o = this.#gate.options;
     // Completed in the handler's transaction: nothing to store. If that transaction rolled
@@ -204,7 +216,7 @@ class RequestClaim {
       return null;
     }
     if (this.#claim.lost) return this.#gate.afterLost(this.key, this.#fingerprint);
-    const stored = storedResponse(status, headers, body, o);
+    const stored = storedResponse(status, headers, body, this.#form());
     try {
       await this.#claim.complete(stored, { ttl: o.ttl });
     } catch (err) {
@@ -220,7 +232,8 @@ class RequestClaim {
 
   async #retryWithoutBody(stored) {
     try {
-      await this.#claim.complete({ ...stored, body: null }, { ttl: this.#gate.options.ttl });
+      const { status, headers } = stored;
+      await this.#claim.complete(storedResponse(status, headers, null, this.#form()), { ttl: this.#gate.options.ttl });
     } catch (err) {
       if (err instanceof ClaimLost) return this.#gate.afterLost(this.key, this.#fingerprint);
       this.#gate.onError(err);

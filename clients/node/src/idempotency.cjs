@@ -3,8 +3,9 @@
 // byte for byte against the Python and Rust middlewares. http.cjs runs the requests.
 'use strict';
 
-const { createHash } = require('node:crypto');
-const { defaultKey } = require('./keys.cjs');
+const { createHash, createHmac, timingSafeEqual } = require('node:crypto');
+const { ConfigurationError } = require('./errors.cjs');
+const { defaultKey, encode } = require('./keys.cjs');
 const { seconds } = require('./util.cjs');
 
 const MiB = 1024 * 1024;
@@ -28,6 +29,7 @@ const PROBLEMS = {
   key_invalid: 400,
   body_too_large: 413,
   in_flight: 409,
+  untrusted_entry: 409,
   fingerprint_mismatch: 422,
   handler_failed: 500,
   unavailable: 503,
@@ -51,23 +53,38 @@ function parseKeyHeader(value) {
   return /^[\x21-\x7e]{1,255}$/.test(key) ? key : null;
 }
 
-/** The pg_once key of a request (I2): NAMESPACE + "idempotency:" + ENCODE([scope, key]). */
-function entryKey(namespace, scope, key) {
+/** I2: the shortest secret: HMAC-SHA-256's output, below which RFC 2104 says the key weakens it. */
+const MIN_SECRET_BYTES = 32;
+
+/** Lowercase hex HMAC-SHA-256 of ENCODE(fields) (rule K2) under the secret. */
+function mac(secret, fields) {
+  return createHmac('sha256', secret).update(encode(fields), 'utf8').digest('hex');
+}
+
+/**
+ * The pg_once key of a request (I2). With a secret (a Buffer): NAMESPACE +
+ * "idempotency:#hmac-sha256:" + hex(HMAC-SHA-256(secret, ENCODE(["idempotency-key", scope,
+ * key]))): neither scope nor key is stored or announced, nor checkable against a guess
+ * without the secret. Without one (a scope that is a principal, not a credential):
+ * NAMESPACE + "idempotency:" + ENCODE([scope, key]).
+ */
+function entryKey(namespace, scope, key, secret = null) {
   if (scope !== null && typeof scope !== 'string') {
     throw new TypeError(`pg-once: an idempotency scope is a string or null, got ${typeof scope}`);
   }
+  if (secret) return `${namespace}idempotency:#hmac-sha256:${mac(secret, ['idempotency-key', scope, key])}`;
   // defaultKey is rule K's NAME + ":" + ENCODE(args), hashed past the server's limit.
   return defaultKey(`${namespace}idempotency`, [scope, key]);
 }
 
 /**
- * The default scope (I2): the lowercase hex SHA-256 of the Authorization header's bytes, or
- * null. Node's parser hands header values over as latin1 (one character per byte), so
- * latin1 gives the bytes back, as Python and Rust hash them.
+ * The default scope (I2): the Authorization header as received, or null. Node's parser
+ * hands header values over as latin1 (one character per byte), as Python and Rust read
+ * them. It only ever enters the entry's key under the secret, which the default scope needs.
  */
 function defaultScope(authorization) {
   if (authorization === undefined || authorization === null) return null;
-  return createHash('sha256').update(String(authorization), 'latin1').digest('hex');
+  return String(authorization);
 }
 
 /**
@@ -96,18 +113,78 @@ const NOT_STORED = new Set([
 
 /**
  * The stored form of a response (I2, I5): `{ status, headers: [[name, value], ...],
- * body: base64 | null }`, names in lower case and in order, without the headers above nor
- * set-cookie (unless storeCookies); the body null when `body` is null (longer than
- * maxBody: the caller stopped collecting it).
+ * body: base64 | null, fingerprint: hex | null }`, and with a secret `mac`; names in lower
+ * case and in order, without the headers above nor set-cookie (unless storeCookies); the
+ * body null when `body` is null (longer than maxBody: the caller stopped collecting it).
+ * `entry` and `fingerprint` (a Buffer or null) are the request's.
  */
-function storedResponse(status, headers, body, { storeCookies = false } = {}) {
+function storedResponse(status, headers, body, { storeCookies = false, secret = null, entry, fingerprint = null } = {}) {
   const kept = [];
   for (const [name, value] of headers) {
     const lower = name.toLowerCase();
     if (NOT_STORED.has(lower) || (lower === 'set-cookie' && !storeCookies)) continue;
     kept.push([lower, String(value)]);
   }
-  return { status, headers: kept, body: body === null ? null : Buffer.from(body).toString('base64') };
+  const form = {
+    status,
+    headers: kept,
+    body: body === null ? null : Buffer.from(body).toString('base64'),
+    fingerprint: fingerprint === null ? null : Buffer.from(fingerprint).toString('hex'),
+  };
+  if (secret) form.mac = responseMac(secret, entry, form);
+  return form;
+}
+
+/** I5: hex(HMAC-SHA-256(secret, ENCODE(["idempotency-response", entry, status, headers, body, fingerprint]))). */
+function responseMac(secret, entry, form) {
+  return mac(secret, ['idempotency-response', entry, form.status, form.headers, form.body, form.fingerprint]);
+}
+
+// I6: a stored header's name is a token in lower case (I5 writes them so); its value a
+// field value (RFC 9110 5.5), one character per byte: no CR, LF, NUL or other control
+// character but tab, no whitespace at either end.
+const HEADER_NAME = /^[!#$%&'*+\-.^_`|~0-9a-z]+$/;
+const HEADER_VALUE = /^(?:[\x21-\x7e\x80-\xff](?:[\t\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)?$/;
+const HEX = /^(?:[0-9a-f]{2}){1,64}$/;
+const BASE64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
+
+/**
+ * Why a stored entry is not one this middleware wrote for this request (I6), or null.
+ * Anyone with pg_once's rights in the key space can write an entry: only one in the
+ * middleware's form, holding this request's fingerprint and, with a secret, its MAC, is
+ * replayed, and none of its headers can frame the response or set a cookie the middleware
+ * would not have stored. `options`: `{ secret, storeCookies }`.
+ */
+function untrusted({ secret = null, storeCookies = false }, entry, fingerprint, stored) {
+  const members = ['body', 'fingerprint', 'headers', 'status', ...(secret ? ['mac'] : [])].sort();
+  if (stored === null || typeof stored !== 'object' || Array.isArray(stored)
+      || Object.keys(stored).sort().join() !== members.join()) {
+    return `its members are not ${members.join(', ')}`;
+  }
+  const { status, headers, body } = stored;
+  if (!Number.isInteger(status) || status < 200 || status > 599) return `its status ${JSON.stringify(status)} is not 200 to 599`;
+  if (!Array.isArray(headers)) return 'its headers are not a list';
+  for (const pair of headers) {
+    if (!Array.isArray(pair) || pair.length !== 2 || typeof pair[0] !== 'string' || typeof pair[1] !== 'string') {
+      return `a header is not a [name, value] pair of strings: ${JSON.stringify(pair)}`;
+    }
+    const [name, value] = pair;
+    if (!HEADER_NAME.test(name) || !HEADER_VALUE.test(value)) return `header ${JSON.stringify(name)} is not a lower-case token with a field value`;
+    if (NOT_STORED.has(name) || name === 'idempotent-replayed' || (name === 'set-cookie' && !storeCookies)) {
+      return `it holds a ${name} header, which the middleware never stores`;
+    }
+  }
+  if (body !== null && (typeof body !== 'string' || !BASE64.test(body))) return 'its body is not base64';
+  const held = stored.fingerprint;
+  if (held !== null && (typeof held !== 'string' || !HEX.test(held))) return 'its fingerprint is not hex';
+  if (held !== (fingerprint === null ? null : Buffer.from(fingerprint).toString('hex'))) {
+    return "it was not stored for this request's fingerprint";
+  }
+  if (!secret) return fingerprint === null ? 'the request has no fingerprint and the middleware no secret to check' : null;
+  const want = Buffer.from(responseMac(secret, entry, stored), 'latin1');
+  const got = typeof stored.mac === 'string' ? Buffer.from(stored.mac, 'latin1') : Buffer.alloc(0);
+  if (got.length !== want.length || !timingSafeEqual(got, want)) return "its MAC is not the secret's";
+  return null;
 }
 
 /**
@@ -141,13 +218,38 @@ function problem(code, detail, { retryAfter } = {}) {
   return { status, headers, body };
 }
 
-/** A stored response as an answer (I6): its status, headers, body, marked replayed. */
+/**
+ * A stored response as an answer (I6): its status, headers, body, marked replayed, its
+ * length the body's. The caller has checked it with untrusted().
+ */
 function replay(stored) {
+  const body = stored.body === null ? Buffer.alloc(0) : Buffer.from(stored.body, 'base64');
   return {
     status: stored.status,
-    headers: [...stored.headers, ['idempotent-replayed', 'true']],
-    body: stored.body === null ? Buffer.alloc(0) : Buffer.from(stored.body, 'base64'),
+    headers: [...stored.headers, ['idempotent-replayed', 'true'], ['content-length', String(body.length)]],
+    body,
   };
+}
+
+/** The answer to a request whose entry this middleware did not write (I6, I7). */
+function untrustedEntry(header) {
+  return problem('untrusted_entry', `The response stored under this ${header} was not written by this service's idempotency middleware, so it is not replayed and the request is not run: send a new key.`);
+}
+
+/** The secret (I2) as a Buffer, or null; required with the default scope. */
+function secretOption(secret, scope) {
+  if (secret === null || secret === undefined) {
+    if (!scope) {
+      throw new ConfigurationError("pg-once: idempotency: secret is required with the default scope, which comes from the caller's Authorization header: pass secret (at least 32 bytes, the same in every process of the service, e.g. process.env.IDEMPOTENCY_SECRET made with `openssl rand -hex 32`), so that no digest of a credential a dictionary could crack is stored or announced; or pass scope, a function giving the authenticated principal");
+    }
+    return null;
+  }
+  if (!(typeof secret === 'string' || secret instanceof Uint8Array)) throw new TypeError('pg-once: idempotency: secret is a string or a Buffer');
+  const bytes = Buffer.from(secret);
+  if (bytes.length < MIN_SECRET_BYTES) {
+    throw new ConfigurationError(`pg-once: idempotency: secret must be at least ${MIN_SECRET_BYTES} bytes (e.g. \`openssl rand -hex 32\`), got ${bytes.length}`);
+  }
+  return bytes;
 }
 
 const IN_FLIGHT = ['conflict', 'wait'];
@@ -160,7 +262,7 @@ function idempotencyOptions({
   client = null, connectionString = null, ttl = 24 * 3600, lease = 30, wait = 10, inFlight = 'conflict',
   methods = ['POST', 'PATCH'], header = 'Idempotency-Key', required = false, namespace = '', scope = null,
   fingerprint = defaultFingerprint, maxRequestBody = MiB, maxBody = MiB, store = (status) => status < 500,
-  storeCookies = false, onError = undefined, ...unknown
+  storeCookies = false, onError = undefined, secret = null, ...unknown
 } = {}) {
   const names = Object.keys(unknown);
   if (names.length) {
@@ -206,6 +308,7 @@ function idempotencyOptions({
     store,
     storeCookies: Boolean(storeCookies),
     onError,
+    secret: secretOption(secret, scope),
   };
 }
 
@@ -217,6 +320,9 @@ module.exports = {
   defaultFingerprint,
   splitTarget,
   storedResponse,
+  responseMac,
+  untrusted,
+  untrustedEntry,
   headerPairs,
   problem,
   replay,

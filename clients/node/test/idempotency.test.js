@@ -4,13 +4,14 @@
 // the options refused when the middleware is built (I9).
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { createHash } from 'node:crypto';
+import { createHmac } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import {
-  defaultFingerprint, defaultScope, entryKey, parseKeyHeader, storedResponse, idempotencyOptions, problem,
+  defaultFingerprint, defaultScope, entryKey, parseKeyHeader, storedResponse, idempotencyOptions, problem, untrusted,
 } from '../src/idempotency.cjs';
+import { ConfigurationError } from '../src/errors.cjs';
 import { idempotency, idempotencyPlugin, OnceClient } from '../src/index.mjs';
 
 const DIR = process.env.PG_ONCE_CONFORMANCE_DIR ?? fileURLToPath(new URL('../../conformance', import.meta.url));
@@ -23,10 +24,14 @@ const value = (v) => {
   return v;
 };
 
+/** A case's secret as the middleware holds it (a Buffer of its UTF-8), or null. */
+const secretOf = (c) => (c.secret ? Buffer.from(c.secret, 'utf8') : null);
+const fingerprintOf = (c) => (c.fingerprint === null ? null : Buffer.from(c.fingerprint, 'hex'));
+
 describe(`vectors/idempotency.json (rule ${vectors.rule})`, () => {
   for (const c of vectors.keys) {
     test(`key: ${c.name}`, () => {
-      assert.equal(entryKey(c.namespace, c.scope, c.header), c.key);
+      assert.equal(entryKey(c.namespace, c.scope, c.header, secretOf(c)), c.key);
       if (c.authorization !== undefined) assert.equal(defaultScope(c.authorization), c.scope);
     });
   }
@@ -43,7 +48,23 @@ describe(`vectors/idempotency.json (rule ${vectors.rule})`, () => {
   }
   for (const c of vectors.stored) {
     test(`stored: ${c.name}`, () => {
-      assert.deepEqual(storedResponse(c.status, c.response_headers, value(c.body), { storeCookies: c.store_cookies }), c.stored);
+      const form = { storeCookies: c.store_cookies, secret: secretOf(c), entry: c.entry, fingerprint: fingerprintOf(c) };
+      assert.deepEqual(storedResponse(c.status, c.response_headers, c.body === null ? null : value(c.body), form), c.stored);
+    });
+  }
+  for (const c of vectors.replays) {
+    test(`replay: ${c.name}`, () => {
+      const why = untrusted({ secret: secretOf(c), storeCookies: c.store_cookies }, c.entry, fingerprintOf(c), c.stored);
+      assert.equal(why === null ? 'replayed' : 'untrusted', c.verdict, why ?? '');
+    });
+  }
+  const client = new OnceClient({ pool: new pg.Pool(), listen: false });
+  for (const c of vectors.options) {
+    test(`options: ${c.name}`, () => {
+      const options = { client, ...c.options };
+      if (typeof options.scope === 'string') options.scope = () => c.options.scope;
+      if (c.error) assert.throws(() => idempotencyOptions(options), ConfigurationError);
+      else idempotencyOptions(options);
     });
   }
 });
@@ -60,11 +81,14 @@ describe('rule I, beyond the vectors', () => {
     assert.equal(title('fingerprint_mismatch'), 'Unprocessable Content');
   });
 
-  test('the default scope hashes the Authorization bytes (Node hands them over as latin1)', () => {
-    // 'Bearer café' in UTF-8 as it reaches the handler: c3 a9 as two latin1 characters.
+  test('the default scope keys the Authorization bytes (Node hands them over as latin1)', () => {
+    // 'Bearer café' in UTF-8 as it reaches the handler: c3 a9 as two latin1 characters,
+    // each one character of the scope, as Python and Rust read them.
     const received = Buffer.from('Bearer café', 'utf8').toString('latin1');
-    const sha = (bytes) => createHash('sha256').update(bytes).digest('hex');
-    assert.equal(defaultScope(received), sha(Buffer.from('Bearer café', 'utf8')));
+    assert.equal(defaultScope(received), 'Bearer caf\u00c3\u00a9');
+    const secret = Buffer.alloc(32, 1);
+    const want = createHmac('sha256', secret).update('["idempotency-key","Bearer caf\u00c3\u00a9","k"]', 'utf8').digest('hex');
+    assert.equal(entryKey('', defaultScope(received), 'k', secret), `idempotency:#hmac-sha256:${want}`);
   });
 
   test('an entry key past the server limit is hashed (rule K3), a scope that is no string refused', () => {
@@ -94,6 +118,8 @@ describe('rule I, beyond the vectors', () => {
     const bad = [
       [{}, TypeError], // neither client nor connectionString
       [{ client, connectionString: 'postgres://x/y' }, TypeError],
+      [{ client, secret: 'x'.repeat(31) }, ConfigurationError],
+      [{ client, secret: 32 }, TypeError],
       [{ client, ttl: -1 }, TypeError],
       [{ client, lease: 0 }, TypeError],
       [{ client, wait: '10' }, TypeError],
@@ -106,12 +132,15 @@ describe('rule I, beyond the vectors', () => {
       [{ client, header: 'Idempotency Key' }, TypeError],
       [{ client, max_body: 10 }, TypeError], // snake_case is another language's spelling
     ];
-    for (const [options, error] of bad) {
+    for (const [given, error] of bad) {
+      const options = 'secret' in given || !given.client ? given : { secret: 'x'.repeat(32), ...given };
       assert.throws(() => idempotencyOptions(options), error, JSON.stringify(Object.keys(options)));
       assert.throws(() => idempotency(options), error);
     }
-    assert.rejects(() => idempotencyPlugin({}, { client, inFlight: 'queue' }), TypeError);
-    const o = idempotencyOptions({ client });
+    assert.rejects(() => idempotencyPlugin({}, { client, secret: 'x'.repeat(32), inFlight: 'queue' }), TypeError);
+    assert.throws(() => idempotencyOptions({ client }), ConfigurationError, 'the default scope without a secret');
+    assert.throws(() => idempotency({ client }), ConfigurationError);
+    const o = idempotencyOptions({ client, secret: 'x'.repeat(32) });
     assert.equal(o.ttl, 86400);
     assert.equal(o.wait, 10);
     assert.deepEqual([...o.methods], ['POST', 'PATCH']);

@@ -12,6 +12,8 @@ import { entryKey } from '../src/idempotency.cjs';
 import { DSN, admin, sleep } from './helpers.js';
 
 const SCHEMA = 'node_idempotency_test';
+// What the middlewares under test are keyed with (rule I2).
+const SECRET = 'pg-once node middleware tests, 32+ bytes';
 
 /**
  * The routes every app serves, one handler behind several configurations (a smaller
@@ -81,7 +83,7 @@ function makeHandler(pool) {
 async function expressApp(client, handler) {
   const app = express();
   for (const [path, options] of Object.entries(ROUTES)) {
-    app.use(path, idempotency({ client, ttl: 3600, onError: () => {}, ...options }));
+    app.use(path, idempotency({ client, secret: SECRET, ttl: 3600, onError: () => {}, ...options }));
   }
   app.use(express.json());
   app.get('/orders', (req, res) => res.json({ listing: true }));
@@ -101,7 +103,7 @@ async function fastifyApp(client, handler) {
   const app = Fastify();
   for (const [path, options] of Object.entries(ROUTES)) {
     app.register(async (scope) => {
-      await scope.register(idempotencyPlugin, { client, ttl: 3600, onError: () => {}, ...options });
+      await scope.register(idempotencyPlugin, { client, secret: SECRET, ttl: 3600, onError: () => {}, ...options });
       scope.post('/orders', async (request, reply) => {
         const answer = await handler.handle(request.headers['idempotency-key'] ?? null, request.body, request.idempotency);
         reply.code(answer.status).headers(answer.headers);
@@ -194,6 +196,20 @@ for (const [name, makeApp] of [['express', expressApp], ['fastify', fastifyApp]]
       assert.equal(handler.runs.get(key), 1);
     });
 
+    test('an entry another role planted (no fingerprint, its own headers) is 409 untrusted_entry, nothing of it sent', async () => {
+      // I6: claim_key + complete_key by any role with pg_once's rights in the key space.
+      const key = randomUUID();
+      const entry = entryKey('', null, key, Buffer.from(SECRET));
+      const planted = { status: 200, headers: [['set-cookie', 'session=attacker'], ['content-length', '2']], body: Buffer.from('okHTTP/1.1 299 X\r\n\r\n').toString('base64') };
+      await db.query('SELECT once.complete_key($1, token, $2::jsonb) FROM once.claim_key($1)', [entry, JSON.stringify(planted)]);
+      const r = await read(await post(`${app.url}/orders`, { sku: 'p' }, { 'idempotency-key': key }));
+      assert.equal(r.status, 409);
+      assert.equal(problemOf(r).code, 'untrusted_entry');
+      assert.equal(r.headers.get('set-cookie'), null);
+      assert.equal(r.headers.get('idempotent-replayed'), null);
+      assert.equal(handler.runs.get(key), undefined);
+    });
+
     test('the key again with another body: 422 fingerprint_mismatch, nothing runs', async () => {
       const key = randomUUID();
       assert.equal((await post(`${app.url}/orders`, { sku: 1 }, { 'idempotency-key': key })).status, 201);
@@ -259,7 +275,7 @@ for (const [name, makeApp] of [['express', expressApp], ['fastify', fastifyApp]]
       try {
         let taken;
         for (let i = 0; i < 50 && taken?.outcome !== 'claimed'; i += 1) {
-          taken = await other.claim(entryKey('', null, key), { fingerprint: null });
+          taken = await other.claim(entryKey('', null, key, Buffer.from(SECRET)), { fingerprint: null });
           if (taken.outcome !== 'claimed') await sleep(100);
         }
         assert.equal(taken.outcome, 'claimed');

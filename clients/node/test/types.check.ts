@@ -33,7 +33,7 @@ try {
   if (err instanceof OnceFailed) console.log(err.error, err.retryAt.toISOString());
 }
 console.log(n, s, fresh, stats.completed, client.ownerPid);
-const guard = idempotency({ client, inFlight: 'wait', wait: 5, maxBody: 1 << 20, ttl: 3600, scope: (req) => String(req.user ?? '') || null });
+const guard = idempotency({ client, secret: process.env.IDEMPOTENCY_SECRET ?? null, inFlight: 'wait', wait: 5, maxBody: 1 << 20, ttl: 3600, scope: (req) => String(req.user ?? '') || null });
 const errors = idempotencyErrors();
 console.log(typeof guard, typeof errors, typeof idempotencyPlugin);
 await guard.close();

@@ -24,6 +24,7 @@ from conftest import DIRECT, need_server
 httpx = pytest.importorskip("httpx", reason="pip install the [test] extra to test the middlewares")
 
 VECTORS = load("vectors", "idempotency.json")
+SECRET = VECTORS["secret"]   # what the tests' middlewares are keyed with (rule I2)
 
 
 def vector_cases(section):
@@ -32,11 +33,16 @@ def vector_cases(section):
 
 # -- offline vectors --------------------------------------------------------------------------
 
+def secret_of(case):
+    return None if case.get("secret") is None else case["secret"].encode()
+
+
 @pytest.mark.parametrize("case", vector_cases("keys"))
 def test_entry_key(case):
     if "authorization" in case:
         assert I.default_scope(case["authorization"]) == case["scope"]
-    assert I.entry_key(case["namespace"], case["scope"], case["header"]) == case["key"]
+    assert I.entry_key(case["namespace"], case["scope"], case["header"],
+                       secret_of(case)) == case["key"]
 
 
 @pytest.mark.parametrize("case", vector_cases("fingerprints"))
@@ -47,7 +53,7 @@ def test_default_fingerprint(case):
 
 @pytest.mark.parametrize("case", vector_cases("headers"))
 def test_header_value(case):
-    options = I.Options.build()
+    options = I.Options.build(secret=SECRET)
     if "error" in case:
         with pytest.raises(I.Problem) as refused:
             I.request_key(options, [value(case["value"])])
@@ -56,27 +62,69 @@ def test_header_value(case):
         assert I.request_key(options, [value(case["value"])]) == value(case["key"])
 
 
+def vector_options(case) -> I.Options:
+    secret = secret_of(case)
+    return I.Options.build(secret=secret, store_cookies=case["store_cookies"],
+                           scope=None if secret else (lambda request: None))
+
+
 @pytest.mark.parametrize("case", vector_cases("stored"))
 def test_stored_form(case):
-    form = I.stored_form(case["status"], case["response_headers"], value(case["body"]),
-                         case["store_cookies"])
+    fingerprint = case["fingerprint"] and bytes.fromhex(case["fingerprint"])
+    body = value(case["body"]) if case["body"] is not None else None
+    form = I.stored_form(case["status"], case["response_headers"], body,
+                         case["store_cookies"], case["entry"], fingerprint, secret_of(case))
     assert form == case["stored"]
-    replayed = I.replay(json.dumps(form))
-    assert replayed.body == value(case["body"])
+    if fingerprint is None and secret_of(case) is None:
+        return   # nothing proves who wrote it: never replayed (the replays' vectors)
+    replayed = I.replay(vector_options(case), case["entry"], fingerprint, json.dumps(form))
+    assert replayed.body == (body or b"")
     assert ("idempotent-replayed", "true") in replayed.headers
+    names = [n for n, _ in replayed.headers]
+    assert names.count("content-length") == 1 and "set-cookie" not in names or case["store_cookies"]
+
+
+@pytest.mark.parametrize("case", vector_cases("replays"))
+def test_replays_serve_only_what_the_middleware_wrote(case):
+    # I6: a planted entry (anyone with pg_once's rights in the key space can write one) is
+    # refused, 409 untrusted_entry; what the middleware stored is replayed.
+    fingerprint = case["fingerprint"] and bytes.fromhex(case["fingerprint"])
+    options = vector_options(case)
+    if case["verdict"] == "replayed":
+        reply = I.replay(options, case["entry"], fingerprint, json.dumps(case["stored"]))
+        assert reply.status == case["stored"]["status"]
+    else:
+        with pytest.raises(I.Untrusted) as refused:
+            I.replay(options, case["entry"], fingerprint, json.dumps(case["stored"]))
+        reply = refused.value.reply()
+        assert (reply.status, json.loads(reply.body)["code"]) == (409, "untrusted_entry")
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c["name"]) for c in VECTORS["options"]])
+def test_secret_options(case):
+    # I2, I9: the default scope comes from a credential, so it needs the secret.
+    from pg_once import ConfigurationError
+    options = dict(case["options"])
+    if "scope" in options:
+        options["scope"] = lambda request, principal=options["scope"]: principal
+    if case.get("error"):
+        with pytest.raises(ConfigurationError):
+            I.Options.build(**options)
+    else:
+        I.Options.build(**options)
 
 
 def test_header_missing_passes_or_is_required():
-    assert I.request_key(I.Options.build(), []) is None
+    assert I.request_key(I.Options.build(secret=SECRET), []) is None
     with pytest.raises(I.Problem) as refused:
-        I.request_key(I.Options.build(required=True), [])
+        I.request_key(I.Options.build(required=True, secret=SECRET), [])
     assert refused.value.code == "key_missing"
     with pytest.raises(I.Problem, match="more than once"):
-        I.request_key(I.Options.build(), ["a", "b"])
+        I.request_key(I.Options.build(secret=SECRET), ["a", "b"])
 
 
 def test_problem_body():
-    reply = I.mismatch(I.Options.build()).reply()
+    reply = I.mismatch(I.Options.build(secret=SECRET)).reply()
     assert reply.status == 422 and ("content-type", "application/problem+json") in reply.headers
     body = json.loads(reply.body)
     assert body["type"] == "about:blank" and body["title"] == "Unprocessable Content"
@@ -96,14 +144,27 @@ def test_options_refused_when_built(options, error):
     from pg_once.wsgi import IdempotencyMiddleware as Wsgi
     for middleware in (Asgi, Wsgi):
         with pytest.raises(error):
-            middleware(lambda *a: None, conninfo="dbname=none", **options)
+            middleware(lambda *a: None, conninfo="dbname=none", **{"secret": SECRET, **options})
 
 
 def test_a_client_and_a_conninfo_are_refused():
     from pg_once import ConfigurationError
     from pg_once.asgi import IdempotencyMiddleware
     with pytest.raises(ConfigurationError, match="not both"):
-        IdempotencyMiddleware(lambda *a: None, conninfo="dbname=x", client=object())
+        IdempotencyMiddleware(lambda *a: None, conninfo="dbname=x", client=object(),
+                              secret=SECRET)
+
+
+def test_the_default_scope_without_a_secret_is_refused_when_built():
+    # I2: the default scope is the caller's credential; unkeyed, its digest goes out on
+    # channel once to any role that may LISTEN, and a dictionary cracks it.
+    from pg_once import ConfigurationError
+    from pg_once.asgi import IdempotencyMiddleware as Asgi
+    from pg_once.wsgi import IdempotencyMiddleware as Wsgi
+    for middleware in (Asgi, Wsgi):
+        with pytest.raises(ConfigurationError, match="secret is required"):
+            middleware(lambda *a: None, conninfo="dbname=none")
+        middleware(lambda *a: None, conninfo="dbname=none", scope=lambda request: "user:7")
 
 
 def test_the_library_imports_no_framework():
@@ -194,7 +255,8 @@ class AsgiService:
         # Where Starlette puts it (add_middleware, or Mount(..., middleware=)): around the
         # routes, inside the application's ServerErrorMiddleware.
         app = Router(routes=[Route("/orders", orders, methods=["GET", "POST", "PATCH"])])
-        self.middleware = IdempotencyMiddleware(app, **{"conninfo": DIRECT, **options})
+        self.middleware = IdempotencyMiddleware(
+            app, **{"conninfo": DIRECT, "secret": SECRET, **options})
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
@@ -274,7 +336,8 @@ class WsgiService:
                     return Response(b"rolled back", status=200)
             return Response(payload, status=status, headers=headers)
 
-        self.middleware = IdempotencyMiddleware(app.wsgi_app, **{"conninfo": DIRECT, **options})
+        self.middleware = IdempotencyMiddleware(
+            app.wsgi_app, **{"conninfo": DIRECT, "secret": SECRET, **options})
         self.http = httpx.Client(transport=httpx.WSGITransport(self.middleware),
                                  base_url="http://service")
 
@@ -439,7 +502,7 @@ def test_complete_in_the_handlers_transaction(service, new_key, admin):
     key = new_key()
     first = s.post(headers={"Idempotency-Key": key}, json={"complete": True, "sku": 7})
     assert first.status_code == 201
-    entry = I.entry_key("", None, key)
+    entry = I.entry_key("", None, key, SECRET.encode())
     assert admin.execute(ORDERS, (entry,)).fetchone()[0] == 1
     again = s.post(headers={"Idempotency-Key": key}, json={"complete": True, "sku": 7})
     assert again.headers["idempotent-replayed"] == "true" and again.content == first.content
@@ -453,10 +516,10 @@ def test_a_completion_rolled_back_with_the_handler_is_released(service, new_key,
     key = new_key()
     problem(s.post(headers={"Idempotency-Key": key},
                    json={"complete": True, "raise_after_complete": True}), 500, "handler_failed")
-    assert admin.execute(ORDERS, (I.entry_key("", None, key),)).fetchone()[0] == 0
+    assert admin.execute(ORDERS, (I.entry_key("", None, key, SECRET.encode()),)).fetchone()[0] == 0
     retry = s.post(headers={"Idempotency-Key": key}, json={"complete": True})   # at once, not 409
     assert retry.status_code == 201 and retry.json()["run"] == 2
-    assert admin.execute(ORDERS, (I.entry_key("", None, key),)).fetchone()[0] == 1
+    assert admin.execute(ORDERS, (I.entry_key("", None, key, SECRET.encode()),)).fetchone()[0] == 1
 
 
 def test_a_completion_rolled_back_by_a_handler_that_answers_is_released(service, new_key, admin):
@@ -479,7 +542,7 @@ def test_a_lost_claim_rolls_the_handler_back(service, new_key, admin):
     key = new_key()
     problem(s.post(headers={"Idempotency-Key": key}, json={"complete": True, "steal": True}),
             409, "in_flight")
-    assert admin.execute(ORDERS, (I.entry_key("", None, key),)).fetchone()[0] == 0
+    assert admin.execute(ORDERS, (I.entry_key("", None, key, SECRET.encode()),)).fetchone()[0] == 0
 
 
 def test_a_lost_claim_made_into_an_error_page_is_a_conflict(new_key, admin, demo_tables):
@@ -491,7 +554,7 @@ def test_a_lost_claim_made_into_an_error_page_is_a_conflict(new_key, admin, demo
         key = new_key()
         problem(s.post(headers={"Idempotency-Key": key}, json={"complete": True, "steal": True}),
                 409, "in_flight")
-        assert admin.execute(ORDERS, (I.entry_key("", None, key),)).fetchone()[0] == 0
+        assert admin.execute(ORDERS, (I.entry_key("", None, key, SECRET.encode()),)).fetchone()[0] == 0
         assert s.post(headers={"Idempotency-Key": key}, json={"raise": True}).status_code == 500
         assert s.post(headers={"Idempotency-Key": key}, json={}).status_code == 201   # released
     finally:
@@ -565,7 +628,7 @@ def test_starlette_add_middleware_owns_its_client(new_key, extension):
     async def hello(request):
         return PlainTextResponse("hello", status_code=201)
     app = Starlette(routes=[Route("/", hello, methods=["POST"])])
-    app.add_middleware(IdempotencyMiddleware, conninfo=DIRECT)
+    app.add_middleware(IdempotencyMiddleware, conninfo=DIRECT, secret=SECRET)
 
     async def serve():
         inbox, outbox = asyncio.Queue(), asyncio.Queue()
@@ -597,7 +660,8 @@ def test_the_response_is_stored_before_its_end_reaches_the_caller(new_key, admin
     from pg_once.wsgi import IdempotencyMiddleware as Wsgi
     key = new_key()
     entry_state = lambda k: admin.execute(
-        "SELECT state::text FROM once.entries WHERE key = %s", (I.entry_key("", None, k),)).fetchone()[0]
+        "SELECT state::text FROM once.entries WHERE key = %s",
+        (I.entry_key("", None, k, SECRET.encode()),)).fetchone()[0]
 
     async def asgi_app(scope, receive, send):
         await receive()
@@ -606,7 +670,7 @@ def test_the_response_is_stored_before_its_end_reaches_the_caller(new_key, admin
             await send({"type": "http.response.body", "body": part, "more_body": part == b"a"})
 
     async def asgi_request():
-        middleware = Asgi(asgi_app, conninfo=DIRECT)
+        middleware = Asgi(asgi_app, conninfo=DIRECT, secret=SECRET)
         states = []
 
         async def receive():
@@ -628,7 +692,7 @@ def test_the_response_is_stored_before_its_end_reaches_the_caller(new_key, admin
         start_response("201 Created", [("Content-Length", "2")])
         return [b"a", b"b"]
     key = new_key()
-    middleware = Wsgi(wsgi_app, conninfo=DIRECT)
+    middleware = Wsgi(wsgi_app, conninfo=DIRECT, secret=SECRET)
     try:
         environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/", "QUERY_STRING": "",
                    "HTTP_IDEMPOTENCY_KEY": key, "CONTENT_LENGTH": "0", "wsgi.input": None}
@@ -641,10 +705,29 @@ def test_the_response_is_stored_before_its_end_reaches_the_caller(new_key, admin
 def test_a_key_failed_elsewhere_is_a_conflict_until_retry_at(service, new_key, admin):
     s = service()
     key = new_key()
-    entry = I.entry_key("", None, key)
+    entry = I.entry_key("", None, key, SECRET.encode())
     admin.execute("SELECT once.fail_key(%s, token, 'failed elsewhere', retry_after => '30 s')"
                   " FROM once.claim_key(%s)", (entry, entry))
     r = s.post(headers={"Idempotency-Key": key}, json={})
     problem(r, 409, "in_flight")
     assert 29 <= int(r.headers["retry-after"]) <= 30
+    assert s.runs == []
+
+
+@pytest.mark.parametrize("planted", [
+    {"status": 200, "headers": [["set-cookie", "session=attacker"]], "body": ""},
+    {"status": 200, "headers": [["content-length", "2"]],
+     "body": "b2tIVFRQLzEuMSAyOTkgU211Z2dsZWQNCg0K"},
+], ids=["set-cookie", "content-length"])
+def test_an_entry_planted_by_another_role_is_not_replayed(service, new_key, admin, planted):
+    # I6: any role with pg_once's rights in the key space can claim and complete the
+    # entry itself (no fingerprint: it matches every request); it is refused, never run.
+    s = service()
+    key = new_key()
+    entry = I.entry_key("", None, key, SECRET.encode())
+    admin.execute("SELECT once.complete_key(%s, token, %s::jsonb) FROM once.claim_key(%s)",
+                  (entry, json.dumps(planted), entry))
+    r = s.post(headers={"Idempotency-Key": key}, json={})
+    problem(r, 409, "untrusted_entry")
+    assert "set-cookie" not in r.headers and "idempotent-replayed" not in r.headers
     assert s.runs == []

@@ -26,6 +26,9 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tower::ServiceExt;
 
+/// What the layers under test are keyed with (rule I2).
+const SECRET: &str = "pg-once rust middleware tests, 32+ bytes";
+
 // ---- the conformance vectors (no server) ----------------------------------------------
 
 fn vectors() -> Option<Value> {
@@ -72,6 +75,7 @@ fn vectors_entry_keys() {
             case["namespace"].as_str().unwrap(),
             case["scope"].as_str(),
             case["header"].as_str().unwrap(),
+            case["secret"].as_str().map(str::as_bytes),
         );
         assert_eq!(key, case["key"].as_str().unwrap(), "{name}");
         if let Some(auth) = case["authorization"].as_str() {
@@ -141,13 +145,52 @@ fn vectors_stored_responses() {
                 HeaderValue::from_bytes(&latin1(pair[1].as_str().unwrap())).unwrap(),
             );
         }
+        let body = (!case["body"].is_null()).then(|| bytes_of(&case["body"]));
         let stored = rules::stored_response(
             StatusCode::from_u16(case["status"].as_u64().unwrap() as u16).unwrap(),
             &headers,
-            Some(&bytes_of(&case["body"])),
-            case["store_cookies"].as_bool().unwrap(),
+            body.as_deref(),
+            &stored_for(case),
         );
         assert_eq!(stored, case["stored"], "{}", case["name"]);
+    }
+}
+
+/// What a vector's response is stored for: its entry, fingerprint, secret, store_cookies.
+fn stored_for(case: &Value) -> rules::StoredFor {
+    let hex = case["fingerprint"].as_str().map(|h| {
+        (0..h.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
+            .collect()
+    });
+    rules::StoredFor {
+        entry: case["entry"].as_str().unwrap().to_owned(),
+        fingerprint: hex,
+        secret: case["secret"].as_str().map(|s| s.as_bytes().into()),
+        store_cookies: case["store_cookies"].as_bool().unwrap(),
+    }
+}
+
+/// I6: which stored entries are replayed: only what the middleware wrote for this request.
+#[test]
+fn vectors_replays() {
+    let Some(v) = vectors() else { return };
+    for case in v["replays"].as_array().unwrap() {
+        let why = rules::untrusted(&stored_for(case), &case["stored"]);
+        let verdict = if why.is_none() {
+            "replayed"
+        } else {
+            "untrusted"
+        };
+        assert_eq!(verdict, case["verdict"], "{}: {why:?}", case["name"]);
+        if why.is_none() {
+            assert!(
+                rules::replayed_response(&case["stored"]).is_some(),
+                "{}",
+                case["name"]
+            );
+        }
     }
 }
 
@@ -166,31 +209,45 @@ async fn bad_options_are_refused_when_built() {
     let refused: Vec<(&str, IdempotencyLayerBuilder)> = vec![
         (
             "ttl 0",
-            IdempotencyLayer::builder(client.clone()).ttl(Duration::ZERO),
+            IdempotencyLayer::builder(client.clone())
+                .secret(SECRET)
+                .ttl(Duration::ZERO),
         ),
         (
             "lease 0",
-            IdempotencyLayer::builder(client.clone()).lease(Duration::ZERO),
+            IdempotencyLayer::builder(client.clone())
+                .secret(SECRET)
+                .lease(Duration::ZERO),
         ),
         (
             "wait over a day",
-            IdempotencyLayer::builder(client.clone()).wait(Duration::from_secs(86_401)),
+            IdempotencyLayer::builder(client.clone())
+                .secret(SECRET)
+                .wait(Duration::from_secs(86_401)),
         ),
         (
             "no methods",
-            IdempotencyLayer::builder(client.clone()).methods([]),
+            IdempotencyLayer::builder(client.clone())
+                .secret(SECRET)
+                .methods([]),
         ),
         (
             "max_body 0",
-            IdempotencyLayer::builder(client.clone()).max_body(0),
+            IdempotencyLayer::builder(client.clone())
+                .secret(SECRET)
+                .max_body(0),
         ),
         (
             "max_request_body 0",
-            IdempotencyLayer::builder(client.clone()).max_request_body(0),
+            IdempotencyLayer::builder(client.clone())
+                .secret(SECRET)
+                .max_request_body(0),
         ),
         (
             "header",
-            IdempotencyLayer::builder(client.clone()).header("bad header"),
+            IdempotencyLayer::builder(client.clone())
+                .secret(SECRET)
+                .header("bad header"),
         ),
     ];
     for (name, builder) in refused {
@@ -204,7 +261,28 @@ async fn bad_options_are_refused_when_built() {
         Err(Error::InvalidOption(_))
     ));
     assert_eq!("wait".parse::<InFlight>().unwrap(), InFlight::Wait);
-    assert!(IdempotencyLayer::builder(client).build().is_ok());
+    // I2: the default scope is a credential: no layer without the secret, nor a short one.
+    for (name, builder) in [
+        ("no secret", IdempotencyLayer::builder(client.clone())),
+        (
+            "a short secret",
+            IdempotencyLayer::builder(client.clone()).secret([7; 31]),
+        ),
+    ] {
+        assert!(
+            matches!(builder.build(), Err(Error::Configuration(_))),
+            "{name}"
+        );
+    }
+    let principal = IdempotencyLayer::builder(client.clone()).scope(|_| Some("user:7".into()));
+    assert!(
+        principal.build().is_ok(),
+        "a scope of the application's needs no secret"
+    );
+    assert!(IdempotencyLayer::builder(client)
+        .secret(SECRET)
+        .build()
+        .is_ok());
 }
 
 /// I4: pg_once unreachable: `503` with `Retry-After`, and the handler does not run.
@@ -220,7 +298,10 @@ async fn an_unreachable_server_is_503_and_runs_nothing() {
     )
     .await
     .unwrap();
-    let app = App::new(client.clone(), IdempotencyLayer::builder(client));
+    let app = App::new(
+        client.clone(),
+        IdempotencyLayer::builder(client).secret(SECRET),
+    );
     let r = app.post(Some("k"), json!({})).await;
     assert_eq!(r.status, 503);
     assert_eq!(r.headers["retry-after"], "1");
@@ -427,7 +508,9 @@ async fn ready_client(setup: &Setup, tag: &str) -> Client {
 }
 
 fn ttl(client: &Client) -> IdempotencyLayerBuilder {
-    IdempotencyLayer::builder(client.clone()).ttl(Duration::from_secs(600))
+    IdempotencyLayer::builder(client.clone())
+        .secret(SECRET)
+        .ttl(Duration::from_secs(600))
 }
 
 /// I4 `claimed`, I5, I6: the first request runs and its response is stored; a retry is
@@ -451,7 +534,7 @@ async fn a_request_runs_once_and_its_retry_is_replayed() {
         assert!(again.headers.get("set-cookie").is_none());
         assert_eq!(app.runs(), 1, "[{}]", setup.name);
         // The entry is the one rule I2 names, with the response stored as rule I5 says.
-        let entry = rules::entry_key("", None, &key);
+        let entry = rules::entry_key("", None, &key, Some(SECRET.as_bytes()));
         let stored: Value = setup
             .admin()
             .await
@@ -513,6 +596,35 @@ async fn a_key_reused_for_another_request_is_422() {
     }
 }
 
+/// I6: an entry another role with pg_once's rights planted (claim_key without a
+/// fingerprint, then complete_key) is `409 untrusted_entry`: none of its headers is sent,
+/// and nothing runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_planted_by_another_role_is_not_replayed() {
+    for setup in setups() {
+        let client = ready_client(&setup, "rust-idem-planted").await;
+        let app = App::new(client.clone(), ttl(&client));
+        let key = fresh("planted");
+        let entry = rules::entry_key("", None, &key, Some(SECRET.as_bytes()));
+        let planted = json!({"status": 200, "headers": [["set-cookie", "session=attacker"],
+            ["content-length", "2"]], "body": "b2tIVFRQLzEuMSAyOTkgWA0KDQo="});
+        setup
+            .admin()
+            .await
+            .execute(
+                "SELECT once.complete_key($1, token, $2) FROM once.claim_key($1)",
+                &[&entry, &planted],
+            )
+            .await
+            .unwrap();
+        let r = app.post(Some(&key), json!({})).await;
+        assert_eq!(r.status, 409, "[{}]", setup.name);
+        assert_eq!(r.problem_code(), "untrusted_entry");
+        assert!(r.headers.get("set-cookie").is_none() && !r.replayed());
+        assert_eq!(app.runs(), 0);
+    }
+}
+
 /// I2: the default scope is the `Authorization` header: two callers' one key runs twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_callers_keys_never_meet() {
@@ -546,7 +658,9 @@ async fn a_duplicate_in_flight_is_409_or_waits() {
                 let (app, key, body) = (app.clone(), key.clone(), body.clone());
                 tokio::spawn(async move { app.post(Some(&key), body).await })
             };
-            setup.until_running(&rules::entry_key("", None, &key)).await;
+            setup
+                .until_running(&rules::entry_key("", None, &key, Some(SECRET.as_bytes())))
+                .await;
             let duplicate = app.post(Some(&key), body.clone()).await;
             let first = first.await.unwrap();
             assert_eq!(first.status, 201);
@@ -796,7 +910,7 @@ async fn completing_in_the_handlers_transaction() {
         let client = ready_client(&setup, "rust-idem-i8").await;
         let app = App::new(client.clone(), ttl(&client));
         let key = fresh("i8");
-        let entry = rules::entry_key("", None, &key);
+        let entry = rules::entry_key("", None, &key, Some(SECRET.as_bytes()));
         let ask = json!({"i8_table": table});
         let first = app.post(Some(&key), ask.clone()).await;
         assert_eq!(first.status, 201, "[{}]", setup.name);
@@ -812,7 +926,7 @@ async fn completing_in_the_handlers_transaction() {
         // Taken over: the handler holds its transaction while its owner session is
         // terminated and another process (a client of its own) claims the key.
         let key = fresh("i8-lost");
-        let entry = rules::entry_key("", None, &key);
+        let entry = rules::entry_key("", None, &key, Some(SECRET.as_bytes()));
         let ask = json!({"i8_table": table, "hold_ms": 1500});
         let zombie = {
             let (app, key, ask) = (app.clone(), key.clone(), ask.clone());
@@ -869,7 +983,9 @@ async fn a_long_handler_keeps_its_claim() {
             let (app, key, body) = (app.clone(), key.clone(), body.clone());
             tokio::spawn(async move { app.post(Some(&key), body).await })
         };
-        setup.until_running(&rules::entry_key("", None, &key)).await;
+        setup
+            .until_running(&rules::entry_key("", None, &key, Some(SECRET.as_bytes())))
+            .await;
         tokio::time::sleep(Duration::from_millis(1800)).await;
         let duplicate = app.post(Some(&key), body).await;
         assert_eq!(
@@ -1024,7 +1140,7 @@ async fn namespace_scope_and_fingerprint_options() {
                 app.send(request).await
             })
         };
-        let entry = rules::entry_key(&namespace, Some("t1"), &key);
+        let entry = rules::entry_key(&namespace, Some("t1"), &key, Some(SECRET.as_bytes()));
         setup.until_running(&entry).await;
         let waited = std::time::Instant::now();
         let duplicate = send("t1", json!({"another": "body"})).await;

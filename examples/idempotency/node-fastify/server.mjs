@@ -3,7 +3,7 @@
 // scenarios (clients/conformance/http/README.md): the same routes and handler as the
 // Python and Rust ones.
 //
-//   PG_ONCE_DSN=postgres://... node server.mjs 8000
+//   PG_ONCE_DSN=postgres://... IDEMPOTENCY_SECRET=$(openssl rand -hex 32) node server.mjs 8000
 import Fastify from 'fastify';
 import { Readable } from 'node:stream';
 import pg from 'pg';
@@ -17,7 +17,9 @@ const db = new pg.Pool({ connectionString: dsn, max: 20 });
 // pg_once's: a pool and the LISTEN connection that owns this process's claims.
 const once = await OnceClient.connect(dsn);
 
-const options = { client: once, ttl: 3600, maxBody: 1024 * 1024 };
+// The secret keys the entries and authenticates the stored responses (docs/clients.md,
+// I2): the same in every process of the service, kept like any other secret of it.
+const options = { client: once, secret: process.env.IDEMPOTENCY_SECRET, ttl: 3600, maxBody: 1024 * 1024 };
 const app = Fastify();
 app.get('/health', async () => ({ ok: true }));
 // The plugin covers the routes of the scope it is registered in: one scope per

@@ -1,6 +1,7 @@
 """An idempotent order endpoint with Starlette and pg_once.asgi (served by uvicorn).
 
-    PG_ONCE_DSN=postgresql://app@db/app uvicorn app:app --workers 2 --port 8000
+    PG_ONCE_DSN=postgresql://app@db/app IDEMPOTENCY_SECRET=$(openssl rand -hex 32) \
+        uvicorn app:app --workers 2 --port 8000
 
 The routes and the handler are those of clients/conformance/http/README.md: POST /orders
 (a retry with the same Idempotency-Key gets the stored response), /wait/orders (a
@@ -24,6 +25,9 @@ from pg_once import AsyncClient
 from pg_once.asgi import IdempotencyMiddleware
 
 DSN = os.environ["PG_ONCE_DSN"]
+# Keys the entries and authenticates the stored responses (docs/clients.md, I2): the same
+# in every process of the service, kept like any other secret of the application.
+SECRET = os.environ["IDEMPOTENCY_SECRET"]
 PID = os.getpid()
 
 once = AsyncClient(DSN)                                   # one per process: claims, LISTEN
@@ -88,7 +92,8 @@ async def lifespan(app):
 
 
 def idempotent(**options) -> Middleware:
-    return Middleware(IdempotencyMiddleware, client=once, ttl=3600, max_body=1 << 20, **options)
+    return Middleware(IdempotencyMiddleware, client=once, secret=SECRET, ttl=3600,
+                      max_body=1 << 20, **options)
 
 
 orders = [Route("/orders", create_order, methods=["POST"])]

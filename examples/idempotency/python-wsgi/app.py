@@ -1,6 +1,7 @@
 """An idempotent order endpoint with Flask and pg_once.wsgi (served by gunicorn).
 
-    PG_ONCE_DSN=postgresql://app@db/app gunicorn app:app -w 2 --threads 16 -b 127.0.0.1:8000
+    PG_ONCE_DSN=postgresql://app@db/app IDEMPOTENCY_SECRET=$(openssl rand -hex 32) \
+        gunicorn app:app -w 2 --threads 16 -b 127.0.0.1:8000
 
 The routes and the handler are those of clients/conformance/http/README.md: POST /orders
 (a retry with the same Idempotency-Key gets the stored response), /wait/orders (a
@@ -19,6 +20,9 @@ from pg_once import Client
 from pg_once.wsgi import IdempotencyMiddleware
 
 DSN = os.environ["PG_ONCE_DSN"]
+# Keys the entries and authenticates the stored responses (docs/clients.md, I2): the same
+# in every process of the service, kept like any other secret of the application.
+SECRET = os.environ["IDEMPOTENCY_SECRET"]
 PID = os.getpid()
 
 flask_app = Flask(__name__)
@@ -84,8 +88,8 @@ def health():
 
 
 def idempotent(**options) -> IdempotencyMiddleware:
-    return IdempotencyMiddleware(flask_app.wsgi_app, client=once, ttl=3600, max_body=1 << 20,
-                                 **options)
+    return IdempotencyMiddleware(flask_app.wsgi_app, client=once, secret=SECRET, ttl=3600,
+                                 max_body=1 << 20, **options)
 
 
 # Each route's middleware; any other path goes to Flask as it is.

@@ -7,16 +7,20 @@ clients/conformance/vectors/idempotency.json is what these functions must produc
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
+import hmac
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http import HTTPStatus
 from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 from ._common import Duration, check_fingerprint, seconds
-from ._keys import derive_key
+from ._keys import derive_key, encode_args
+from .errors import ConfigurationError
 
 Headers = List[Tuple[str, str]]
 Scope = Callable[[Any], Optional[str]]          # the request (ASGI scope, WSGI environ) -> scope
@@ -32,6 +36,15 @@ NOT_STORED = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
                         "te", "trailer", "transfer-encoding", "upgrade", "content-length",
                         "date"})
 REPLAYED = ("idempotent-replayed", "true")
+# I2: the shortest secret taken: HMAC-SHA-256's output size, below which RFC 2104 says
+# the key weakens the MAC.
+MIN_SECRET_BYTES = 32
+# I6: what a stored header may be. A name is a token in lower case (I5 writes them so); a
+# value is a field value (RFC 9110 5.5) one character per byte: no CR, LF or NUL, no
+# control character but tab, no whitespace at either end.
+HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")
+HEADER_VALUE = re.compile(r"(?:[\x21-\x7e\x80-\xff](?:[\t\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)?")
+HEX = re.compile(r"(?:[0-9a-f]{2}){1,64}")
 PROBLEM_TYPE = "application/problem+json"
 # RFC 9110's reason phrases: the same titles from every pg_once middleware, whatever the
 # language's own table says (Python 3.11 still calls 422 "Unprocessable Entity").
@@ -63,6 +76,7 @@ class Options:
     store_cookies: bool = False
     max_body: int = MiB
     max_request_body: int = MiB
+    secret: Optional[bytes] = None          # I2: keys the entry and authenticates its response
     header_lower: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
@@ -75,7 +89,8 @@ class Options:
               ttl: Optional[Duration] = 24 * 3600, lease: Duration = 30,
               in_flight: str = "conflict", wait: Duration = 10,
               store: Optional[Callable[[int], bool]] = None, store_cookies: bool = False,
-              max_body: int = MiB, max_request_body: int = MiB) -> "Options":
+              max_body: int = MiB, max_request_body: int = MiB,
+              secret: Optional[Any] = None) -> "Options":
         if isinstance(methods, str):
             raise TypeError(f"methods must be a list of method names, got the string {methods!r}")
         names = frozenset(_method(m) for m in methods)
@@ -102,7 +117,7 @@ class Options:
         return cls(names, header, required, namespace, scope, fingerprint,
                    seconds(ttl, "ttl", positive=True), seconds(lease, "lease", positive=True),
                    in_flight, seconds(wait, "wait"), store or store_below_500, store_cookies,
-                   max_body, max_request_body)
+                   max_body, max_request_body, _secret(secret, scope))
 
     @property
     def claim_wait(self) -> float:
@@ -118,6 +133,29 @@ def _method(name: Any) -> str:
 
 def _token_char(c: str) -> bool:
     return c.isascii() and (c.isalnum() or c in "!#$%&'*+-.^_`|~")
+
+
+def _secret(secret: Any, scope: Optional[Scope]) -> Optional[bytes]:
+    """The secret as bytes (I2): required with the default scope, which comes from the
+    caller's credentials; at least MIN_SECRET_BYTES."""
+    if secret is None:
+        if scope is None:
+            raise ConfigurationError(
+                "secret is required with the default scope, which comes from the caller's "
+                "Authorization header: pass secret= (at least 32 bytes, the same in every "
+                "process of the service, e.g. os.environ['IDEMPOTENCY_SECRET'] made with "
+                "`openssl rand -hex 32`), so that no digest of a credential a dictionary "
+                "could crack is stored or announced; or pass scope= a function giving the "
+                "authenticated principal")
+        return None
+    if isinstance(secret, str):
+        secret = secret.encode("utf-8")
+    if not isinstance(secret, (bytes, bytearray)):
+        raise TypeError(f"secret must be bytes or a str, got {type(secret).__name__}")
+    if len(secret) < MIN_SECRET_BYTES:
+        raise ConfigurationError(f"secret must be at least {MIN_SECRET_BYTES} bytes (e.g. "
+                                 f"`openssl rand -hex 32`), got {len(secret)}")
+    return bytes(secret)
 
 
 def _size(name: str, value: Any) -> int:
@@ -210,18 +248,28 @@ def body_too_large(options: Options) -> Problem:
 
 
 def default_scope(authorization: Optional[str]) -> Optional[str]:
-    """The lowercase hex SHA-256 of the Authorization header, or None without one (I2):
-    two callers' identical keys never meet, and no credential is stored in the key."""
-    if authorization is None:
-        return None
-    return hashlib.sha256(authorization.encode("latin-1")).hexdigest()
+    """The Authorization header as received, one character per byte, or None without one
+    (I2): two callers' identical keys never meet. It only ever enters the entry's key
+    keyed by the secret (entry_key), which the default scope requires."""
+    return authorization
 
 
-def entry_key(namespace: str, scope: Optional[str], key: str) -> str:
-    """The pg_once key of a request (I2): NAMESPACE + "idempotency:" + ENCODE([scope, key]),
-    the default key of rule K (K2 keeps scope and key apart; K3 hashes one too long)."""
+def _mac(secret: bytes, fields: list) -> str:
+    return hmac.new(secret, encode_args(fields).encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def entry_key(namespace: str, scope: Optional[str], key: str,
+              secret: Optional[bytes] = None) -> str:
+    """The pg_once key of a request (I2). With a secret: NAMESPACE +
+    "idempotency:#hmac-sha256:" + hex(HMAC-SHA-256(secret, ENCODE(["idempotency-key", scope,
+    key]))), so that neither scope nor key is stored or announced, nor can be checked
+    against a guess without the secret. Without one (a scope that is a principal, not a
+    credential): NAMESPACE + "idempotency:" + ENCODE([scope, key]), the default key of rule
+    K (K2 keeps scope and key apart; K3 hashes one too long)."""
     if scope is not None and not isinstance(scope, str):
         raise TypeError(f"the scope function must return a str or None, got {scope!r}")
+    if secret is not None:
+        return f"{namespace}idempotency:#hmac-sha256:{_mac(secret, ['idempotency-key', scope, key])}"
     return derive_key(f"{namespace}idempotency", [scope, key])
 
 
@@ -254,29 +302,96 @@ def stored_headers(headers: Iterable[Tuple[Any, Any]], store_cookies: bool) -> H
 
 
 def stored_form(status: int, headers: Iterable[Tuple[Any, Any]], body: Optional[bytes],
-                store_cookies: bool) -> dict:
+                store_cookies: bool, entry: str, fingerprint: Optional[bytes],
+                secret: Optional[bytes]) -> dict:
     """The entry's result (I2, I5): {"status", "headers", "body": base64, or None when the
-    body was over max_body}."""
-    return {"status": status,
+    body was over max_body, "fingerprint": the request's, hex, or None; with a secret,
+    "mac": what proves the middleware wrote it for this entry and request}."""
+    form = {"status": status,
             "headers": [list(h) for h in stored_headers(headers, store_cookies)],
-            "body": None if body is None else base64.b64encode(body).decode("ascii")}
+            "body": None if body is None else base64.b64encode(body).decode("ascii"),
+            "fingerprint": None if fingerprint is None else fingerprint.hex()}
+    if secret is not None:
+        form["mac"] = response_mac(secret, entry, form)
+    return form
 
 
-def stored_text(options: Options, status: int, headers: Iterable[Tuple[Any, Any]],
-                body: Optional[bytes]) -> str:
+def response_mac(secret: bytes, entry: str, form: dict) -> str:
+    """I5: hex(HMAC-SHA-256(secret, ENCODE(["idempotency-response", entry, status, headers,
+    body, fingerprint]))) of a stored form."""
+    return _mac(secret, ["idempotency-response", entry, form["status"], form["headers"],
+                         form["body"], form["fingerprint"]])
+
+
+def stored_text(options: Options, entry: str, fingerprint: Optional[bytes], status: int,
+                headers: Iterable[Tuple[Any, Any]], body: Optional[bytes]) -> str:
     if body is not None and len(body) > options.max_body:
         body = None
-    return json.dumps(stored_form(status, headers, body, options.store_cookies),
-                      separators=(",", ":"))
+    return json.dumps(stored_form(status, headers, body, options.store_cookies, entry,
+                                  fingerprint, options.secret), separators=(",", ":"))
 
 
-def replay(result: str) -> Reply:
-    """A stored response as it is replayed (I6), marked Idempotent-Replayed."""
-    stored = json.loads(result)
-    body = base64.b64decode(stored["body"]) if stored.get("body") is not None else b""
+def replay(options: Options, entry: str, fingerprint: Optional[bytes], result: Any) -> Reply:
+    """A stored response as it is replayed (I6), marked Idempotent-Replayed; Problem 409
+    `untrusted_entry` for an entry this middleware did not write (untrusted(): why)."""
+    stored = json.loads(result) if isinstance(result, (str, bytes)) else result
+    why = untrusted(options, entry, fingerprint, stored)
+    if why is not None:
+        raise Untrusted(options, why)
+    body = base64.b64decode(stored["body"]) if stored["body"] is not None else b""
     headers = [(name, value) for name, value in stored["headers"]]
     headers += [REPLAYED, ("content-length", str(len(body)))]
     return Reply(stored["status"], headers, body)
+
+
+def untrusted(options: Options, entry: str, fingerprint: Optional[bytes],
+              stored: Any) -> Optional[str]:
+    """Why a stored entry is not one this middleware wrote for this request (I6), or None.
+    Anyone with pg_once's rights in the key space can write an entry: only one in the
+    middleware's form, holding this request's fingerprint and, with a secret, its MAC, is
+    replayed, and none of its headers can frame the response (content-length,
+    hop-by-hop headers) or set a cookie the middleware would not have stored."""
+    members = {"status", "headers", "body", "fingerprint"} | (
+        {"mac"} if options.secret is not None else set())
+    if not isinstance(stored, dict) or set(stored) != members:
+        return f"its members are not {sorted(members)}"
+    status = stored["status"]
+    if type(status) is not int or not 200 <= status <= 599:
+        return f"its status {status!r} is not 200 to 599"
+    headers = stored["headers"]
+    if not isinstance(headers, list):
+        return "its headers are not a list"
+    for pair in headers:
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
+            return f"a header is not a [name, value] pair of strings: {pair!r}"
+        name, value = pair
+        if not HEADER_NAME.fullmatch(name) or not HEADER_VALUE.fullmatch(value):
+            return f"header {name!r} is not a lower-case token with a field value"
+        if name in NOT_STORED or name == REPLAYED[0] or \
+                (name == "set-cookie" and not options.store_cookies):
+            return f"it holds a {name} header, which the middleware never stores"
+    body = stored["body"]
+    if body is not None:
+        try:
+            if not isinstance(body, str):
+                raise ValueError
+            base64.b64decode(body, validate=True)
+        except (ValueError, binascii.Error):
+            return "its body is not base64"
+    held = stored["fingerprint"]
+    if held is not None and (not isinstance(held, str) or not HEX.fullmatch(held)):
+        return "its fingerprint is not hex"
+    if held != (None if fingerprint is None else fingerprint.hex()):
+        return "it was not stored for this request's fingerprint"
+    if options.secret is None:
+        if fingerprint is None:
+            return "the request has no fingerprint and the middleware no secret to check"
+        return None
+    mac = stored["mac"]
+    if not isinstance(mac, str) or not hmac.compare_digest(
+            mac, response_mac(options.secret, entry, stored)):
+        return "its MAC is not the secret's"
+    return None
 
 
 def _text(value: Any) -> str:
@@ -325,6 +440,17 @@ def failed(options: Options, retry_at: Optional[datetime]) -> Problem:
         1, math.ceil((retry_at - datetime.now(timezone.utc)).total_seconds()))
     return Problem(409, "in_flight", f"The operation under this {options.header} failed "
                    f"elsewhere and may be retried in {wait} s.", [("retry-after", str(wait))])
+
+
+class Untrusted(Problem):
+    """I6: the entry holds a response the middleware did not write (`why`, for the log)."""
+
+    def __init__(self, options: Options, why: str) -> None:
+        super().__init__(409, "untrusted_entry", f"The response stored under this "
+                         f"{options.header} was not written by this service's idempotency "
+                         "middleware, so it is not replayed and the request is not run: "
+                         "send a new key.")
+        self.why = why
 
 
 def mismatch(options: Options) -> Problem:

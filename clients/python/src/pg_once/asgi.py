@@ -37,8 +37,11 @@ class IdempotencyMiddleware:
     request) and closes it at lifespan shutdown. `client=`: an AsyncClient the
     application opens and closes. Options (checked here, rule I9): `methods` (POST,
     PATCH), `header` ("Idempotency-Key"), `required` (False: a request without the header
-    passes through), `namespace` (""), `scope` (a function of the ASGI scope giving the
-    caller's identity, a str or None; default: a digest of the Authorization header),
+    passes through), `namespace` (""), `secret` (bytes or str of 32 bytes or more, the
+    same in every process, e.g. from an environment variable: the entry's key is then an
+    HMAC of scope and key, and a replay needs the secret's MAC; required with the default
+    scope), `scope` (a function of the ASGI scope giving the authenticated principal, a
+    str or None; default: the Authorization header, keyed by `secret`),
     `fingerprint` (a function of method, path, query and body giving 1 to 64 bytes, or
     None), `ttl` (24 h), `lease` (30 s), `in_flight` ("conflict": 409 at once; "wait":
     wait up to `wait`, 10 s, for the running request's response), `store` (a function of
@@ -51,13 +54,13 @@ class IdempotencyMiddleware:
                  namespace: str = "", scope=None, fingerprint=None, ttl=24 * 3600,
                  lease=30, in_flight: str = "conflict", wait=10, store=None,
                  store_cookies: bool = False, max_body: int = I.MiB,
-                 max_request_body: int = I.MiB, **client_options: Any) -> None:
+                 max_request_body: int = I.MiB, secret=None, **client_options: Any) -> None:
         self.app = app
         self.options = I.Options.build(
             methods=methods, header=header, required=required, namespace=namespace,
             scope=scope, fingerprint=fingerprint, ttl=ttl, lease=lease, in_flight=in_flight,
             wait=wait, store=store, store_cookies=store_cookies, max_body=max_body,
-            max_request_body=max_request_body)
+            max_request_body=max_request_body, secret=secret)
         self._gate = AsyncIdempotency(self.options, client, conninfo, client_options)
         self._header = self.options.header_lower.encode("latin-1")
 

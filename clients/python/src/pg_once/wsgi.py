@@ -44,13 +44,13 @@ class IdempotencyMiddleware:
                  namespace: str = "", scope=None, fingerprint=None, ttl=24 * 3600,
                  lease=30, in_flight: str = "conflict", wait=10, store=None,
                  store_cookies: bool = False, max_body: int = I.MiB,
-                 max_request_body: int = I.MiB, **client_options: Any) -> None:
+                 max_request_body: int = I.MiB, secret=None, **client_options: Any) -> None:
         self.app = app
         self.options = I.Options.build(
             methods=methods, header=header, required=required, namespace=namespace,
             scope=scope, fingerprint=fingerprint, ttl=ttl, lease=lease, in_flight=in_flight,
             wait=wait, store=store, store_cookies=store_cookies, max_body=max_body,
-            max_request_body=max_request_body)
+            max_request_body=max_request_body, secret=secret)
         self._gate = Idempotency(self.options, client, conninfo, client_options)
         self._header = "HTTP_" + self.options.header.upper().replace("-", "_")
 

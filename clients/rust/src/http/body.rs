@@ -37,7 +37,7 @@ pub(crate) struct Store {
     pub headers: HeaderMap,
     pub ttl: Duration,
     pub max_body: usize,
-    pub store_cookies: bool,
+    pub stored_for: Arc<rules::StoredFor>,
 }
 
 pub(crate) struct StoringBody {
@@ -98,13 +98,12 @@ impl Store {
     /// meanwhile stores nothing (logged: the response is on its way already); a response
     /// that cannot be stored gives the claim back, so that a retry runs again.
     pub(crate) async fn finish(self, body: Option<&[u8]>) {
-        let stored = rules::stored_response(self.status, &self.headers, body, self.store_cookies);
+        let stored = rules::stored_response(self.status, &self.headers, body, &self.stored_for);
         let mut done = self.held.complete(&stored, self.ttl).await;
         if body.is_some() && done.as_ref().is_err_and(|e| e.sqlstate() == Some("54000")) {
             // Over the server's once.max_result_size: kept without its body (I5), so that
             // the request still runs once.
-            let stored =
-                rules::stored_response(self.status, &self.headers, None, self.store_cookies);
+            let stored = rules::stored_response(self.status, &self.headers, None, &self.stored_for);
             done = self.held.complete(&stored, self.ttl).await;
         }
         match done {

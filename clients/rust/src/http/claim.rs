@@ -203,7 +203,7 @@ pub struct IdempotencyClaim {
     pub(crate) held: Arc<Held>,
     pub(crate) ttl: Duration,
     pub(crate) max_body: usize,
-    pub(crate) store_cookies: bool,
+    pub(crate) stored_for: Arc<rules::StoredFor>,
 }
 
 impl std::fmt::Debug for IdempotencyClaim {
@@ -215,7 +215,7 @@ impl std::fmt::Debug for IdempotencyClaim {
 }
 
 impl IdempotencyClaim {
-    /// The entry's pg_once key (`idempotency:[scope,key]`, rule I2).
+    /// The entry's pg_once key (rule I2: `idempotency:#hmac-sha256:...` with a secret).
     pub fn key(&self) -> &str {
         &self.held.key
     }
@@ -242,7 +242,7 @@ impl IdempotencyClaim {
         C: tokio_postgres::GenericClient + Sync,
     {
         let body = (body.len() <= self.max_body).then_some(body);
-        let stored = rules::stored_response(status, headers, body, self.store_cookies);
+        let stored = rules::stored_response(status, headers, body, &self.stored_for);
         let freshness = Freshness::ttl(Some(self.ttl));
         let held = &self.held;
         if raw::complete_key_in(conn, &held.key, held.token, &stored, &freshness).await? {

@@ -7,8 +7,10 @@
 //! use axum::{routing::post, Router};
 //! use pg_once_client::http::{IdempotencyLayer, InFlight};
 //! use std::time::Duration;
-//! # async fn demo(client: pg_once_client::Client) -> pg_once_client::Result<()> {
+//! # async fn demo(client: pg_once_client::Client, secret: String) -> pg_once_client::Result<()> {
+//! // `secret`: 32 bytes or more, the same in every process (e.g. from an environment variable).
 //! let idempotent = IdempotencyLayer::builder(client)
+//!     .secret(secret)
 //!     .ttl(Duration::from_secs(3600))
 //!     .in_flight(InFlight::Wait)
 //!     .build()?;
@@ -19,9 +21,10 @@
 //! ```
 //!
 //! For each covered request (a method of `methods` with the header), the layer reads the
-//! whole body (bounded by `max_request_body`), claims the entry `idempotency:[scope,key]`
-//! with the request's fingerprint, and: runs the handler (heartbeating the claim), then
-//! stores its response while streaming it (I5); or replays a stored response (I6); or
+//! whole body (bounded by `max_request_body`), claims the entry (`idempotency:` and an
+//! HMAC of scope and key under the secret, I2) with the request's fingerprint, and: runs
+//! the handler (heartbeating the claim), then stores its response while streaming it
+//! (I5); or replays a stored response the middleware wrote (I6); or
 //! answers with a problem+json of its own (I7). A handler that writes to the same
 //! database completes the claim in its own transaction through the [`IdempotencyClaim`]
 //! request extension (I8).
@@ -44,7 +47,7 @@ use http::request::Parts;
 use http::{Method, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
-use rules::Problem;
+use rules::{Problem, StoredFor};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -96,6 +99,9 @@ struct Config {
     required: bool,
     namespace: String,
     scope: ScopeFn,
+    /// Whether `scope` is the application's (else the default: a credential, I2).
+    custom_scope: bool,
+    secret: Option<Arc<[u8]>>,
     fingerprint: FingerprintFn,
     ttl: Duration,
     lease: Duration,
@@ -147,14 +153,26 @@ impl IdempotencyLayerBuilder {
         self
     }
 
-    /// Who the request is for (the principal or tenant), so that two callers' identical
-    /// keys never meet. Default: the hex SHA-256 of the `Authorization` header, or None
-    /// without one; pass your own if you authenticate by cookie or mTLS.
+    /// Who the request is for (the authenticated principal or tenant), so that two
+    /// callers' identical keys never meet. Default: the `Authorization` header, or None
+    /// without one, which needs a [`secret`](Self::secret); pass your own if you
+    /// authenticate by cookie or mTLS.
     pub fn scope(
         mut self,
         scope: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
     ) -> Self {
         self.config.scope = Arc::new(scope);
+        self.config.custom_scope = true;
+        self
+    }
+
+    /// The application's secret, at least 32 bytes, the same in every process of the
+    /// service (e.g. from an environment variable): each entry's key is then an HMAC of
+    /// scope and key (I2), so that no credential's digest is stored or announced on
+    /// channel `once`, and a replay needs the secret's MAC (I6). Required with the default
+    /// scope, which comes from the caller's credentials.
+    pub fn secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.config.secret = Some(Arc::from(secret.as_ref()));
         self
     }
 
@@ -252,6 +270,28 @@ impl IdempotencyLayerBuilder {
         if config.max_body == 0 || config.max_request_body == 0 {
             return invalid("max_body and max_request_body must be positive".into());
         }
+        match &config.secret {
+            None if !config.custom_scope => {
+                return Err(Error::Configuration(
+                    "the idempotency layer's secret is required with the default scope, which \
+                     comes from the caller's Authorization header: call .secret(...) (at least \
+                     32 bytes, the same in every process of the service, e.g. \
+                     IDEMPOTENCY_SECRET made with `openssl rand -hex 32`), so that no digest \
+                     of a credential a dictionary could crack is stored or announced; or \
+                     .scope(...) with the authenticated principal"
+                        .into(),
+                ))
+            }
+            Some(secret) if secret.len() < rules::MIN_SECRET_BYTES => {
+                return Err(Error::Configuration(format!(
+                    "the idempotency layer's secret must be at least {} bytes (e.g. `openssl \
+                     rand -hex 32`), got {}",
+                    rules::MIN_SECRET_BYTES,
+                    secret.len()
+                )))
+            }
+            _ => {}
+        }
         Ok(IdempotencyLayer {
             config: Arc::new(config),
         })
@@ -266,11 +306,10 @@ pub struct IdempotencyLayer {
 }
 
 impl IdempotencyLayer {
-    /// The layer with every option at its default.
-    pub fn new(client: Client) -> Self {
-        Self::builder(client)
-            .build()
-            .expect("the defaults are valid")
+    /// The layer with every option at its default but the secret (see
+    /// [`IdempotencyLayerBuilder::secret`]); [`Error::Configuration`] for one too short.
+    pub fn new(client: Client, secret: impl AsRef<[u8]>) -> Result<Self> {
+        Self::builder(client).secret(secret).build()
     }
 
     /// A builder, every option at its default.
@@ -284,6 +323,8 @@ impl IdempotencyLayer {
                 required: false,
                 namespace: String::new(),
                 scope: Arc::new(|parts: &Parts| rules::default_scope(&parts.headers)),
+                custom_scope: false,
+                secret: None,
                 fingerprint: Arc::new(|method: &Method, path: &str, query: &str, body: &[u8]| {
                     Some(rules::default_fingerprint(
                         method.as_str(),
@@ -428,7 +469,12 @@ where
     };
     // I2: the entry.
     let scope = (config.scope)(&parts);
-    let entry = rules::entry_key(&config.namespace, scope.as_deref(), &key);
+    let entry = rules::entry_key(
+        &config.namespace,
+        scope.as_deref(),
+        &key,
+        config.secret.as_deref(),
+    );
     if let Err(e) = key::check(&entry) {
         let detail = format!("The scope and key make no pg_once key: {e}.");
         return Ok(problem(Problem::KeyInvalid, &detail, None));
@@ -457,14 +503,20 @@ where
         .client
         .claim_request(&entry, fingerprint.as_deref(), config.lease, wait)
         .await;
+    let stored_for = Arc::new(StoredFor {
+        entry,
+        fingerprint,
+        secret: config.secret.clone(),
+        store_cookies: config.store_cookies,
+    });
     let held = match answer {
         Ok(Answer::Claimed(held)) => held,
-        Ok(other) => return Ok(answer_without_running(other, &entry)),
-        Err(e) => return Ok(unavailable(&entry, &e)),
+        Ok(other) => return Ok(answer_without_running(other, &stored_for)),
+        Err(e) => return Ok(unavailable(&stored_for.entry, &e)),
     };
     // I4 `claimed`: run the handler.
     let request = Request::from_parts(parts, B::from(body));
-    Ok(run_to_the_end(inner, config, request, held, entry, fingerprint).await)
+    Ok(run_to_the_end(inner, config, request, held, stored_for).await)
 }
 
 /// I4 `claimed`: the handler runs on a task of its own, so that a caller who hangs up
@@ -477,8 +529,7 @@ async fn run_to_the_end<S, B, ResBody>(
     config: Arc<Config>,
     request: Request<B>,
     held: Arc<Held>,
-    entry: String,
-    fingerprint: Option<Vec<u8>>,
+    stored_for: Arc<StoredFor>,
 ) -> Response<ResponseBody>
 where
     S: Service<Request<B>, Response = Response<ResBody>> + Send + 'static,
@@ -490,7 +541,7 @@ where
 {
     let (answer, answered) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
-        let response = run_claimed(inner, &config, request, held, &entry, fingerprint).await;
+        let response = run_claimed(inner, &config, request, held, stored_for).await;
         if let Err(unread) = answer.send(response) {
             let mut body = unread.into_body();
             while let Some(Ok(_)) = body.frame().await {}
@@ -507,8 +558,7 @@ async fn run_claimed<S, B, ResBody>(
     config: &Config,
     mut request: Request<B>,
     held: Arc<Held>,
-    entry: &str,
-    fingerprint: Option<Vec<u8>>,
+    stored_for: Arc<StoredFor>,
 ) -> Response<ResponseBody>
 where
     S: Service<Request<B>, Response = Response<ResBody>>,
@@ -520,8 +570,9 @@ where
         held: held.clone(),
         ttl: config.ttl,
         max_body: config.max_body,
-        store_cookies: config.store_cookies,
+        stored_for: stored_for.clone(),
     });
+    let entry = &stored_for.entry;
     let ran = AssertUnwindSafe(inner.call(request)).catch_unwind().await;
     let response = match ran {
         Ok(Ok(response)) => response,
@@ -538,7 +589,7 @@ where
     if held.lost() {
         // I8: the handler's completion found its claim taken over: its writes rolled
         // back, and another request runs (or ran) the key.
-        return answer_duplicate(config, entry, fingerprint.as_deref()).await;
+        return answer_duplicate(config, &stored_for).await;
     }
     if held.completed_by_handler() || !(config.store)(response.status()) {
         // Given back even if the handler completed it: a completion that committed
@@ -553,7 +604,7 @@ where
         headers: head.headers.clone(),
         ttl: config.ttl,
         max_body: config.max_body,
-        store_cookies: config.store_cookies,
+        stored_for: stored_for.clone(),
     };
     if body.is_end_stream() {
         // No body (a 204, say): hyper may never poll it, so it is stored now.
@@ -566,42 +617,54 @@ where
 
 /// I8: a request whose claim was lost is answered as a concurrent duplicate: `409`,
 /// or with [`InFlight::Wait`] the other request's response once it is stored.
-async fn answer_duplicate(
-    config: &Config,
-    entry: &str,
-    fingerprint: Option<&[u8]>,
-) -> Response<ResponseBody> {
+async fn answer_duplicate(config: &Config, stored_for: &StoredFor) -> Response<ResponseBody> {
+    let entry = &stored_for.entry;
     if config.in_flight == InFlight::Wait {
         let answer = config
             .client
-            .claim_request(entry, fingerprint, config.lease, config.wait)
+            .claim_request(
+                entry,
+                stored_for.fingerprint.as_deref(),
+                config.lease,
+                config.wait,
+            )
             .await;
         match answer {
             Ok(Answer::Claimed(held)) => held.release().await, // not run twice here
-            Ok(other) => return answer_without_running(other, entry),
+            Ok(other) => return answer_without_running(other, stored_for),
             Err(e) => return unavailable(entry, &e),
         }
     }
-    answer_without_running(Answer::Running, entry)
+    answer_without_running(Answer::Running, stored_for)
 }
 
-/// The answers of I4 that run nothing: a replay (I6), or a problem.
-fn answer_without_running(answer: Answer, entry: &str) -> Response<ResponseBody> {
+/// The answers of I4 that run nothing: a replay of what the middleware stored (I6), or a
+/// problem.
+fn answer_without_running(answer: Answer, stored_for: &StoredFor) -> Response<ResponseBody> {
     match answer {
-        Answer::Hit(stored) => match rules::replayed_response(&stored) {
-            Some(replay) => boxed(replay.map(Full::new)),
-            None => {
-                tracing::error!(
-                    key = entry,
-                    "pg_once: a stored response is not in the form rule I5 writes"
-                );
-                problem(
-                    Problem::HandlerFailed,
-                    "The response stored for this key cannot be read; use a new key.",
-                    None,
-                )
+        Answer::Hit(stored) => {
+            let why = rules::untrusted(stored_for, &stored);
+            if let Some(replay) = why
+                .is_none()
+                .then(|| rules::replayed_response(&stored))
+                .flatten()
+            {
+                return boxed(replay.map(Full::new));
             }
-        },
+            tracing::error!(
+                key = stored_for.entry,
+                why = why.as_deref().unwrap_or("it is not the stored form"),
+                "pg_once: not replaying an entry this middleware did not write (a role \
+                 with pg_once's rights in its key space?)"
+            );
+            problem(
+                Problem::UntrustedEntry,
+                "The response stored under this key was not written by this service's \
+                 idempotency middleware, so it is not replayed and the request is not run: \
+                 send a new key.",
+                None,
+            )
+        }
         Answer::Mismatch => problem(
             Problem::FingerprintMismatch,
             "This key was used by a request with another method, path, query or body: \

@@ -1,16 +1,19 @@
 //! The pure parts of rule I (docs/clients.md), one home each, with no I/O: which header
 //! value is a key (I1), the entry's key and default scope (I2), the default fingerprint
-//! (I3), the stored form of a response (I5) and the middleware's own answers (I7). The
+//! (I3), the stored form of a response (I5), which stored entries are replayed (I6) and
+//! the middleware's own answers (I7). The
 //! conformance vectors (`clients/conformance/vectors/idempotency.json`) pin each of them,
 //! byte for byte the same in the three clients.
 
 use crate::key;
 use base64::Engine as _;
 use bytes::Bytes;
+use hmac::{Hmac, Mac};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
+use std::sync::Arc;
 
 /// I1: the longest key a header may carry.
 pub const MAX_KEY_CHARS: usize = 255;
@@ -62,20 +65,47 @@ fn unquote(inner: &[u8]) -> Result<Vec<u8>, InvalidKey> {
     Ok(out)
 }
 
-/// I2: the pg_once key of a request's entry: `NAMESPACE + "idempotency:" +
-/// ENCODE([scope, key])`, ENCODE being rule K2's, so that no two scopes or keys meet; a
-/// key past the server's limit is hashed as K3 says, as every derived key is.
-pub fn entry_key(namespace: &str, scope: Option<&str>, key: &str) -> String {
-    key::derive(&format!("{namespace}idempotency"), &(scope, key))
-        .expect("strings and null always encode")
+/// I2: the shortest secret taken: HMAC-SHA-256's output size, below which RFC 2104 says
+/// the key weakens the MAC.
+pub const MIN_SECRET_BYTES: usize = 32;
+
+/// HMAC-SHA-256 of ENCODE(fields) (rule K2) under `secret`.
+fn hmac_of(secret: &[u8], fields: &Value) -> Hmac<Sha256> {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes keys of any length");
+    mac.update(key::encode(fields).expect("JSON values encode").as_bytes());
+    mac
 }
 
-/// I2: the default scope, the lowercase hex SHA-256 of the `Authorization` header (None
-/// without one), so that two callers' identical keys never meet.
+/// Lowercase hex HMAC-SHA-256 of ENCODE(fields) under `secret`.
+fn mac(secret: &[u8], fields: &Value) -> String {
+    crate::listener::hex(&hmac_of(secret, fields).finalize().into_bytes())
+}
+
+/// I2: the pg_once key of a request's entry. With a secret: `NAMESPACE +
+/// "idempotency:#hmac-sha256:" + hex(HMAC-SHA-256(secret, ENCODE(["idempotency-key", scope,
+/// key])))`, so that neither scope nor key is stored or announced, nor can be checked
+/// against a guess without the secret. Without one (a scope that is a principal, not a
+/// credential): `NAMESPACE + "idempotency:" + ENCODE([scope, key])`, ENCODE being rule
+/// K2's, so that no two scopes or keys meet; a key past the server's limit is hashed as K3
+/// says, as every derived key is.
+pub fn entry_key(namespace: &str, scope: Option<&str>, key: &str, secret: Option<&[u8]>) -> String {
+    match secret {
+        Some(secret) => format!(
+            "{namespace}idempotency:#hmac-sha256:{}",
+            mac(secret, &json!(["idempotency-key", scope, key]))
+        ),
+        None => key::derive(&format!("{namespace}idempotency"), &(scope, key))
+            .expect("strings and null always encode"),
+    }
+}
+
+/// I2: the default scope, the `Authorization` header as received, one character per byte
+/// (None without one), so that two callers' identical keys never meet. It only ever enters
+/// the entry's key keyed by the secret, which the default scope requires.
 pub fn default_scope(headers: &HeaderMap) -> Option<String> {
     headers
         .get(http::header::AUTHORIZATION)
-        .map(|auth| crate::listener::hex(&Sha256::digest(auth.as_bytes())))
+        .map(|auth| latin1_text(auth.as_bytes()))
 }
 
 /// I3: the default fingerprint, the SHA-256 of `METHOD "\n" PATH "\n" QUERY "\n" BODY`:
@@ -110,36 +140,181 @@ const NOT_STORED: [&str; 10] = [
     "date",
 ];
 
+/// What a request's stored response is written for and checked against (I5, I6): its
+/// entry and fingerprint, and the middleware's secret and `store_cookies`.
+#[derive(Clone, Debug)]
+pub struct StoredFor {
+    pub entry: String,
+    pub fingerprint: Option<Vec<u8>>,
+    pub secret: Option<Arc<[u8]>>,
+    pub store_cookies: bool,
+}
+
 /// I5: the stored form of a response, `{"status": 201, "headers": [[name, value], ...],
-/// "body": "<base64>"}`: headers in order, names in lower case (as `http` keeps them),
-/// without the headers never stored (hop-by-hop, `content-length`, `date`) and, unless `store_cookies`, `set-cookie`; `body` None (stored
-/// as null) when it was longer than the middleware keeps. A value is written one character
-/// per byte (latin-1), as the Python and Node middlewares write it, so that bytes past
-/// ASCII are kept and replayed as they were.
+/// "body": "<base64>", "fingerprint": "<hex>"}`, with `"mac"` when the middleware has a
+/// secret: headers in order, names in lower case (as `http` keeps them), without the
+/// headers never stored (hop-by-hop, `content-length`, `date`) and, unless
+/// `store_cookies`, `set-cookie`; `body` None (stored as null) when it was longer than
+/// the middleware keeps. A value is written one character per byte (latin-1), as the
+/// Python and Node middlewares write it, so that bytes past ASCII are kept and replayed
+/// as they were.
 pub fn stored_response(
     status: StatusCode,
     headers: &HeaderMap,
     body: Option<&[u8]>,
-    store_cookies: bool,
+    stored_for: &StoredFor,
 ) -> Value {
     let kept: Vec<Value> = headers
         .iter()
         .filter(|(name, _)| {
             let name = name.as_str();
-            !NOT_STORED.contains(&name) && (store_cookies || name != "set-cookie")
+            !NOT_STORED.contains(&name) && (stored_for.store_cookies || name != "set-cookie")
         })
         .map(|(name, value)| json!([name.as_str(), latin1_text(value.as_bytes())]))
         .collect();
-    json!({
+    let mut form = json!({
         "status": status.as_u16(),
         "headers": kept,
         "body": body.map(|b| base64::engine::general_purpose::STANDARD.encode(b)),
-    })
+        "fingerprint": stored_for.fingerprint.as_deref().map(crate::listener::hex),
+    });
+    if let Some(secret) = &stored_for.secret {
+        form["mac"] = Value::String(response_mac(secret, &stored_for.entry, &form));
+    }
+    form
+}
+
+/// I5: `hex(HMAC-SHA-256(secret, ENCODE(["idempotency-response", entry, status, headers,
+/// body, fingerprint])))` of a stored form.
+pub fn response_mac(secret: &[u8], entry: &str, form: &Value) -> String {
+    mac(secret, &response_fields(entry, form))
+}
+
+fn response_fields(entry: &str, form: &Value) -> Value {
+    json!([
+        "idempotency-response",
+        entry,
+        form["status"],
+        form["headers"],
+        form["body"],
+        form["fingerprint"]
+    ])
+}
+
+/// I6: a stored header's name is a token in lower case (I5 writes them so).
+fn header_name_ok(name: &str) -> bool {
+    !name.is_empty()
+        && name.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || b"!#$%&'*+-.^_`|~".contains(&b)
+        })
+}
+
+/// I6: a stored header's value is a field value (RFC 9110 5.5), one character per byte:
+/// no CR, LF, NUL or other control character but tab, no whitespace at either end.
+fn header_value_ok(value: &str) -> bool {
+    let visible = |c: char| matches!(u32::from(c), 0x21..=0x7e | 0x80..=0xff);
+    value.chars().all(|c| c == '\t' || c == ' ' || visible(c))
+        && value.chars().next().is_none_or(visible)
+        && value.chars().last().is_none_or(visible)
+}
+
+/// I6: why a stored entry is not one this middleware wrote for this request, or None.
+/// Anyone with pg_once's rights in the key space can write an entry: only one in the
+/// middleware's form, holding this request's fingerprint and, with a secret, its MAC, is
+/// replayed, and none of its headers can frame the response (`content-length`,
+/// hop-by-hop headers) or set a cookie the middleware would not have stored.
+pub fn untrusted(stored_for: &StoredFor, stored: &Value) -> Option<String> {
+    let Some(form) = stored.as_object() else {
+        return Some("it is not an object".into());
+    };
+    let mut members = vec!["body", "fingerprint", "headers", "status"];
+    if stored_for.secret.is_some() {
+        members.push("mac");
+        members.sort_unstable();
+    }
+    let mut found: Vec<&str> = form.keys().map(String::as_str).collect();
+    found.sort_unstable();
+    if found != members {
+        return Some(format!("its members are not {members:?}"));
+    }
+    if !form["status"]
+        .as_u64()
+        .is_some_and(|s| (200..=599).contains(&s))
+    {
+        return Some(format!("its status {} is not 200 to 599", form["status"]));
+    }
+    let Some(headers) = form["headers"].as_array() else {
+        return Some("its headers are not a list".into());
+    };
+    for pair in headers {
+        let (Some(name), Some(value)) = (pair[0].as_str(), pair[1].as_str()) else {
+            return Some(format!(
+                "a header is not a [name, value] pair of strings: {pair}"
+            ));
+        };
+        if pair.as_array().map(Vec::len) != Some(2) {
+            return Some(format!(
+                "a header is not a [name, value] pair of strings: {pair}"
+            ));
+        }
+        if !header_name_ok(name) || !header_value_ok(value) {
+            return Some(format!(
+                "header {name:?} is not a lower-case token with a field value"
+            ));
+        }
+        if NOT_STORED.contains(&name)
+            || name == "idempotent-replayed"
+            || (name == "set-cookie" && !stored_for.store_cookies)
+        {
+            return Some(format!(
+                "it holds a {name} header, which the middleware never stores"
+            ));
+        }
+    }
+    match &form["body"] {
+        Value::Null => {}
+        Value::String(b64)
+            if base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .is_ok() => {}
+        _ => return Some("its body is not base64".into()),
+    }
+    let want = stored_for.fingerprint.as_deref().map(crate::listener::hex);
+    match &form["fingerprint"] {
+        Value::Null if want.is_none() => {}
+        Value::String(held) if Some(held) == want.as_ref() => {}
+        Value::Null | Value::String(_) => {
+            return Some("it was not stored for this request's fingerprint".into())
+        }
+        _ => return Some("its fingerprint is not hex".into()),
+    }
+    let Some(secret) = &stored_for.secret else {
+        return want.is_none().then(|| {
+            "the request has no fingerprint and the middleware no secret to check".into()
+        });
+    };
+    let held = form["mac"].as_str().and_then(hex_bytes).unwrap_or_default();
+    // Compared in constant time (verify_slice), so that a forger learns nothing per byte.
+    hmac_of(secret, &response_fields(&stored_for.entry, stored))
+        .verify_slice(&held)
+        .err()
+        .map(|_| "its MAC is not the secret's".into())
+}
+
+/// Lowercase hex as bytes; None for anything else.
+fn hex_bytes(text: &str) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 || text.bytes().any(|b| b.is_ascii_uppercase()) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
 }
 
 /// I6: the response a stored entry replays: its status, headers and body (empty when it
 /// was stored without one), plus `Idempotent-Replayed: true`. None when `stored` is not
-/// the form [`stored_response`] writes.
+/// the form [`stored_response`] writes; check it with [`untrusted`] first.
 pub fn replayed_response(stored: &Value) -> Option<Response<Bytes>> {
     let status = StatusCode::from_u16(u16::try_from(stored["status"].as_u64()?).ok()?).ok()?;
     let body = match &stored["body"] {
@@ -185,6 +360,8 @@ pub enum Problem {
     BodyTooLarge,
     /// 409: another request with the key is running, or its key failed.
     InFlight,
+    /// 409: the entry holds a response the middleware did not write (I6).
+    UntrustedEntry,
     /// 422: the key was used by a request with another fingerprint.
     FingerprintMismatch,
     /// 500: the handler panicked or its service failed.
@@ -198,7 +375,7 @@ impl Problem {
         match self {
             Problem::KeyMissing | Problem::KeyInvalid => StatusCode::BAD_REQUEST,
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Problem::InFlight => StatusCode::CONFLICT,
+            Problem::InFlight | Problem::UntrustedEntry => StatusCode::CONFLICT,
             Problem::FingerprintMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::HandlerFailed => StatusCode::INTERNAL_SERVER_ERROR,
             Problem::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
@@ -211,7 +388,7 @@ impl Problem {
         match self {
             Problem::KeyMissing | Problem::KeyInvalid => "Bad Request",
             Problem::BodyTooLarge => "Content Too Large",
-            Problem::InFlight => "Conflict",
+            Problem::InFlight | Problem::UntrustedEntry => "Conflict",
             Problem::FingerprintMismatch => "Unprocessable Content",
             Problem::HandlerFailed => "Internal Server Error",
             Problem::Unavailable => "Service Unavailable",
@@ -224,6 +401,7 @@ impl Problem {
             Problem::KeyInvalid => "key_invalid",
             Problem::BodyTooLarge => "body_too_large",
             Problem::InFlight => "in_flight",
+            Problem::UntrustedEntry => "untrusted_entry",
             Problem::FingerprintMismatch => "fingerprint_mismatch",
             Problem::HandlerFailed => "handler_failed",
             Problem::Unavailable => "unavailable",
@@ -258,6 +436,15 @@ impl Problem {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn plain() -> StoredFor {
+        StoredFor {
+            entry: "idempotency:[null,\"k\"]".into(),
+            fingerprint: Some(vec![1; 32]),
+            secret: None,
+            store_cookies: false,
+        }
+    }
 
     #[test]
     fn a_problem_names_its_status_and_code() {
@@ -295,7 +482,7 @@ mod tests {
         let raw = b"attachment; filename=\"caf\xe9.txt\"";
         let mut headers = HeaderMap::new();
         headers.append("content-disposition", HeaderValue::from_bytes(raw).unwrap());
-        let stored = stored_response(StatusCode::OK, &headers, Some(b""), false);
+        let stored = stored_response(StatusCode::OK, &headers, Some(b""), &plain());
         assert_eq!(
             stored["headers"],
             json!([[
@@ -320,14 +507,14 @@ mod tests {
         headers.append("content-type", HeaderValue::from_static("text/plain"));
         headers.append("x-a", HeaderValue::from_static("1"));
         headers.append("x-a", HeaderValue::from_static("2"));
-        let stored = stored_response(StatusCode::CREATED, &headers, Some(b"hi"), false);
+        let stored = stored_response(StatusCode::CREATED, &headers, Some(b"hi"), &plain());
         let replay = replayed_response(&stored).unwrap();
         assert_eq!(replay.status(), 201);
         assert_eq!(replay.body().as_ref(), b"hi");
         let xa: Vec<_> = replay.headers().get_all("x-a").iter().collect();
         assert_eq!(xa, ["1", "2"]);
         assert_eq!(replay.headers()["idempotent-replayed"], "true");
-        let without_body = stored_response(StatusCode::CREATED, &headers, None, false);
+        let without_body = stored_response(StatusCode::CREATED, &headers, None, &plain());
         assert_eq!(without_body["body"], Value::Null);
         assert!(replayed_response(&without_body).unwrap().body().is_empty());
     }

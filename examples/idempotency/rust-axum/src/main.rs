@@ -1,7 +1,8 @@
 //! The idempotency middleware's example service (clients/conformance/http/README.md):
 //! one order handler behind four configurations of `IdempotencyLayer`, served by axum on
 //! hyper. Environment: `PG_ONCE_DSN` (a database with pg_once and schema `idem_demo`),
-//! `PORT` (or `--port N`).
+//! `IDEMPOTENCY_SECRET` (what keys the entries, rule I2: 32 bytes or more, the same in
+//! every process), `PORT` (or `--port N`).
 //!
 //! The handler's last step shows rule I8: the order and the stored response commit in one
 //! transaction, and a claim taken over meanwhile rolls the order back.
@@ -20,6 +21,8 @@ use std::time::Duration;
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dsn = std::env::var("PG_ONCE_DSN").map_err(|_| "set PG_ONCE_DSN")?;
+    let secret = std::env::var("IDEMPOTENCY_SECRET")
+        .map_err(|_| "set IDEMPOTENCY_SECRET (e.g. `openssl rand -hex 32`)")?;
     let port = port()?;
     let client = Client::connect(
         &dsn,
@@ -33,7 +36,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // The four configurations of the shared scenarios: max_body 1 MiB (the default),
     // ttl 1 hour, everything else at its default unless the route says otherwise.
-    let idempotent = || IdempotencyLayer::builder(client.clone()).ttl(Duration::from_secs(3600));
+    let idempotent = || {
+        IdempotencyLayer::builder(client.clone())
+            .secret(&secret)
+            .ttl(Duration::from_secs(3600))
+    };
     let defaults = idempotent().build()?;
     let waiting = idempotent()
         .in_flight(InFlight::Wait)

@@ -23,9 +23,10 @@ class AsyncRequestClaim:
     """The claim of the request being handled, as a handler finds it (rule I8:
     `scope["pg_once.claim"]` in ASGI, `environ["pg_once.claim"]` in WSGI)."""
 
-    def __init__(self, claim: AsyncClaim, options: I.Options) -> None:
+    def __init__(self, claim: AsyncClaim, options: I.Options,
+                 fingerprint: Optional[bytes]) -> None:
         self.key = claim.key
-        self._claim, self._options = claim, options
+        self._claim, self._options, self._fingerprint = claim, options, fingerprint
         self.completed = False   # the handler stored the response itself (I8)
         self.lost = False        # the handler's completion found the claim taken over
 
@@ -39,7 +40,8 @@ class AsyncRequestClaim:
         if hasattr(headers, "items"):
             headers = list(headers.items())
         try:
-            await self._claim.store(I.stored_text(self._options, status, headers, body), conn)
+            await self._claim.store(I.stored_text(self._options, self.key, self._fingerprint,
+                                                  status, headers, body), conn)
         except ClaimLost:
             self.lost = True
             raise
@@ -81,7 +83,7 @@ class AsyncIdempotency:
                     body: bytes) -> Union[I.Reply, AsyncRequestClaim]:
         """The request's claim to run it, or the answer that replaces running it (I4)."""
         options = self.options
-        entry = I.entry_key(options.namespace, scope, key)
+        entry = I.entry_key(options.namespace, scope, key, options.secret)
         fingerprint = I.fingerprint_of(options, method, path, query, body)
         try:
             client = await self.open()
@@ -92,9 +94,15 @@ class AsyncIdempotency:
             log.error("pg_once: idempotency store unavailable (%s); answering 503", exc)
             return I.unavailable().reply()
         if answer.outcome == "claimed":
-            return AsyncRequestClaim(answer.claim, options)
+            return AsyncRequestClaim(answer.claim, options, fingerprint)
         if answer.outcome == "hit":
-            return I.replay(answer.result)
+            try:
+                return I.replay(options, entry, fingerprint, answer.result)
+            except I.Untrusted as refused:
+                log.error("pg_once: not replaying the entry %r: %s; something other than this "
+                          "middleware wrote it (a role with pg_once's rights in its key space?)",
+                          entry, refused.why)
+                return refused.reply()
         if answer.outcome == "mismatch":
             return I.mismatch(options).reply()
         if answer.outcome == "failed":
@@ -132,7 +140,8 @@ class AsyncIdempotency:
             await self.give_back(claim)
 
     async def _store(self, claim: AsyncRequestClaim, status, headers, body) -> None:
-        await claim._claim.store(I.stored_text(self.options, status, headers, body))
+        await claim._claim.store(I.stored_text(self.options, claim.key, claim._fingerprint,
+                                               status, headers, body))
 
     async def give_back(self, claim: AsyncRequestClaim) -> None:
         """Release the claim (a 5xx, an exception before the response started): a retry

@@ -25,9 +25,10 @@ class RequestClaim:
     """The claim of the request being handled, as a handler finds it (rule I8:
     `scope["pg_once.claim"]` in ASGI, `environ["pg_once.claim"]` in WSGI)."""
 
-    def __init__(self, claim: Claim, options: I.Options) -> None:
+    def __init__(self, claim: Claim, options: I.Options,
+                 fingerprint: Optional[bytes]) -> None:
         self.key = claim.key
-        self._claim, self._options = claim, options
+        self._claim, self._options, self._fingerprint = claim, options, fingerprint
         self.completed = False   # the handler stored the response itself (I8)
         self.lost = False        # the handler's completion found the claim taken over
 
@@ -41,7 +42,8 @@ class RequestClaim:
         if hasattr(headers, "items"):
             headers = list(headers.items())
         try:
-            self._claim.store(I.stored_text(self._options, status, headers, body), conn)
+            self._claim.store(I.stored_text(self._options, self.key, self._fingerprint,
+                                                  status, headers, body), conn)
         except ClaimLost:
             self.lost = True
             raise
@@ -83,7 +85,7 @@ class Idempotency:
                     body: bytes) -> Union[I.Reply, RequestClaim]:
         """The request's claim to run it, or the answer that replaces running it (I4)."""
         options = self.options
-        entry = I.entry_key(options.namespace, scope, key)
+        entry = I.entry_key(options.namespace, scope, key, options.secret)
         fingerprint = I.fingerprint_of(options, method, path, query, body)
         try:
             client = self.open()
@@ -94,9 +96,15 @@ class Idempotency:
             log.error("pg_once: idempotency store unavailable (%s); answering 503", exc)
             return I.unavailable().reply()
         if answer.outcome == "claimed":
-            return RequestClaim(answer.claim, options)
+            return RequestClaim(answer.claim, options, fingerprint)
         if answer.outcome == "hit":
-            return I.replay(answer.result)
+            try:
+                return I.replay(options, entry, fingerprint, answer.result)
+            except I.Untrusted as refused:
+                log.error("pg_once: not replaying the entry %r: %s; something other than this "
+                          "middleware wrote it (a role with pg_once's rights in its key space?)",
+                          entry, refused.why)
+                return refused.reply()
         if answer.outcome == "mismatch":
             return I.mismatch(options).reply()
         if answer.outcome == "failed":
@@ -134,7 +142,8 @@ class Idempotency:
             self.give_back(claim)
 
     def _store(self, claim: RequestClaim, status, headers, body) -> None:
-        claim._claim.store(I.stored_text(self.options, status, headers, body))
+        claim._claim.store(I.stored_text(self.options, claim.key, claim._fingerprint,
+                                               status, headers, body))
 
     def give_back(self, claim: RequestClaim) -> None:
         """Release the claim (a 5xx, an exception before the response started): a retry

@@ -1,0 +1,212 @@
+"""The middlewares attacked from the database (issue 36, items 5 and 6; docs/security.md,
+"The HTTP edge"). The attacker is a role with pg_once's grants in the services' key space:
+it LISTENs on channel `once` (any role with CONNECT may), and it plants entries with
+claim_key + complete_key, as the middlewares themselves write them or not. Same driver as
+test_http.py; each scenario runs against every example service."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import socket
+import time
+from urllib.parse import urlsplit
+
+import h11
+import psycopg
+import pytest
+
+from support import fresh_key
+from test_http import assert_problem
+
+pytestmark = pytest.mark.anyio
+
+NOTIFIED_WITHIN_S = 10   # a completion's notification, relayed by the worker when preloaded
+# A five-word dictionary and the password it holds: what the issue's attacker tried.
+DICTIONARY = ["password", "123456", "letmein", "sunshine", "qwerty"]
+
+
+class Attacker:
+    """A session of a role with pg_once's grants: it listens on channel `once`, reads what
+    it may, and writes entries of the services' key space."""
+
+    def __init__(self):
+        self.conn = psycopg.connect(os.environ["PG_ONCE_DSN"], autocommit=True)
+        self.conn.execute("LISTEN once")
+
+    def close(self):
+        self.conn.close()
+
+    def announced(self, sku: str) -> str:
+        """The entry key the `once` channel announced for the completed request whose
+        order has `sku` (the first announcement whose stored body names it)."""
+        deadline = time.monotonic() + NOTIFIED_WITHIN_S
+        seen = []
+        while time.monotonic() < deadline:
+            # Listed first: the generator holds the connection until it ends.
+            for payload in [n.payload for n in self.conn.notifies(timeout=0.2, stop_after=1)]:
+                seen.append(payload)
+                result = self.conn.execute("SELECT once.get(%s)", (payload,)).fetchone()[0]
+                body = (result or {}).get("body") if isinstance(result, dict) else None
+                if body and sku.encode() in base64.b64decode(body):
+                    return payload
+        raise AssertionError(f"no announcement on channel once for the order {sku} within "
+                             f"{NOTIFIED_WITHIN_S} s (heard: {seen})")
+
+    def stored(self, entry: str) -> dict:
+        return self.conn.execute("SELECT once.get(%s)", (entry,)).fetchone()[0]
+
+    def plant(self, entry: str, result: dict, fingerprint: bytes | None = None):
+        """Replace entry's stored response with `result`: forget it, claim it (without a
+        fingerprint unless given: it then matches every request) and complete it."""
+        self.conn.execute("SELECT once.invalidate_key(%s)", (entry,))
+        outcome, token = self.conn.execute(
+            "SELECT outcome, token FROM once.claim_key(%s, fingerprint => %s)",
+            (entry, fingerprint)).fetchone()
+        assert outcome == "claimed", f"the attacker could not claim {entry}: {outcome}"
+        done = self.conn.execute("SELECT once.complete_key(%s, %s, %s::jsonb, '1 hour')",
+                                 (entry, token, json.dumps(result))).fetchone()[0]
+        assert done, f"the attacker could not complete {entry}"
+
+
+@pytest.fixture
+def attacker():
+    a = Attacker()
+    yield a
+    a.close()
+
+
+async def first_order(api, attacker, headers=None) -> tuple[str, str, dict, str]:
+    """A victim's request answered 201: (its key, the entry key announced, its body, sku)."""
+    key, sku = fresh_key(), f"victim-{fresh_key()[:8]}"
+    body = {"sku": sku}
+    first = await api.post("/orders", body, key, headers=headers)
+    assert first.status_code == 201, first.text
+    return key, attacker.announced(sku), body, sku
+
+
+def form(status: int, headers: list, body: bytes) -> dict:
+    """A stored response as the issue's attacker wrote it (rule I5's form, before 0.4)."""
+    return {"status": status, "headers": headers, "body": base64.b64encode(body).decode()}
+
+
+def exchange(url: str, requests: list[tuple[str, str, list, bytes]]) -> list:
+    """The requests sent one after the other on ONE keep-alive connection, each answer read
+    with h11 as a client would: [(status, headers, body)], or the h11 error that ended it."""
+    host, port = urlsplit(url).hostname, urlsplit(url).port
+    answers = []
+    with socket.create_connection((host, port), timeout=30) as sock:
+        conn = h11.Connection(h11.CLIENT)
+        for method, path, headers, body in requests:
+            if conn.our_state is h11.DONE:
+                conn.start_next_cycle()
+            head = [("host", f"{host}:{port}"), ("content-length", str(len(body))), *headers]
+            sock.sendall(conn.send(h11.Request(method=method, target=path, headers=head)))
+            sock.sendall(conn.send(h11.Data(data=body)) if body else b"")
+            sock.sendall(conn.send(h11.EndOfMessage()))
+            status, got, chunks = None, None, []
+            try:
+                while True:
+                    event = conn.next_event()
+                    if event is h11.NEED_DATA:
+                        conn.receive_data(sock.recv(65536))
+                    elif isinstance(event, h11.Response):
+                        status = event.status_code
+                        got = [(n.decode(), v.decode("latin-1")) for n, v in event.headers]
+                    elif isinstance(event, h11.Data):
+                        chunks.append(bytes(event.data))
+                    elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+                        break
+            except h11.RemoteProtocolError as e:
+                answers.append(e)
+                return answers
+            answers.append((status, got, b"".join(chunks)))
+            if conn.their_state is not h11.DONE:
+                return answers
+    return answers
+
+
+def assert_untrusted(answer, what: str):
+    """The replay of an entry the middleware did not write: 409 untrusted_entry (I6)."""
+    assert not isinstance(answer, Exception), f"{what}: the replay broke HTTP: {answer!r}"
+    status, headers, body = answer
+    names = [n.lower() for n, _ in headers]
+    assert "set-cookie" not in names, f"{what}: replayed a planted set-cookie: {headers}"
+    assert names.count("content-length") <= 1, f"{what}: two content-lengths: {headers}"
+    assert status == 409, f"{what}: want 409 untrusted_entry, got {status} {headers} {body[:300]!r}"
+    problem = json.loads(body)
+    assert problem.get("code") == "untrusted_entry", f"{what}: {problem}"
+
+
+# -- item 5: the credential is not announced ---------------------------------------------------
+
+async def test_a_listener_cannot_crack_the_callers_credentials(api, attacker):
+    # A Basic credential's digest in the announced key falls to a five-word dictionary
+    # when it is unkeyed; keyed (I2) nothing of it can be checked without the secret.
+    credential = "Basic " + base64.b64encode(b"alice:sunshine").decode()
+    key, entry, _, _ = await first_order(api, attacker, headers={"authorization": credential})
+    cracked = [w for w in DICTIONARY
+               if hashlib.sha256(("Basic " + base64.b64encode(f"alice:{w}".encode()).decode())
+                                 .encode()).hexdigest() in entry]
+    assert not cracked, f"channel once announced {entry}: alice's password is {cracked[0]!r}"
+    assert credential.split()[1] not in entry, f"channel once announced the credential: {entry}"
+    assert key not in entry, f"channel once announced the key itself: {entry}"
+    digest = hashlib.sha256(credential.encode()).hexdigest()
+    assert digest not in entry and attacker.conn.execute(
+        "SELECT count(*) FROM once.entries WHERE key LIKE %s AND key LIKE %s",
+        (f"%{digest}%", f"%{key}%")).fetchone()[0] == 0, \
+        "once.entries (and so every dump) holds the credential's unkeyed digest"
+
+
+# -- item 6: a replay serves only what the middleware wrote -----------------------------------
+
+async def test_a_planted_set_cookie_is_not_replayed(api, attacker):
+    key, entry, body, _ = await first_order(api, attacker)
+    attacker.plant(entry, form(201, [["content-type", "application/json"],
+                                     ["set-cookie", "session=attacker; Path=/; HttpOnly"]],
+                               b'{"order_id": 1}'))
+    retry = await api.post("/orders", body, key)
+    assert_untrusted((retry.status_code, list(retry.headers.multi_items()), retry.content),
+                     "a planted set-cookie")
+
+
+async def test_a_planted_content_length_smuggles_no_second_response(api, attacker):
+    # The planted body holds a whole second response after the 2 bytes its content-length
+    # announces: on a keep-alive connection the caller's next request would read it.
+    key, entry, body, _ = await first_order(api, attacker)
+    smuggled = b"HTTP/1.1 299 Smuggled\r\ncontent-length: 0\r\nx-smuggled: 1\r\n\r\n"
+    attacker.plant(entry, form(200, [["content-type", "text/plain"], ["content-length", "2"]],
+                               b"ok" + smuggled))
+    answers = exchange(api.url(None), [
+        ("POST", "/orders", [("content-type", "application/json"), ("idempotency-key", key)],
+         json.dumps(body).encode()),
+        ("GET", "/health", [], b"")])
+    assert_untrusted(answers[0], "a planted short content-length")
+    assert len(answers) == 2 and not isinstance(answers[1], Exception), \
+        f"the connection did not serve the next request: {answers}"
+    status, headers, _ = answers[1]
+    assert (status, dict(headers).get("x-smuggled")) == (200, None), \
+        f"the next request on the connection read the smuggled response: {status} {headers}"
+
+
+async def test_a_planted_content_length_is_not_sent_twice(api, attacker):
+    key, entry, body, _ = await first_order(api, attacker)
+    attacker.plant(entry, form(200, [["content-type", "text/plain"], ["content-length", "5"]],
+                               b"hello, world"))
+    answers = exchange(api.url(None), [
+        ("POST", "/orders", [("content-type", "application/json"), ("idempotency-key", key)],
+         json.dumps(body).encode())])
+    assert_untrusted(answers[0], "a planted content-length")
+
+
+async def test_an_entry_planted_without_fingerprint_is_not_served(api, attacker):
+    # The middleware's own stored response, copied and planted back without a fingerprint:
+    # it then matches every request under the key, another body's too.
+    key, entry, body, sku = await first_order(api, attacker)
+    attacker.plant(entry, attacker.stored(entry))
+    other = await api.post("/orders", {"sku": sku + "-other"}, key)
+    assert other.headers.get("idempotent-replayed") != "true", \
+        f"another request was served the planted entry: {other.status_code} {other.text}"
+    assert_problem(other, 409, "untrusted_entry")
