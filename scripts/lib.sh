@@ -58,7 +58,9 @@ cargo_version() {
 print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "pg_once"))'
 }
 
-say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+# say MESSAGE: a step's heading, with the seconds since this script started, so that a
+# run's log tells what each step took.
+say() { printf '\033[1m==> [%4d s] %s\033[0m\n' "$SECONDS" "$*" >&2; }
 
 # Debian packages, cargo-pgrx and `cargo pgrx init`, each only when missing; for a
 # PG_MAJOR other than 15, its chroot too, mounted until pg_env_umount (the caller's EXIT
