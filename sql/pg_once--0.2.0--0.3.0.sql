@@ -243,3 +243,8 @@ GRANT EXECUTE ON FUNCTION once_internal.may_use_key(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION once_internal.runtime() TO PUBLIC;
 GRANT EXECUTE ON FUNCTION once_internal.caller_administers() TO PUBLIC;
 GRANT EXECUTE ON FUNCTION once_internal.pending_key_counts() TO PUBLIC;
+
+-- Only a claim carries a token (hit and failed carried the entry's, which during a
+-- refresh was the refresher's).
+COMMENT ON COLUMN once.claim.token IS
+    'claimed or refresh: your fencing token, to pass to complete_key, fail_key, heartbeat_key or release_key. NULL for every other outcome: a token is its owner''s alone.';

@@ -117,7 +117,7 @@ COMMENT ON TYPE once.claim IS
 COMMENT ON COLUMN once.claim.outcome IS
     'What the call decided: hit (result is set), claimed (you own the key: compute, then complete_key with token), failed (error is set, until retry_at) or wait (someone else computes it). With serve_stale => true also refresh (you own the key and result is the previous one: serve it, recompute, complete_key) and stale (result is the previous one, served while someone refreshes it). With a fingerprint also mismatch (the key runs or its result is served for a request of another fingerprint: nothing was changed, every other column is NULL).';
 COMMENT ON COLUMN once.claim.token IS
-    'claimed or refresh: your fencing token, to pass to complete_key, fail_key, heartbeat_key or release_key. wait or stale: the owner''s token (stale: NULL when nobody refreshes right now). NULL otherwise.';
+    'claimed or refresh: your fencing token, to pass to complete_key, fail_key, heartbeat_key or release_key. NULL for every other outcome: a token is its owner''s alone.';
 COMMENT ON COLUMN once.claim.result IS
     'hit: the cached result; refresh and stale: the previous result, served while it is recomputed; claimed: the previous result when a refresh is handed to a caller that did not ask for serve_stale. NULL otherwise.';
 COMMENT ON COLUMN once.claim.error IS

@@ -174,15 +174,17 @@ fn claim_row(
 ) -> PgHeapTuple<'static, AllocatedByRust> {
     let mut row = ClaimRow::for_call(fcinfo);
     let (outcome, token, attempts) = match claim {
+        // Only a claim this call took carries a token (`set_taken`): a hit may be served
+        // while the key is refreshed, and the entry's token is then the refresher's, which
+        // would let whoever holds it end that claim; a failure's token is its owner's.
         Claim::Hit {
-            token,
             result,
             expires_at,
             attempts,
         } => {
             row.set("result", result);
             row.set("expires_at", expires_at);
-            ("hit", Some(token), Some(attempts))
+            ("hit", None, Some(attempts))
         }
         Claim::Claimed { taken, kept } => {
             if let Some(kept) = kept {
@@ -195,7 +197,7 @@ fn claim_row(
             row.set_taken("refresh", taken)
         }
         // A waiter is told who computes the key and until when, never the running claim's
-        // token (nor is a stale answer): the token is the owner's alone.
+        // token (nor is a stale answer).
         Claim::Wait {
             owner,
             lease_expires_at,
@@ -207,14 +209,13 @@ fn claim_row(
             ("wait", None, attempts)
         }
         Claim::Failed {
-            token,
             error,
             retry_at,
             attempts,
         } => {
             row.set("error", error);
             row.set("retry_at", retry_at);
-            ("failed", Some(token), Some(attempts))
+            ("failed", None, Some(attempts))
         }
         Claim::Stale {
             owner,

@@ -35,7 +35,6 @@ use pgrx::prelude::*;
 /// What a claim attempt decided (the `outcome` of once.claim plus its details).
 pub enum Claim {
     Hit {
-        token: i64,
         result: Jsonb,
         expires_at: Option<TimestampWithTimeZone>,
         attempts: i32,
@@ -61,7 +60,6 @@ pub enum Claim {
         uncommitted: bool,
     },
     Failed {
-        token: i64,
         error: Option<String>,
         retry_at: Option<TimestampWithTimeZone>,
         attempts: i32,
@@ -151,7 +149,6 @@ pub fn attempt(
             }
             shmem::count(Counter::Hits);
             return Claim::Hit {
-                token: entry.token,
                 result: entry.result.expect("fresh means a result"),
                 expires_at: entry.expires_at,
                 attempts: entry.attempts,
@@ -281,7 +278,6 @@ impl StaleRule {
         }
         match why {
             Unavailable::Failed => Claim::Failed {
-                token: entry.token,
                 error: entry.error,
                 retry_at: entry.retry_at,
                 attempts: entry.attempts,

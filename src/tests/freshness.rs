@@ -187,7 +187,21 @@ mod tests {
             "1",
             ", ttl => '1 second', beta => 100"
         ));
-        let outcomes: Vec<String> = (0..20).map(|_| ask("k", true).0).collect();
+        let answers: Vec<(String, Option<i64>)> = (0..20)
+            .map(|_| {
+                let (outcome, token, _, _) = ask("k", true);
+                (outcome, token)
+            })
+            .collect();
+        // Only the refresh, the claim, carries a token: a hit served while it runs must
+        // not hand out the refresher's (anyone holding it could end that claim).
+        assert!(
+            answers
+                .iter()
+                .all(|(outcome, token)| token.is_some() == (outcome == "refresh")),
+            "{answers:?}"
+        );
+        let outcomes: Vec<String> = answers.into_iter().map(|(o, _)| o).collect();
         let first = outcomes.iter().position(|o| o == "refresh");
         assert!(first.is_some(), "{outcomes:?}");
         assert!(

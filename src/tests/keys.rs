@@ -2,7 +2,7 @@
 
 #[pgrx::pg_schema]
 mod tests {
-    use crate::tests::{one, outcome_and_token};
+    use crate::tests::{answer, one, outcome_and_token};
     use pgrx::prelude::*;
 
     #[pg_test]
@@ -38,7 +38,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(done, Some(true));
-        assert_eq!(outcome_and_token(&key).0, "hit");
+        assert_eq!(answer(&key).0, "hit");
     }
 
     #[pg_test]

@@ -24,8 +24,8 @@ fn one<T: FromDatum + IntoDatum>(sql: &str) -> Option<T> {
     Spi::get_one::<T>(sql).unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
-/// A claim_key answer's outcome and token, for an answer that carries one (hit, claimed,
-/// failed): `wait` and `stale` answers never tell the owner's token (see `answer`).
+/// A claim_key answer's outcome and token, for an answer that carries one (claimed, the
+/// only one without serve_stale): no other answer tells a token (see `answer`).
 fn outcome_and_token(key: &str) -> (String, i64) {
     let (outcome, token) = Spi::get_two_with_args::<String, i64>(
         "SELECT outcome, token FROM once.claim_key($1)",

@@ -2,7 +2,7 @@
 
 #[pgrx::pg_schema]
 mod tests {
-    use crate::tests::{one, outcome_and_token, text};
+    use crate::tests::{answer, one, outcome_and_token, text};
     use pgrx::prelude::*;
 
     #[pg_test]
@@ -70,7 +70,7 @@ mod tests {
         let hits = one::<i64>("SELECT hits FROM once.stats").unwrap();
         let (_, token) = outcome_and_token("k2");
         Spi::run(&format!("SELECT once.complete_key('k2', {token}, '1')")).unwrap();
-        outcome_and_token("k2");
+        assert_eq!(answer("k2").0, "hit");
         assert!(one::<i64>("SELECT hits FROM once.stats").unwrap() > hits);
     }
 
