@@ -60,7 +60,7 @@ SELECT pg_catalog.set_config('pg_once.kept_privileges', COALESCE(pg_catalog.stri
    AND d.deptype OPERATOR(pg_catalog.=) 'e' AND e.extname OPERATOR(pg_catalog.=) 'pg_once';
 
 COMMENT ON SCHEMA once IS
-    'pg_once: claim_key and the other functions, the once.stats, once.queue_stats, once.dead_letters and once.namespaces views, and the tables they read. Grant USAGE on it (and EXECUTE on its functions) to the roles that use pg_once.';
+    'pg_once: claim_key and the other functions, the once.stats, once.queue_stats, once.dead_letters, once.keys and once.namespaces views, and the tables they read. Grant USAGE on it (and EXECUTE on its functions) to the roles that use pg_once.';
 
 CREATE SCHEMA once_internal;
 COMMENT ON SCHEMA once_internal IS

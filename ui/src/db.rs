@@ -41,6 +41,8 @@ pub fn pool(conninfo: &pg_once_client::Conninfo, size: usize) -> Result<Pool, St
 pub struct Caps {
     pub role: String,
     pub entries: bool,
+    /// May SELECT once.keys: the keys of its namespaces and the shared ones.
+    pub keys: bool,
     pub attempts: bool,
     pub stats: bool,
     pub queue_stats: bool,
@@ -56,7 +58,9 @@ pub async fn caps(pool: &Pool) -> Result<Caps, String> {
                     has_table_privilege('once.attempts', 'SELECT'),
                     has_table_privilege('once.stats', 'SELECT'),
                     has_table_privilege('once.queue_stats', 'SELECT'),
-                    has_table_privilege('once.dead_letters', 'SELECT')",
+                    has_table_privilege('once.dead_letters', 'SELECT'),
+                    to_regclass('once.keys') IS NOT NULL
+                        AND has_table_privilege('once.keys', 'SELECT')",
             &[],
         )
         .await
@@ -68,6 +72,7 @@ pub async fn caps(pool: &Pool) -> Result<Caps, String> {
         stats: r.get(3),
         queue_stats: r.get(4),
         dead_letters: r.get(5),
+        keys: r.get(6),
     })
 }
 
@@ -186,7 +191,25 @@ const KEY_COLUMNS: &str = "encode(key_hash, 'hex') AS hash, key, state::text AS 
                                    ELSE NOT EXISTS (SELECT FROM pg_catalog.pg_stat_activity a
                                                      WHERE a.pid = owner_pid) END) AS owner_gone";
 
-pub const NO_ENTRIES: &str = "This role may not SELECT once.entries (docs/security.md, \"Roles cannot reach the tables\"): the keys listed are its dead letters (once.dead_letters), and the counts by state on the overview come from once.stats. Running, queued and done keys are visible to administrators only.";
+pub const NO_ENTRIES: &str = "This role may SELECT neither once.entries nor once.keys (docs/security.md, \"Roles cannot reach the tables\"): the keys listed are its dead letters (once.dead_letters), and the counts by state on the overview come from once.stats. Grant it SELECT on once.keys to list the keys of its namespaces.";
+
+/// The notice of a page read from once.keys: what an application role sees.
+pub const FROM_KEYS: &str = "Read from once.keys: the keys of this role's namespaces and the shared ones; administrators see every key.";
+
+impl Caps {
+    /// The relation this role's keys are read from: once.entries for administrators,
+    /// else once.keys (the same columns but the token, filtered to the keys the role may
+    /// use), else none (its dead letters only).
+    pub fn keys_source(&self) -> Option<&'static str> {
+        if self.entries {
+            Some("once.entries")
+        } else if self.keys {
+            Some("once.keys")
+        } else {
+            None
+        }
+    }
+}
 
 pub async fn keys(pool: &Pool, caps: &Caps, f: &KeyFilter) -> Result<Page, String> {
     if let Some(s) = &f.state {
@@ -194,7 +217,7 @@ pub async fn keys(pool: &Pool, caps: &Caps, f: &KeyFilter) -> Result<Page, Strin
             return Err(format!("state must be one of {}", STATES.join(", ")));
         }
     }
-    if !caps.entries {
+    let Some(source) = caps.keys_source() else {
         if f.state.as_deref().is_some_and(|s| s != "failed") {
             return Ok(Page {
                 source: "once.dead_letters",
@@ -205,7 +228,7 @@ pub async fn keys(pool: &Pool, caps: &Caps, f: &KeyFilter) -> Result<Page, Strin
         let mut page = dead_letters(pool, f).await?;
         page.notice = Some(NO_ENTRIES.into());
         return Ok(page);
-    }
+    };
     // The state is one of four literals (checked above), so that the planner matches the
     // partial indexes (running keys in key_hash order; failed and queued keys).
     let state = f
@@ -221,7 +244,7 @@ pub async fn keys(pool: &Pool, caps: &Caps, f: &KeyFilter) -> Result<Page, Strin
                  SELECT key_hash, key, state, queue, owner, owner_pid, lease_only,
                         lease_expires_at, claimed_at, left(error, 300) AS error, retry_at,
                         expires_at, attempts, errors, last_outcome, updated_at
-                   FROM once.entries
+                   FROM {source}
                   WHERE key_hash > decode($1, 'hex') {state}
                   ORDER BY key_hash LIMIT {SCAN}),
              hits AS (
@@ -237,7 +260,7 @@ pub async fn keys(pool: &Pool, caps: &Caps, f: &KeyFilter) -> Result<Page, Strin
     } else {
         format!(
             "SELECT {KEY_COLUMNS}, NULL::text AS scanned_to, 0::int8 AS scanned
-               FROM once.entries
+               FROM {source}
               WHERE key_hash > decode($1, 'hex') {state}
               ORDER BY key_hash LIMIT {limit}",
             limit = PAGE + 1
@@ -263,7 +286,7 @@ pub async fn keys(pool: &Pool, caps: &Caps, f: &KeyFilter) -> Result<Page, Strin
         let probe = format!(
             "SELECT encode((array_agg(key_hash ORDER BY key_hash DESC))[1], 'hex') AS scanned_to,
                     count(*) AS scanned FROM (
-                 SELECT key_hash FROM once.entries WHERE key_hash > decode($1, 'hex') {state}
+                 SELECT key_hash FROM {source} WHERE key_hash > decode($1, 'hex') {state}
                   ORDER BY key_hash LIMIT {SCAN}) s"
         );
         next = query(pool, &probe, &[&after])
@@ -278,8 +301,8 @@ pub async fn keys(pool: &Pool, caps: &Caps, f: &KeyFilter) -> Result<Page, Strin
     Ok(Page {
         rows,
         next,
-        source: "once.entries",
-        notice: None,
+        source,
+        notice: (!caps.entries).then(|| FROM_KEYS.into()),
     })
 }
 
@@ -339,8 +362,9 @@ pub async fn key(pool: &Pool, caps: &Caps, key: &str) -> Result<KeyDetail, Strin
         key: key.to_owned(),
         ..KeyDetail::default()
     };
-    if caps.entries {
-        d.source = "once.entries";
+    if let Some(source) = caps.keys_source() {
+        d.source = source;
+        d.notice = (!caps.entries).then(|| FROM_KEYS.into());
         d.row = query(
             pool,
             &format!(
@@ -352,7 +376,7 @@ pub async fn key(pool: &Pool, caps: &Caps, key: &str) -> Result<KeyDetail, Strin
                         rerun, pg_column_size(result) AS result_bytes,
                         left(result::text, 2000) AS result, left(payload::text, 2000) AS payload,
                         owner_role::regrole::text AS owner_role
-                   FROM once.entries WHERE key_hash = once.key_hash($1)"
+                   FROM {source} WHERE key_hash = once.key_hash($1)"
             ),
             &[&key],
         )

@@ -6,7 +6,7 @@ CREATE ROLE ui_tenant_a LOGIN;
 CREATE ROLE ui_tenant_b LOGIN;
 GRANT USAGE ON SCHEMA once TO ui_tenant_a, ui_tenant_b;
 GRANT EXECUTE ON ALL ROUTINES IN SCHEMA once TO ui_tenant_a, ui_tenant_b;
-GRANT SELECT ON once.stats, once.queue_stats, once.dead_letters TO ui_tenant_a, ui_tenant_b;
+GRANT SELECT ON once.stats, once.queue_stats, once.dead_letters, once.keys TO ui_tenant_a, ui_tenant_b;
 SELECT once.create_namespace('ui-tenant-a/', 'ui_tenant_a');
 
 -- done

@@ -161,7 +161,7 @@ pub mod roles {
              CREATE ROLE {name} LOGIN;
              GRANT USAGE ON SCHEMA once TO {name};
              GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA once TO {name};
-             GRANT SELECT ON once.stats, once.queue_stats, once.dead_letters, once.namespaces
+             GRANT SELECT ON once.stats, once.queue_stats, once.dead_letters, once.keys, once.namespaces
                 TO {name};
              COMMIT;"
             ))

@@ -299,6 +299,8 @@ async fn a_leaky_function_sees_nothing_the_views_hide() -> Result<()> {
     let attempts = [
         "SELECT count(*) FROM once.dead_letters WHERE leak(payload::text)",
         "SELECT count(*) FROM once.dead_letters WHERE leak(key)",
+        "SELECT count(*) FROM once.keys WHERE leak(key)",
+        "SELECT count(*) FROM once.keys WHERE leak(payload::text)",
         "SELECT count(*) FROM once.queue_stats WHERE leak(queue)",
     ];
     for sql in attempts {

@@ -288,6 +288,25 @@ async fn views_show_a_role_only_what_it_may_use() -> Result<()> {
             .await?
             .get(0);
         assert_eq!(dead, expected, "dead_letters");
+        // once.keys: the dead letter, and no token for anyone.
+        let keys: i64 = client
+            .query_one(
+                "SELECT count(*) FROM once.keys WHERE starts_with(key, $1) AND state = 'failed'",
+                &[&t.prefix],
+            )
+            .await?
+            .get(0);
+        assert_eq!(keys, expected, "once.keys");
+        let token_column: bool = client
+            .query_one(
+                "SELECT EXISTS (SELECT FROM information_schema.columns
+                                 WHERE table_schema = 'once' AND table_name = 'keys'
+                                   AND column_name IN ('token', 'fingerprint'))",
+                &[],
+            )
+            .await?
+            .get(0);
+        assert!(!token_column, "once.keys shows no token or fingerprint");
         let queues: i64 = client
             .query_one(
                 "SELECT count(*) FROM once.queue_stats WHERE queue = $1",
