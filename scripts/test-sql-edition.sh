@@ -192,7 +192,13 @@ as_admin -q -c "SELECT once.complete_key(k, token, '1', ttl => '1 hour', beta =>
     -c "UPDATE once.entries SET expires_at = clock_timestamp() + '1 second', compute_time = '1 hour'
          WHERE key IN ('early', 'plain')" >/dev/null
 expect "a hit that draws an early refresh" "refresh 1" "$(as_user -c "SELECT outcome || ' ' || result FROM once.claim_key('early', serve_stale => true, owner_pid => 0)")"
-expect "a hit of a key being refreshed" "hit" "$(as_user -c "SELECT outcome FROM once.claim_key('early')")"
+# No answer but claimed (and refresh, a claim) carries a token (issue 36): another
+# role's hit during the refresh must not be handed the refresh's token.
+expect "a hit of a key being refreshed" "hit no token" \
+    "$(as_user -c "SELECT outcome || ' ' || coalesce(token::text, 'no token') FROM once.claim_key('early')")"
+as_user -q -c "SELECT once.fail_key('failed/1', token, 'x', retry_after => '1 hour') FROM once.claim_key('failed/1')" >/dev/null
+expect "a failed answer" "failed no token" \
+    "$(as_user -c "SELECT outcome || ' ' || coalesce(token::text, 'no token') FROM once.claim_key('failed/1')")"
 expect "a hit without beta" "hit" "$(as_user -c "SELECT outcome FROM once.claim_key('plain')")"
 # once.get's draw is owed to the session's next claim_key, which takes the refresh even
 # though its own draw could not (beta is gone by then): a second draw would refresh with

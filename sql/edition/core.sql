@@ -274,7 +274,8 @@ BEGIN
                 END IF;
             END IF;
             PERFORM set_config('lock_timeout', old_timeout, true);
-            RETURN ROW('hit', e.token, e.result, NULL, NULL, NULL, e.attempts, NULL, e.expires_at)::once.claim;
+            -- No token: it may be a running refresh's, and only a claim carries one.
+            RETURN ROW('hit', NULL, e.result, NULL, NULL, NULL, e.attempts, NULL, e.expires_at)::once.claim;
         END IF;
         -- Entry::servable_stale, and StaleRule::serves_stale.
         stale_ok := serve_stale AND e.result IS NOT NULL AND e.stale_until IS NOT NULL
@@ -285,7 +286,7 @@ BEGIN
             IF stale_ok THEN
                 RETURN ROW('stale', NULL, e.result, e.error, NULL, NULL, e.attempts, NULL, e.expires_at)::once.claim;
             END IF;
-            RETURN ROW('failed', e.token, NULL, e.error, NULL, NULL, e.attempts, e.retry_at, NULL)::once.claim;
+            RETURN ROW('failed', NULL, NULL, e.error, NULL, NULL, e.attempts, e.retry_at, NULL)::once.claim;
         ELSIF e.state = 'running' THEN
             -- claim::running_owner_status, with the same rule as rules/owner_gone.sql; on a
             -- standby its owner is a backend of the primary: only the primary can judge it.
