@@ -26,7 +26,8 @@ OUT=$PG_ONCE_WORK/$NAME-build
 "$REPO_ROOT/scripts/sql-edition.sh" "$OUT"
 chmod -R a+rX "$OUT"
 trap 'cluster_stop $NAME' EXIT
-cluster_start "$NAME" "$PORT"
+# autovacuum looks every second: the autovacuum attack below waits for its analyze.
+cluster_start "$NAME" "$PORT" "autovacuum_naptime = 1"
 cluster_psql "$NAME" "$PORT" -q \
     -c "CREATE ROLE admin LOGIN CREATEROLE IN ROLE pg_read_all_stats, pg_signal_backend" \
     -c "CREATE DATABASE app OWNER admin"
@@ -64,7 +65,7 @@ as_admin -q -c "DROP FUNCTION once.claim_key(text,interval,interval,integer,bool
                 REVOKE ALL ON FUNCTION once.claim_key(text,interval,interval,integer,boolean) FROM PUBLIC;
                 GRANT EXECUTE ON FUNCTION once.claim_key(text,interval,interval,integer,boolean) TO app_user;"
 as_admin -q -f "$OUT/pg_once_sql.sql"
-got=$(as_admin -Atc "SELECT (SELECT count(*) FROM pg_proc WHERE proname = 'claim_key'),
+got=$(as_admin -Atc "SELECT (SELECT count(*) FROM pg_proc WHERE proname = 'claim_key' AND pronamespace = 'once'::regnamespace),
                             has_function_privilege('app_user', 'once.claim_key(text,interval,interval,integer,boolean,bytea)', 'EXECUTE'),
                             has_function_privilege('public', 'once.claim_key(text,interval,interval,integer,boolean,bytea)', 'EXECUTE')")
 if [ "$got" != "1|t|f" ]; then
@@ -365,12 +366,87 @@ SQL
 expect "a claim of a new namespace's key under an older snapshot" "40001" "$got"
 expect "that key" "0" "$(as_admin -Atc "SELECT count(*) FROM once.entries WHERE key = 't4/planted'")"
 # Nor does it reach once_internal (claim_next's filter, the token sequence): no USAGE.
-expect "app_user calling once_internal.row_taken" "permission denied for schema once_internal" \
+expect "app_user calling once_internal.row_taken" "permission denied for function row_taken" \
     "$(as_user -c "SELECT once_internal.row_taken('(0,1)')" 2>&1 | sed -n 's/^ERROR:  //p')"
 # What the edition leaves to the functions: no application role writes the table.
 if as_user -c "DELETE FROM once.entries" 2>/dev/null; then
     echo "app_user could write once.entries directly" >&2; exit 1
 fi
+say "SQL edition: attacks judged as the current user (issue 36)"
+# Every check judges the current user of the calling context, as the extension does
+# (docs/sql-edition.md, "Who is judged"), never the session's user: app1 gets a schema
+# of its own and plants code that other roles' sessions run.
+# (As the superuser: the owner, with CREATEROLE, is no member of app1.)
+cluster_psql "$NAME" "$PORT" -q -d app -c "CREATE SCHEMA app1 AUTHORIZATION app1"
+refused() {  # refused ROLE SQL: the SQLSTATE of the error ROLE's SQL ends with, or "none"
+    local role=$1; shift
+    local got
+    got=$(as_role "$role" -v VERBOSITY=verbose -c "$1" 2>&1 | sed -n 's/^ERROR:  \([0-9A-Z]\{5\}\):.*/\1/p' | head -1)
+    echo "${got:-none}"
+}
+namespace_exists() { as_admin -Atc "SELECT count(*) FROM once_internal.namespace_owners WHERE prefix = '$1'"; }
+# 1. An index expression of app1's table calls once.create_namespace: the owner's ANALYZE
+# (an administrator's session) and autovacuum's (the bootstrap superuser's) evaluate it as
+# app1, the table's owner, whom create_namespace refuses (swallowed here, so that ANALYZE
+# goes on; any other error fails it).
+as_role app1 -q <<'SQL'
+CREATE FUNCTION app1.grab(x int, prefix text) RETURNS int IMMUTABLE LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM once.create_namespace(prefix, 'app1', existing => 'adopt');
+    RETURN x;
+EXCEPTION WHEN insufficient_privilege THEN
+    RETURN x;
+END $$;
+CREATE TABLE app1.bait (x int);
+INSERT INTO app1.bait SELECT generate_series(1, 10);
+CREATE INDEX ON app1.bait (app1.grab(x, 't5/'));
+CREATE TABLE app1.autobait (x int) WITH (autovacuum_analyze_threshold = 1, autovacuum_analyze_scale_factor = 0);
+CREATE INDEX ON app1.autobait (app1.grab(x, 't6/'));
+GRANT USAGE ON SCHEMA app1 TO admin, app2;
+SQL
+as_admin -q -c "ANALYZE app1.bait"
+expect "a namespace defined by app1's index expression under the owner's ANALYZE" 0 "$(namespace_exists t5/)"
+as_role app1 -q -c "INSERT INTO app1.autobait SELECT generate_series(1, 100)"
+for _ in $(seq 600); do
+    [ "$(as_admin -Atc "SELECT last_autoanalyze IS NOT NULL FROM pg_stat_user_tables WHERE relid = 'app1.autobait'::regclass")" = t ] && break
+    sleep 0.1
+done
+expect "autovacuum's analyze of app1.autobait, within 60 s" t \
+    "$(as_admin -Atc "SELECT last_autoanalyze IS NOT NULL FROM pg_stat_user_tables WHERE relid = 'app1.autobait'::regclass")"
+expect "a namespace defined by app1's index expression under autovacuum" 0 "$(namespace_exists t6/)"
+# 2. SECURITY DEFINER code of app1's is judged as app1, whoever calls it: not as the
+# owner who calls promote(), nor as app2, t2/'s owner, who calls steal().
+as_role app1 -q <<'SQL'
+CREATE FUNCTION app1.promote() RETURNS void SECURITY DEFINER LANGUAGE sql
+    AS $$ SELECT once.create_namespace('t5/', 'app1') $$;
+CREATE FUNCTION app1.steal() RETURNS jsonb SECURITY DEFINER LANGUAGE sql
+    AS $$ SELECT once.get('t2/secret') $$;
+SQL
+expect "app1's SECURITY DEFINER create_namespace called by the owner" 42501 "$(refused admin "SELECT app1.promote()")"
+expect "that namespace" 0 "$(namespace_exists t5/)"
+expect "app1's SECURITY DEFINER get of t2/'s key called by app2" 42501 "$(refused app2 "SELECT app1.steal()")"
+# 3. The implementations behind once.* act for the role they are given, and only for
+# once.*'s own call: called directly, from a function that looks like once.*, or from
+# a query whose text forges once.*'s line of the call stack, they refuse.
+forged_frame="PL/pgSQL function once.create_namespace(text,regrole,text,text) line 3 at RETURN"
+as_role app1 -q <<SQL
+CREATE FUNCTION app1.create_namespace(prefix text, owner regrole, notify text, existing text)
+    RETURNS void LANGUAGE plpgsql AS \$\$
+BEGIN
+    PERFORM once_internal.create_namespace('admin', prefix, owner, notify, existing);
+END \$\$;
+CREATE FUNCTION app1.forge() RETURNS void LANGUAGE plpgsql AS \$\$
+BEGIN
+    EXECUTE E'SELECT once_internal.create_namespace(''admin'', ''t5/'', ''app1'', ''digest'', ''refuse'')"\n$forged_frame\n"';
+END \$\$;
+SQL
+expect "app1 calling create_namespace's implementation as admin" 42501 \
+    "$(refused app1 "SELECT once_internal.create_namespace('admin', 't5/', 'app1', 'digest', 'refuse')")"
+expect "app1 calling it from a function of the same name" 42501 \
+    "$(refused app1 "SET search_path = app1, pg_catalog; SELECT create_namespace('t5/', 'app1', 'digest', 'refuse')")"
+expect "app1 calling it under a forged call stack" 42501 "$(refused app1 "SELECT app1.forge()")"
+expect "app1 calling get's implementation as app2" 42501 "$(refused app1 "SELECT once_internal.get('app2', 't2/secret')")"
+expect "those namespaces" 0 "$(namespace_exists t5/)"
 say "SQL edition: on a hot standby of it"
 # A standby serves hits and says wait for a running key without judging its owner (a
 # backend of the primary); whatever would write is refused with 25006 (protocol::standby).

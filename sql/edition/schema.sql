@@ -100,25 +100,71 @@ BEGIN
 END
 $$;
 
--- The role pg_once is called by: these functions are SECURITY DEFINER, so CURRENT_USER is
--- their owner; the caller is the role set by SET ROLE, else the session's user. (The
--- extension reads the user its C function was called as, which also sees a SECURITY
--- DEFINER function of another role calling pg_once; the edition judges that call as
--- the session's role: docs/sql-edition.md.)
+-- Who is judged (docs/sql-edition.md, "Who is judged"): the current user of the context
+-- that calls once.*, as the extension's C functions judge GetUserId(), under ANALYZE,
+-- autovacuum, index expressions, materialized views and other roles' SECURITY DEFINER
+-- code alike. A SECURITY DEFINER function cannot see that user (its current_user is its
+-- owner; session_user and the role setting are the session's, not the calling context's),
+-- so each once.* is a SECURITY INVOKER wrapper that passes its current_user to its
+-- SECURITY DEFINER implementation in once_internal (scripts/sql_edition.py, invoker_api),
+-- and the implementation's first act is this function's: it makes sure that it was called
+-- by that wrapper, then makes the role the one once_internal.caller() answers for the
+-- rest of the call.
+--
+-- The call stack (PG_CONTEXT) proves who called: frame 1 is this function, frame 2 the
+-- implementation (initialising its first variable), frame 3 the caller of the
+-- implementation, which must be the wrapper: "PL/pgSQL function once.claim_key(text,...)
+-- line 3 at RETURN". Nothing else can print a frame that starts that way: PL/pgSQL prints
+-- a function's signature as format_procedure does (regprocedure's output), here with
+-- search_path pinned, so schema-qualified, and a name that is not a plain identifier
+-- (one holding a dot or a parenthesis) is quoted; no other schema is called once; other
+-- frames start with their own words ("SQL function", "SQL statement", "COPY"). The
+-- wrapper calls the implementation as a simple expression (no SPI, and so no "SQL
+-- statement" frame, whose query text is the caller's own and could hold a forged line),
+-- with its arguments already evaluated: no code of the caller runs in between. The
+-- frame's leading words are taken from frame 1, so a translated lc_messages changes
+-- nothing. Only the implementations call it (EXECUTE is not granted).
+CREATE OR REPLACE FUNCTION once_internal.vouch(calling_role name, wrapper regprocedure) RETURNS oid
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    stack text;
+    frames text[];
+    role oid;
+BEGIN
+    GET DIAGNOSTICS stack = PG_CONTEXT;
+    frames := string_to_array(stack, E'\n');
+    IF NOT starts_with(coalesce(frames[3], ''),
+                       split_part(frames[1], 'once_internal.vouch(name,regprocedure)', 1)
+                       || wrapper::text || ' ') THEN
+        RAISE EXCEPTION 'permission denied: only % calls its implementation', wrapper
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = format('Call %s itself: pg_once judges the role it is called as.', wrapper);
+    END IF;
+    -- A session may outlive its role (DROP ROLE does not end it). No role must never
+    -- read as NULL: token_holder would take that for an administrator.
+    role := to_regrole(quote_ident(calling_role));
+    IF role IS NULL THEN
+        RAISE EXCEPTION 'role "%" does not exist', calling_role USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    PERFORM set_config('once_internal.caller', role::text, true);
+    RETURN role;
+END
+$$;
+
+-- The role pg_once is called as, in this call: what the implementation's vouch (or, for
+-- the views, may_use_key_as and administers_as) set. A transaction-local setting, which
+-- any role may SET, but everything that reads it runs after one of those set it.
 CREATE OR REPLACE FUNCTION once_internal.caller() RETURNS oid
     LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp
     AS $$
 DECLARE
-    name text := CASE current_setting('role') WHEN 'none' THEN session_user ELSE current_setting('role') END;
-    -- By name through regrole, a syscache lookup (pg_roles costs several times more, and
-    -- this runs on every call).
-    role oid := to_regrole(quote_ident(name));
+    role oid := nullif(current_setting('once_internal.caller', true), '')::oid;
 BEGIN
-    -- A session may outlive its role (DROP ROLE does not end it). No role must never
-    -- read as NULL: token_holder would take that for an administrator.
     IF role IS NULL THEN
-        RAISE EXCEPTION 'role "%" does not exist', name USING ERRCODE = 'insufficient_privilege';
+        RAISE EXCEPTION 'pg_once: once_internal.caller() read before any call set it';
     END IF;
     RETURN role;
 END
