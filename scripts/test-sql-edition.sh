@@ -251,11 +251,12 @@ expect "a failed queued key" "queued true" \
 expect "its attempt history" "w1 failed boom" \
     "$(as_admin -Atc "SELECT worker || ' ' || outcome || ' ' || error FROM once.attempts WHERE key = 'job/1'")"
 expect "a claim_next with nothing due" "0" "$(as_user -c "SELECT count(*) FROM once.claim_next('jobs', wait => '50 milliseconds')")"
-# The size limits, as custom settings (54000 past them).
+# The size limits, as rows of once.settings an administrator writes (54000 past them).
+as_admin -q -c "INSERT INTO once.settings VALUES ('once.max_result_size', '1kB')"
 expect "a result past once.max_result_size" "54000" "$(as_user -v VERBOSITY=verbose \
-    -c "SET once.max_result_size = '1kB'" \
     -c "SELECT once.complete_key('big', token, to_jsonb(repeat('x', 2000))) FROM once.claim_key('big')" 2>&1 |
     sed -n 's/^ERROR:  \([0-9A-Z]\{5\}\):.*/\1/p')"
+as_admin -q -c "DELETE FROM once.settings"
 expect "once.key_hash for every role, as in the extension" "t" \
     "$(as_admin -Atc "SELECT has_function_privilege('public', 'once.key_hash(text)', 'EXECUTE')
                           AND NOT has_function_privilege('public', 'once.claim_key(text,interval,interval,integer,boolean,bytea)', 'EXECUTE')")"
@@ -372,7 +373,7 @@ expect "app_user calling once_internal.row_taken" "permission denied for functio
 if as_user -c "DELETE FROM once.entries" 2>/dev/null; then
     echo "app_user could write once.entries directly" >&2; exit 1
 fi
-say "SQL edition: attacks judged as the current user (issue 36)"
+say "SQL edition: attacks judged as the current user, the settings (issue 36)"
 # Every check judges the current user of the calling context, as the extension does
 # (docs/sql-edition.md, "Who is judged"), never the session's user: app1 gets a schema
 # of its own and plants code that other roles' sessions run.
@@ -447,6 +448,33 @@ expect "app1 calling it from a function of the same name" 42501 \
 expect "app1 calling it under a forged call stack" 42501 "$(refused app1 "SELECT app1.forge()")"
 expect "app1 calling get's implementation as app2" 42501 "$(refused app1 "SELECT once_internal.get('app2', 't2/secret')")"
 expect "those namespaces" 0 "$(namespace_exists t5/)"
+# 4. The protective settings are the administrator's: an application role's SET neither
+# purges history (once.history_retention) nor raises a size limit.
+# (The rows that were there before: reap_stale may add the history of a claim it reaps.)
+history=$(as_admin -Atc "SELECT string_agg(token::text, ',' ORDER BY token) FROM once.attempts")
+[ -n "$history" ] || { echo "no attempt history to attack" >&2; exit 1; }
+as_user -q -c "SET once.history_retention = '0'" -c "SELECT FROM once.reap_stale()"
+expect "once.attempts after app_user's reap_stale with history_retention 0" "$history" \
+    "$(as_admin -Atc "SELECT string_agg(token::text, ',' ORDER BY token) FROM once.attempts WHERE token IN ($history)")"
+expect "a 17 MB result under app_user's SET once.max_result_size = '1GB'" 54000 \
+    "$(refused app_user "SET once.max_result_size = '1GB';
+                         SELECT once.complete_key('huge', token, to_jsonb(repeat('x', 17 * 1024 * 1024))) FROM once.claim_key('huge')")"
+expect "a 17 kB error under app_user's SET once.max_error_size = '1GB'" 54000 \
+    "$(refused app_user "SET once.max_error_size = '1GB';
+                         SELECT once.fail_key('huge-error', token, repeat('x', 17 * 1024)) FROM once.claim_key('huge-error')")"
+expect "a 2 MB payload under app_user's SET once.max_payload_size = '1GB'" 54000 \
+    "$(refused app_user "SET once.max_payload_size = '1GB';
+                         SELECT once.enqueue_key('huge-payload', to_jsonb(repeat('x', 2 * 1024 * 1024)), 'jobs')")"
+# What an administrator sets in once.settings holds, whatever a session sets; no
+# application role writes once.settings.
+as_admin -q -c "INSERT INTO once.settings VALUES ('once.max_result_size', '1kB')"
+expect "a 2 kB result past once.settings' max_result_size, raised by app_user's SET" 54000 \
+    "$(refused app_user "SET once.max_result_size = '1GB';
+                         SELECT once.complete_key('big2', token, to_jsonb(repeat('x', 2000))) FROM once.claim_key('big2')")"
+expect "app_user writing once.settings" 42501 "$(refused app_user "UPDATE once.settings SET value = '1GB'")"
+expect "a size once.settings cannot read" 23514 "$(refused admin "INSERT INTO once.settings VALUES ('once.max_error_size', 'lots')")"
+expect "a setting once.settings does not know" 23514 "$(refused admin "INSERT INTO once.settings VALUES ('once.poll_interval', '10')")"
+as_admin -q -c "DELETE FROM once.settings"
 say "SQL edition: on a hot standby of it"
 # A standby serves hits and says wait for a running key without judging its owner (a
 # backend of the primary); whatever would write is refused with 25006 (protocol::standby).

@@ -78,15 +78,15 @@ END
 $$;
 
 -- The once.max_*_size settings (args::within_limit): the extension defines them, here
--- they are custom settings an administrator may set (ALTER DATABASE ... SET
--- once.max_result_size = '1MB'), read in kB like the extension's, with its units.
+-- they are rows of once.settings, which only administrators write (sql/edition/schema.sql
+-- says why), read in kB like the extension's, with its units.
 CREATE OR REPLACE FUNCTION once_internal.within_limit(
     size bigint, what text, name text, default_kb bigint, hint text) RETURNS void
     LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp
     AS $$
 DECLARE
-    setting text := nullif(current_setting(name, true), '');
+    setting text := (SELECT s.value FROM once.settings s WHERE s.name = within_limit.name);
     parts text[] := regexp_match(coalesce(setting, ''), '^\s*(\d+)\s*(kB|MB|GB|TB)?\s*$');
     limit_kb bigint := default_kb;
 BEGIN
@@ -805,7 +805,7 @@ $$;
 -- Claims whose owner is gone, expired results and old history, as reap::reap does. The
 -- edition has no worker: pg_cron or the clients call it (docs/sql-edition.md). The
 -- history is purged in batches for up to 100 ms (reap.rs, PURGE_BUDGET), keeping
--- once.history_retention (seconds; a custom setting here, default 7 days).
+-- once.history_retention (seconds; a row of once.settings here, default 7 days).
 CREATE OR REPLACE FUNCTION once.reap_stale()
 RETURNS TABLE (reclaimed bigint, expired bigint, history bigint)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
@@ -815,7 +815,8 @@ AS $$
 <<param>>
 DECLARE
     batch bigint := 10000;
-    retention_s float8 := coalesce(nullif(current_setting('once.history_retention', true), ''), '604800')::float8;
+    retention_s float8 := coalesce((SELECT s.value FROM once.settings s WHERE s.name = 'once.history_retention'),
+                                   '604800')::float8;
     after timestamptz;
     started timestamptz := clock_timestamp();
     purged bigint;

@@ -170,6 +170,29 @@ BEGIN
 END
 $$;
 
+-- The protective settings, written by administrators alone (issue 36): the extension
+-- defines once.history_retention, once.max_result_size, once.max_payload_size and
+-- once.max_error_size as settings only a superuser may change; here they would be custom
+-- settings any role can SET, and a role that SET once.history_retention = 0 purged every
+-- tenant's history. So they are rows of this table, owned by the installing role, which
+-- no one else may write (nothing is granted on it), read when used; a SET (or ALTER ROLE
+-- ... SET) of these names is ignored. A name without a row has the extension's default.
+CREATE TABLE IF NOT EXISTS once.settings (
+    name  text PRIMARY KEY
+          CONSTRAINT settings_name_known CHECK (name IN ('once.history_retention', 'once.max_result_size',
+                                                         'once.max_payload_size', 'once.max_error_size')),
+    value text NOT NULL,
+    CONSTRAINT settings_value_format CHECK (
+        CASE name WHEN 'once.history_retention' THEN value ~ '^\s*[0-9]{1,10}\s*$'
+                  ELSE value ~ '^\s*[0-9]{1,10}\s*(kB|MB|GB|TB)?\s*$' END)
+);
+COMMENT ON TABLE once.settings IS
+    'pg_once''s protective settings in the SQL edition, written by administrators only: INSERT INTO once.settings VALUES (''once.max_result_size'', ''1MB''). A session''s SET of these names is ignored; a name without a row has its default (once.history_retention 604800 s, once.max_result_size 16MB, once.max_payload_size 1MB, once.max_error_size 16kB).';
+COMMENT ON COLUMN once.settings.name IS
+    'once.history_retention, once.max_result_size, once.max_payload_size or once.max_error_size.';
+COMMENT ON COLUMN once.settings.value IS
+    'Seconds for once.history_retention (e.g. ''86400''); a size for the others, in kB unless a unit (kB, MB, GB, TB) follows (e.g. ''1MB'').';
+
 -- The $holder of rules/token_holder.sql: the caller, or NULL for an administrator (a
 -- superuser, or a member of the role that installed pg_once), who may end any claim.
 -- One statement per question: written as one expression with subqueries, it took
