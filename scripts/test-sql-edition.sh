@@ -373,7 +373,7 @@ expect "app_user calling once_internal.row_taken" "permission denied for functio
 if as_user -c "DELETE FROM once.entries" 2>/dev/null; then
     echo "app_user could write once.entries directly" >&2; exit 1
 fi
-say "SQL edition: attacks judged as the current user, the settings (issue 36)"
+say "SQL edition: attacks judged as the current user, the install, the settings (issue 36)"
 # Every check judges the current user of the calling context, as the extension does
 # (docs/sql-edition.md, "Who is judged"), never the session's user: app1 gets a schema
 # of its own and plants code that other roles' sessions run.
@@ -475,6 +475,35 @@ expect "app_user writing once.settings" 42501 "$(refused app_user "UPDATE once.s
 expect "a size once.settings cannot read" 23514 "$(refused admin "INSERT INTO once.settings VALUES ('once.max_error_size', 'lots')")"
 expect "a setting once.settings does not know" 23514 "$(refused admin "INSERT INTO once.settings VALUES ('once.poll_interval', '10')")"
 as_admin -q -c "DELETE FROM once.settings"
+# 5. The install adopts no schema it did not make: helper, a role the owner is a member
+# of (the usual way an owner manages application roles), made once_internal first, to
+# replace what every function of pg_once runs.
+cluster_psql "$NAME" "$PORT" -q -c "CREATE DATABASE planted OWNER admin"
+as_admin -q -c "CREATE ROLE helper LOGIN; GRANT helper TO admin; GRANT CREATE ON DATABASE planted TO helper"
+"$PG_BIN/psql" -h "$PG_ONCE_WORK/$NAME" -p "$PORT" -U helper -d planted -X -q -c "CREATE SCHEMA once_internal"
+install_into() {  # install_into DB: the SQLSTATE the install fails with, or "none"
+    local got
+    got=$("$PG_BIN/psql" -h "$PG_ONCE_WORK/$NAME" -p "$PORT" -U admin -d "$1" -X -q -v VERBOSITY=verbose \
+              -f "$OUT/pg_once_sql.sql" 2>&1 | tee -a "$work/installs" | sed -n 's/.*ERROR:  \([0-9A-Z]\{5\}\):.*/\1/p' | head -1)
+    echo "${got:-none}"
+}
+expect "an install over helper's once_internal" 42501 "$(install_into planted)"
+"$PG_BIN/psql" -h "$PG_ONCE_WORK/$NAME" -p "$PORT" -U helper -d planted -X -q \
+    -c "DROP SCHEMA once_internal" -c "CREATE SCHEMA once"
+expect "an install over helper's once" 42501 "$(install_into planted)"
+# 6. A rerun refuses a schema in which another role may create objects.
+for schema in once once_internal; do
+    as_admin -q -c "GRANT CREATE ON SCHEMA $schema TO app1"
+    expect "a rerun while app1 may create objects in $schema" 42501 "$(install_into app)"
+    as_admin -q -c "REVOKE CREATE ON SCHEMA $schema FROM app1"
+done
+# Nor what such a role left there when its CREATE is taken back.
+as_admin -q -c "GRANT CREATE ON SCHEMA once_internal TO app1"
+as_role app1 -q -c "CREATE FUNCTION once_internal.caller(x int) RETURNS oid LANGUAGE sql RETURN 10"
+as_admin -q -c "REVOKE CREATE ON SCHEMA once_internal FROM app1"
+expect "a rerun over app1's once_internal.caller(int)" 42501 "$(install_into app)"
+cluster_psql "$NAME" "$PORT" -q -d app -c "DROP FUNCTION once_internal.caller(int)"
+expect "a rerun once they may not" none "$(install_into app)"
 say "SQL edition: on a hot standby of it"
 # A standby serves hits and says wait for a running key without judging its owner (a
 # backend of the primary); whatever would write is refused with 25006 (protocol::standby).
