@@ -426,6 +426,21 @@ SQL
 expect "app1's SECURITY DEFINER create_namespace called by the owner" 42501 "$(refused admin "SELECT app1.promote()")"
 expect "that namespace" 0 "$(namespace_exists t5/)"
 expect "app1's SECURITY DEFINER get of t2/'s key called by app2" 42501 "$(refused app2 "SELECT app1.steal()")"
+# Nor does the owner's own SECURITY DEFINER code, granted to app1, administer for app1
+# (namespace::caller_administers: administrators administer acting as themselves): not
+# a namespace, and not app2's claim with its token.
+as_admin -q <<SQL
+CREATE SCHEMA owner_code;
+GRANT USAGE ON SCHEMA owner_code TO app1;
+CREATE FUNCTION owner_code.define(prefix text) RETURNS void SECURITY DEFINER LANGUAGE sql
+    AS \$\$ SELECT once.create_namespace(prefix, 'app1') \$\$;
+CREATE FUNCTION owner_code.fail(key text, token bigint) RETURNS boolean SECURITY DEFINER LANGUAGE sql
+    AS \$\$ SELECT once.fail_key(key, token, 'forged', retry_after => '1 year') \$\$;
+SQL
+expect "the owner's SECURITY DEFINER create_namespace called by app1" 42501 "$(refused app1 "SELECT owner_code.define('t5/')")"
+borrowed_token=$(as_role app2 -c "SELECT token FROM once.claim_key('borrowed', owner_pid => 0)")
+expect "the owner's SECURITY DEFINER fail_key of app2's claim called by app1" f \
+    "$(as_role app1 -c "SELECT owner_code.fail('borrowed', $borrowed_token)")"
 # 3. The implementations behind once.* act for the role they are given, and only for
 # once.*'s own call: called directly, from a function that looks like once.*, or from
 # a query whose text forges once.*'s line of the call stack, they refuse.

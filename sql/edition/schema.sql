@@ -149,9 +149,29 @@ BEGIN
         RAISE EXCEPTION 'role "%" does not exist', calling_role USING ERRCODE = 'insufficient_privilege';
     END IF;
     PERFORM set_config('once_internal.caller', role::text, true);
+    PERFORM once_internal.note_borrowed(calling_role);
     RETURN role;
 END
 $$;
+
+-- Whether the calling role acts as itself (namespace::caller_administers): only then may an
+-- administrator administer (define namespaces, change shared queues, end any claim, use
+-- any once.cached key). It does not when its current user is not the session's own role
+-- (the role set by SET ROLE, else the session's user, which SECURITY DEFINER code, index
+-- expressions under ANALYZE or autovacuum and materialized views do not change): code
+-- one role wrote, running in another role's session, must not act with the rights of an
+-- administrator, whichever of the two is one. The extension asks PostgreSQL
+-- (InSecurityRestrictedOperation(), InLocalUserIdChange()), which PL/pgSQL cannot without
+-- an error and a subtransaction per call; the one difference: an administrator's own
+-- SECURITY DEFINER function or index expression, run in that administrator's own
+-- session, acts as itself here, and is refused there.
+CREATE OR REPLACE FUNCTION once_internal.note_borrowed(calling_role name) RETURNS void
+    LANGUAGE sql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    RETURN (SELECT NULL::void FROM set_config('once_internal.borrowed',
+        CASE WHEN calling_role::text = CASE current_setting('role') WHEN 'none' THEN session_user::text
+                                                                   ELSE current_setting('role') END
+             THEN 'off' ELSE 'on' END, true));
 
 -- The role pg_once is called as, in this call: what the implementation's vouch (or, for
 -- the views, may_use_key_as and administers_as) set. A transaction-local setting, which
@@ -194,7 +214,8 @@ COMMENT ON COLUMN once.settings.value IS
     'Seconds for once.history_retention (e.g. ''86400''); a size for the others, in kB unless a unit (kB, MB, GB, TB) follows (e.g. ''1MB'').';
 
 -- The $holder of rules/token_holder.sql: the caller, or NULL for an administrator (a
--- superuser, or a member of the role that installed pg_once), who may end any claim.
+-- superuser, or a member of the role that installed pg_once, acting as itself), who may
+-- end any claim.
 -- One statement per question: written as one expression with subqueries, it took
 -- ~200 us a call, ten times its parts.
 CREATE OR REPLACE FUNCTION once_internal.token_holder() RETURNS oid
@@ -206,6 +227,10 @@ DECLARE
     superuser boolean;
     installer oid;
 BEGIN
+    -- Not while borrowed (once_internal.note_borrowed): then the caller is no administrator.
+    IF current_setting('once_internal.borrowed', true) IS DISTINCT FROM 'off' THEN
+        RETURN caller;
+    END IF;
     SELECT r.rolsuper INTO superuser FROM pg_roles r WHERE r.oid = caller;
     SELECT n.nspowner INTO installer FROM pg_namespace n WHERE n.nspname = 'once';
     IF superuser OR pg_has_role(caller, installer, 'USAGE') THEN

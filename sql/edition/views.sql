@@ -23,6 +23,7 @@ CREATE OR REPLACE FUNCTION once_internal.may_use_key_as(reader name, key text) R
     AS $$
 BEGIN
     PERFORM set_config('once_internal.caller', coalesce(to_regrole(quote_ident(reader))::oid, 0)::text, true);
+    PERFORM once_internal.note_borrowed(reader);
     RETURN once_internal.may_use_key(key);
 END
 $$;
@@ -38,6 +39,7 @@ CREATE OR REPLACE FUNCTION once_internal.administers_as(reader name) RETURNS boo
     AS $$
 BEGIN
     PERFORM set_config('once_internal.caller', coalesce(to_regrole(quote_ident(reader))::oid, 0)::text, true);
+    PERFORM once_internal.note_borrowed(reader);
     RETURN once_internal.administers();
 END
 $$;
