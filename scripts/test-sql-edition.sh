@@ -12,7 +12,8 @@
 #    waiting claim answered when the owner completes, NOTIFY, another role's token
 #    refused, reap_stale, early refreshes, and no direct writes by an application role;
 # 4. on a hot standby of that server (the port after it): hits, wait, writes refused;
-# 5. every isolation spec (pg_test/isolation), against the extension's expected output.
+# 5. every isolation spec (pg_test/isolation), against the extension's expected output;
+# 6. the extension's attack suite (pg_test/multi: attacks.rs, sweep.rs) against it.
 # PG_ONCE_PG_BIN, PG_ONCE_WORK and PG_ONCE_TEST_PORT as for test.sh; test.sh step 3 runs
 # it on 15. The installation may hold the extension's library (test.sh installs it for
 # the other steps): this server never preloads it, and a non-superuser can declare no C
@@ -560,5 +561,21 @@ if ! "$(pgxs_test_program isolation pg_isolation_regress)" --bindir="$PG_BIN" \
         --user=admin --dbname=app --use-existing $specs; then
     cat "$iso/out/regression.diffs" >&2
     exit 1
+fi
+say "SQL edition: the extension's attack suite (pg_test/multi attacks.rs, sweep.rs)"
+# The same tests that attack the extension (test.sh step 4), against the edition: the
+# harness installs the script as the owner (PG_ONCE_EDITION_SCRIPT) in a database of its
+# own; the attacks a superuser's session must not carry out go through
+# PG_ONCE_SUPERUSER_DSN. PG_ONCE_EDITION_ATTACKS=0 leaves them out (they build
+# pg_test/multi, minutes on a fresh machine).
+if [ "${PG_ONCE_EDITION_ATTACKS:-1}" = 0 ]; then
+    say "SQL edition: the attack suite skipped (PG_ONCE_EDITION_ATTACKS=0)"
+else
+    cluster_psql "$NAME" "$PORT" -q -c "CREATE DATABASE attacks OWNER admin"
+    (cd "$REPO_ROOT" &&
+        PG_ONCE_DSN="host=127.0.0.1 port=$PORT user=admin dbname=attacks" \
+        PG_ONCE_SUPERUSER_DSN="host=127.0.0.1 port=$PORT user=postgres dbname=attacks" \
+        PG_ONCE_EDITION_SCRIPT="$OUT/pg_once_sql.sql" \
+        cargo test -p pg_once_multi --quiet --test attacks --test sweep)
 fi
 say "SQL edition: all passed"
