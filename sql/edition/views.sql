@@ -22,8 +22,8 @@ CREATE OR REPLACE FUNCTION once_internal.may_use_key_as(reader name, key text) R
     SET search_path = pg_catalog, pg_temp
     AS $$
 BEGIN
-    PERFORM set_config('once_internal.caller', coalesce(to_regrole(quote_ident(reader))::oid, 0)::text, true);
-    PERFORM once_internal.note_borrowed(reader);
+    PERFORM set_config('once_internal.caller', coalesce(to_regrole(quote_ident(reader))::oid, 0)::text, true),
+            set_config('once_internal.borrowed', once_internal.borrowed(reader), true);
     RETURN once_internal.may_use_key(key);
 END
 $$;
@@ -38,8 +38,8 @@ CREATE OR REPLACE FUNCTION once_internal.administers_as(reader name) RETURNS boo
     SET search_path = pg_catalog, pg_temp
     AS $$
 BEGIN
-    PERFORM set_config('once_internal.caller', coalesce(to_regrole(quote_ident(reader))::oid, 0)::text, true);
-    PERFORM once_internal.note_borrowed(reader);
+    PERFORM set_config('once_internal.caller', coalesce(to_regrole(quote_ident(reader))::oid, 0)::text, true),
+            set_config('once_internal.borrowed', once_internal.borrowed(reader), true);
     RETURN once_internal.administers();
 END
 $$;
