@@ -151,6 +151,140 @@ def shared_schema(second):
     return "\n\n".join(out)
 
 
+# ---- who is judged: once.* as SECURITY INVOKER wrappers (docs/sql-edition.md) --------
+#
+# Each function of the API is written in sql/edition/ as one SECURITY DEFINER function
+# `once.NAME`, as if PL/pgSQL could see who called it. It cannot: in a SECURITY DEFINER
+# function current_user is its owner, and the session's user (what the edition judged
+# before) is not the current user of an index expression under ANALYZE, autovacuum, a
+# materialized view or another role's SECURITY DEFINER code. So each is installed as two:
+# - `once_internal.NAME(calling_role name, <its arguments>)`, the function as written,
+#   SECURITY DEFINER, whose first declaration is `once_internal.vouch(...)`: it refuses
+#   (42501) unless its caller's frame of the call stack is once.NAME's own, then makes
+#   calling_role the role every check judges (once_internal.caller());
+# - `once.NAME(<its arguments, defaults included>)`, SECURITY INVOKER with search_path
+#   pinned, whose one statement passes current_user, which in a SECURITY INVOKER
+#   function is the calling context's current user, exactly what the extension's C
+#   functions judge (GetUserId()), to the implementation, as a simple expression (no
+#   SPI call, whose "SQL statement" context line would carry query text a caller chooses:
+#   once_internal.vouch says why that matters).
+# A function that returns a set (RETURNS TABLE) cannot be a simple expression: its body
+# becomes `once_internal.NAME(<its arguments>)` (SET-returning, not granted: it runs
+# inside the implementation, as the installing role), the implementation returns its rows
+# as an array of the composite type `once_internal.NAME_row`, and once.NAME unnests them.
+
+API_FUNCTION = re.compile(
+    r"(?P<head>(?:[ \t]*--[^\n]*\n|[ \t]*\n)*)CREATE OR REPLACE FUNCTION once\.(?P<name>\w+)\((?P<params>.*?)\)\s*"
+    r"RETURNS (?P<returns>[^\n]+)\n(?P<language>LANGUAGE plpgsql [^\n]*?) SECURITY DEFINER\n"
+    r"(?P<settings>(?:SET [^\n]*\n)*)AS \$\$\n(?P<body>.*)\$\$;\Z", re.S)
+
+# What finish.sql must grant, after it closes to PUBLIC what this run created: the
+# implementations are called by the wrappers as the caller (who therefore needs EXECUTE),
+# and each refuses any other caller.
+IMPLEMENTATIONS = []
+
+
+def split_params(params):
+    """`name type [DEFAULT expr]` items of a parameter list, split at top-level commas."""
+    out, depth, quoted, start = [], 0, False, 0
+    for i, ch in enumerate(params):
+        if ch == "'":
+            quoted = not quoted
+        elif not quoted and ch in "([":
+            depth += 1
+        elif not quoted and ch in ")]":
+            depth -= 1
+        elif not quoted and depth == 0 and ch == ",":
+            out.append(params[start:i])
+            start = i + 1
+    if params.strip():
+        out.append(params[start:])
+    items = []
+    for item in out:
+        item = " ".join(item.split())
+        name, rest = item.split(" ", 1)
+        typ = re.split(r"\s+DEFAULT\s+", rest, maxsplit=1)[0]
+        items.append((name, typ, item))
+    return items
+
+
+def vouched(body, name, types):
+    """`body` with once_internal.vouch as its first declaration."""
+    line = (f"    vouched oid := once_internal.vouch(calling_role, "
+            f"'once.{name}({','.join(types)})'::pg_catalog.regprocedure);\n")
+    m = re.search(r"^(DECLARE|BEGIN)\s*$", body, re.M)
+    if m is None:
+        raise SystemExit(f"once.{name}: no DECLARE or BEGIN")
+    if m.group(1) == "DECLARE":
+        return body[:m.end()] + "\n" + line + body[m.end() + 1:]
+    return body[:m.start()] + "DECLARE\n" + line + body[m.start():]
+
+
+def invoker_api(text):
+    """Every SECURITY DEFINER function of schema once in `text` as a SECURITY INVOKER
+    wrapper and its implementation (above)."""
+    out = []
+    for stmt in statements_of(text):
+        m = API_FUNCTION.match(stmt)
+        if not m:
+            if re.search(r"^CREATE OR REPLACE FUNCTION once\.\w+\(.*\bSECURITY DEFINER\b.*\bAS \$\$", stmt, re.S | re.M):
+                raise SystemExit(f"a SECURITY DEFINER function of schema once not in invoker_api's form:\n{stmt[:300]}")
+            out.append(stmt)
+            continue
+        name, returns, language, settings = m["name"], m["returns"], m["language"], m["settings"]
+        params = split_params(m["params"])
+        names = [p[0] for p in params]
+        types = [p[1] for p in params]
+        plain = ", ".join(f"{n} {t}" for n, t, _ in params)
+        impl_params = ", ".join(["calling_role name"] + [f"{n} {t}" for n, t, _ in params])
+        args = ", ".join(["current_user"] + [f"${i + 1}" for i in range(len(params))])
+        table = re.fullmatch(r"TABLE \((.*)\)", returns)
+        head = m["head"]
+        wrapper_head = (f"CREATE OR REPLACE FUNCTION once.{name}({m['params']})\nRETURNS {returns}\n"
+                        f"{language}\nSET search_path = pg_catalog, pg_temp\nAS $$\n")
+        if table:
+            row = f"once_internal.{name}_row"
+            out.append(f"{head}-- once.{name}'s rows, as its implementation returns them.\n"
+                       f"DO $type$ BEGIN\nCREATE TYPE {row} AS ({table[1]});\n"
+                       f"EXCEPTION WHEN duplicate_object THEN NULL;\nEND $type$;")
+            # The body, as written, without SECURITY DEFINER: it runs inside the
+            # implementation, with the installing role's rights.
+            out.append(f"CREATE OR REPLACE FUNCTION once_internal.{name}({plain})\nRETURNS {returns}\n"
+                       f"{language}\n{settings}AS $$\n{m['body']}$$;")
+            impl_body = vouched(
+                "BEGIN\n"
+                f"    RETURN ARRAY(SELECT ROW(r.*)::{row} FROM once_internal.{name}("
+                + ", ".join(f"${i + 2}" for i in range(len(names))) + ") r);\nEND\n", name, types)
+            out.append(f"CREATE OR REPLACE FUNCTION once_internal.{name}({impl_params})\nRETURNS {row}[]\n"
+                       f"{language} SECURITY DEFINER\nSET search_path = pg_catalog, pg_temp\n"
+                       f"AS $$\n{impl_body}$$;")
+            out.append(wrapper_head + f"DECLARE\n    rows {row}[];\nBEGIN\n"
+                       f"    rows := once_internal.{name}({args});\n"
+                       f"    RETURN QUERY SELECT * FROM pg_catalog.unnest(rows);\nEND\n$$;")
+            impl_types = [row + "[]"]
+        else:
+            out.append(f"{head}CREATE OR REPLACE FUNCTION once_internal.{name}({impl_params})\n"
+                       f"RETURNS {returns}\n{language} SECURITY DEFINER\n{settings}"
+                       f"AS $$\n{vouched(m['body'], name, types)}$$;")
+            if returns == "void":
+                # A void result cannot be RETURNed nor assigned; a condition is a simple
+                # expression too (PERFORM would go through SPI).
+                call = f"    IF once_internal.{name}({args}) IS NULL THEN\n    END IF;\n"
+            else:
+                call = f"    RETURN once_internal.{name}({args});\n"
+            out.append(wrapper_head + "BEGIN\n" + call + "END\n$$;")
+        IMPLEMENTATIONS.append(f"once_internal.{name}({', '.join(['name'] + types)})")
+    return "\n\n".join(out)
+
+
+def implementation_grants():
+    """After finish.sql: EXECUTE on the implementations for every role (each refuses
+    any caller but its wrapper, and the wrapper's EXECUTE is what an administrator
+    grants)."""
+    return "\n".join(["-- The implementations behind once.* (scripts/sql_edition.py, invoker_api)."]
+                     + [f"GRANT EXECUTE ON FUNCTION {f} TO PUBLIC;" for f in IMPLEMENTATIONS])
+
+
 def main(out_dir):
     edition = ROOT / "sql/edition"
     parts = [
@@ -170,12 +304,13 @@ def main(out_dir):
         expand((edition / "schema.sql").read_text()),
         "-- ---- from sql/schema.sql: trigger functions and triggers ----",
         shared_schema(True),
-        expand((edition / "namespaces.sql").read_text()),
-        expand((edition / "core.sql").read_text()),
-        expand((edition / "queue.sql").read_text()),
+        invoker_api(expand((edition / "namespaces.sql").read_text())),
+        invoker_api(expand((edition / "core.sql").read_text())),
+        invoker_api(expand((edition / "queue.sql").read_text())),
         *sql_edition_tle.extra_parts(),
         (edition / "finish.sql").read_text(),
         *sql_edition_tle.late_parts(),
+        implementation_grants(),
         "COMMIT;",
     ]
     out = Path(out_dir)

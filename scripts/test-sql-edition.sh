@@ -12,7 +12,8 @@
 #    waiting claim answered when the owner completes, NOTIFY, another role's token
 #    refused, reap_stale, early refreshes, and no direct writes by an application role;
 # 4. on a hot standby of that server (the port after it): hits, wait, writes refused;
-# 5. every isolation spec (pg_test/isolation), against the extension's expected output.
+# 5. every isolation spec (pg_test/isolation), against the extension's expected output;
+# 6. the extension's attack suite (pg_test/multi: attacks.rs, sweep.rs) against it.
 # PG_ONCE_PG_BIN, PG_ONCE_WORK and PG_ONCE_TEST_PORT as for test.sh; test.sh step 3 runs
 # it on 15. The installation may hold the extension's library (test.sh installs it for
 # the other steps): this server never preloads it, and a non-superuser can declare no C
@@ -26,7 +27,8 @@ OUT=$PG_ONCE_WORK/$NAME-build
 "$REPO_ROOT/scripts/sql-edition.sh" "$OUT"
 chmod -R a+rX "$OUT"
 trap 'cluster_stop $NAME' EXIT
-cluster_start "$NAME" "$PORT"
+# autovacuum looks every second: the autovacuum attack below waits for its analyze.
+cluster_start "$NAME" "$PORT" "autovacuum_naptime = 1"
 cluster_psql "$NAME" "$PORT" -q \
     -c "CREATE ROLE admin LOGIN CREATEROLE IN ROLE pg_read_all_stats, pg_signal_backend" \
     -c "CREATE DATABASE app OWNER admin"
@@ -64,7 +66,7 @@ as_admin -q -c "DROP FUNCTION once.claim_key(text,interval,interval,integer,bool
                 REVOKE ALL ON FUNCTION once.claim_key(text,interval,interval,integer,boolean) FROM PUBLIC;
                 GRANT EXECUTE ON FUNCTION once.claim_key(text,interval,interval,integer,boolean) TO app_user;"
 as_admin -q -f "$OUT/pg_once_sql.sql"
-got=$(as_admin -Atc "SELECT (SELECT count(*) FROM pg_proc WHERE proname = 'claim_key'),
+got=$(as_admin -Atc "SELECT (SELECT count(*) FROM pg_proc WHERE proname = 'claim_key' AND pronamespace = 'once'::regnamespace),
                             has_function_privilege('app_user', 'once.claim_key(text,interval,interval,integer,boolean,bytea)', 'EXECUTE'),
                             has_function_privilege('public', 'once.claim_key(text,interval,interval,integer,boolean,bytea)', 'EXECUTE')")
 if [ "$got" != "1|t|f" ]; then
@@ -192,7 +194,13 @@ as_admin -q -c "SELECT once.complete_key(k, token, '1', ttl => '1 hour', beta =>
     -c "UPDATE once.entries SET expires_at = clock_timestamp() + '1 second', compute_time = '1 hour'
          WHERE key IN ('early', 'plain')" >/dev/null
 expect "a hit that draws an early refresh" "refresh 1" "$(as_user -c "SELECT outcome || ' ' || result FROM once.claim_key('early', serve_stale => true, owner_pid => 0)")"
-expect "a hit of a key being refreshed" "hit" "$(as_user -c "SELECT outcome FROM once.claim_key('early')")"
+# No answer but claimed (and refresh, a claim) carries a token (issue 36): another
+# role's hit during the refresh must not be handed the refresh's token.
+expect "a hit of a key being refreshed" "hit no token" \
+    "$(as_user -c "SELECT outcome || ' ' || coalesce(token::text, 'no token') FROM once.claim_key('early')")"
+as_user -q -c "SELECT once.fail_key('failed/1', token, 'x', retry_after => '1 hour') FROM once.claim_key('failed/1')" >/dev/null
+expect "a failed answer" "failed no token" \
+    "$(as_user -c "SELECT outcome || ' ' || coalesce(token::text, 'no token') FROM once.claim_key('failed/1')")"
 expect "a hit without beta" "hit" "$(as_user -c "SELECT outcome FROM once.claim_key('plain')")"
 # once.get's draw is owed to the session's next claim_key, which takes the refresh even
 # though its own draw could not (beta is gone by then): a second draw would refresh with
@@ -244,11 +252,12 @@ expect "a failed queued key" "queued true" \
 expect "its attempt history" "w1 failed boom" \
     "$(as_admin -Atc "SELECT worker || ' ' || outcome || ' ' || error FROM once.attempts WHERE key = 'job/1'")"
 expect "a claim_next with nothing due" "0" "$(as_user -c "SELECT count(*) FROM once.claim_next('jobs', wait => '50 milliseconds')")"
-# The size limits, as custom settings (54000 past them).
+# The size limits, as rows of once.settings an administrator writes (54000 past them).
+as_admin -q -c "INSERT INTO once.settings VALUES ('once.max_result_size', '1kB')"
 expect "a result past once.max_result_size" "54000" "$(as_user -v VERBOSITY=verbose \
-    -c "SET once.max_result_size = '1kB'" \
     -c "SELECT once.complete_key('big', token, to_jsonb(repeat('x', 2000))) FROM once.claim_key('big')" 2>&1 |
     sed -n 's/^ERROR:  \([0-9A-Z]\{5\}\):.*/\1/p')"
+as_admin -q -c "DELETE FROM once.settings"
 expect "once.key_hash for every role, as in the extension" "t" \
     "$(as_admin -Atc "SELECT has_function_privilege('public', 'once.key_hash(text)', 'EXECUTE')
                           AND NOT has_function_privilege('public', 'once.claim_key(text,interval,interval,integer,boolean,bytea)', 'EXECUTE')")"
@@ -359,12 +368,158 @@ SQL
 expect "a claim of a new namespace's key under an older snapshot" "40001" "$got"
 expect "that key" "0" "$(as_admin -Atc "SELECT count(*) FROM once.entries WHERE key = 't4/planted'")"
 # Nor does it reach once_internal (claim_next's filter, the token sequence): no USAGE.
-expect "app_user calling once_internal.row_taken" "permission denied for schema once_internal" \
+expect "app_user calling once_internal.row_taken" "permission denied for function row_taken" \
     "$(as_user -c "SELECT once_internal.row_taken('(0,1)')" 2>&1 | sed -n 's/^ERROR:  //p')"
 # What the edition leaves to the functions: no application role writes the table.
 if as_user -c "DELETE FROM once.entries" 2>/dev/null; then
     echo "app_user could write once.entries directly" >&2; exit 1
 fi
+say "SQL edition: attacks judged as the current user, the install, the settings (issue 36)"
+# Every check judges the current user of the calling context, as the extension does
+# (docs/sql-edition.md, "Who is judged"), never the session's user: app1 gets a schema
+# of its own and plants code that other roles' sessions run.
+# (As the superuser: the owner, with CREATEROLE, is no member of app1.)
+cluster_psql "$NAME" "$PORT" -q -d app -c "CREATE SCHEMA app1 AUTHORIZATION app1"
+refused() {  # refused ROLE SQL: the SQLSTATE of the error ROLE's SQL ends with, or "none"
+    local role=$1; shift
+    local got
+    got=$(as_role "$role" -v VERBOSITY=verbose -c "$1" 2>&1 | sed -n 's/^ERROR:  \([0-9A-Z]\{5\}\):.*/\1/p' | head -1)
+    echo "${got:-none}"
+}
+namespace_exists() { as_admin -Atc "SELECT count(*) FROM once_internal.namespace_owners WHERE prefix = '$1'"; }
+# 1. An index expression of app1's table calls once.create_namespace: the owner's ANALYZE
+# (an administrator's session) and autovacuum's (the bootstrap superuser's) evaluate it as
+# app1, the table's owner, whom create_namespace refuses (swallowed here, so that ANALYZE
+# goes on; any other error fails it).
+as_role app1 -q <<'SQL'
+CREATE FUNCTION app1.grab(x int, prefix text) RETURNS int IMMUTABLE LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM once.create_namespace(prefix, 'app1', existing => 'adopt');
+    RETURN x;
+EXCEPTION WHEN insufficient_privilege THEN
+    RETURN x;
+END $$;
+CREATE TABLE app1.bait (x int);
+INSERT INTO app1.bait SELECT generate_series(1, 10);
+CREATE INDEX ON app1.bait (app1.grab(x, 't5/'));
+CREATE TABLE app1.autobait (x int) WITH (autovacuum_analyze_threshold = 1, autovacuum_analyze_scale_factor = 0);
+CREATE INDEX ON app1.autobait (app1.grab(x, 't6/'));
+GRANT USAGE ON SCHEMA app1 TO admin, app2;
+SQL
+as_admin -q -c "ANALYZE app1.bait"
+expect "a namespace defined by app1's index expression under the owner's ANALYZE" 0 "$(namespace_exists t5/)"
+as_role app1 -q -c "INSERT INTO app1.autobait SELECT generate_series(1, 100)"
+for _ in $(seq 600); do
+    [ "$(as_admin -Atc "SELECT last_autoanalyze IS NOT NULL FROM pg_stat_user_tables WHERE relid = 'app1.autobait'::regclass")" = t ] && break
+    sleep 0.1
+done
+expect "autovacuum's analyze of app1.autobait, within 60 s" t \
+    "$(as_admin -Atc "SELECT last_autoanalyze IS NOT NULL FROM pg_stat_user_tables WHERE relid = 'app1.autobait'::regclass")"
+expect "a namespace defined by app1's index expression under autovacuum" 0 "$(namespace_exists t6/)"
+# 2. SECURITY DEFINER code of app1's is judged as app1, whoever calls it: not as the
+# owner who calls promote(), nor as app2, t2/'s owner, who calls steal().
+as_role app1 -q <<'SQL'
+CREATE FUNCTION app1.promote() RETURNS void SECURITY DEFINER LANGUAGE sql
+    AS $$ SELECT once.create_namespace('t5/', 'app1') $$;
+CREATE FUNCTION app1.steal() RETURNS jsonb SECURITY DEFINER LANGUAGE sql
+    AS $$ SELECT once.get('t2/secret') $$;
+SQL
+expect "app1's SECURITY DEFINER create_namespace called by the owner" 42501 "$(refused admin "SELECT app1.promote()")"
+expect "that namespace" 0 "$(namespace_exists t5/)"
+expect "app1's SECURITY DEFINER get of t2/'s key called by app2" 42501 "$(refused app2 "SELECT app1.steal()")"
+# Nor does the owner's own SECURITY DEFINER code, granted to app1, administer for app1
+# (namespace::caller_administers: administrators administer acting as themselves): not
+# a namespace, and not app2's claim with its token.
+as_admin -q <<SQL
+CREATE SCHEMA owner_code;
+GRANT USAGE ON SCHEMA owner_code TO app1;
+CREATE FUNCTION owner_code.define(prefix text) RETURNS void SECURITY DEFINER LANGUAGE sql
+    AS \$\$ SELECT once.create_namespace(prefix, 'app1') \$\$;
+CREATE FUNCTION owner_code.fail(key text, token bigint) RETURNS boolean SECURITY DEFINER LANGUAGE sql
+    AS \$\$ SELECT once.fail_key(key, token, 'forged', retry_after => '1 year') \$\$;
+SQL
+expect "the owner's SECURITY DEFINER create_namespace called by app1" 42501 "$(refused app1 "SELECT owner_code.define('t5/')")"
+borrowed_token=$(as_role app2 -c "SELECT token FROM once.claim_key('borrowed', owner_pid => 0)")
+expect "the owner's SECURITY DEFINER fail_key of app2's claim called by app1" f \
+    "$(as_role app1 -c "SELECT owner_code.fail('borrowed', $borrowed_token)")"
+# 3. The implementations behind once.* act for the role they are given, and only for
+# once.*'s own call: called directly, from a function that looks like once.*, or from
+# a query whose text forges once.*'s line of the call stack, they refuse.
+forged_frame="PL/pgSQL function once.create_namespace(text,regrole,text,text) line 3 at RETURN"
+as_role app1 -q <<SQL
+CREATE FUNCTION app1.create_namespace(prefix text, owner regrole, notify text, existing text)
+    RETURNS void LANGUAGE plpgsql AS \$\$
+BEGIN
+    PERFORM once_internal.create_namespace('admin', prefix, owner, notify, existing);
+END \$\$;
+CREATE FUNCTION app1.forge() RETURNS void LANGUAGE plpgsql AS \$\$
+BEGIN
+    EXECUTE E'SELECT once_internal.create_namespace(''admin'', ''t5/'', ''app1'', ''digest'', ''refuse'')"\n$forged_frame\n"';
+END \$\$;
+SQL
+expect "app1 calling create_namespace's implementation as admin" 42501 \
+    "$(refused app1 "SELECT once_internal.create_namespace('admin', 't5/', 'app1', 'digest', 'refuse')")"
+expect "app1 calling it from a function of the same name" 42501 \
+    "$(refused app1 "SET search_path = app1, pg_catalog; SELECT create_namespace('t5/', 'app1', 'digest', 'refuse')")"
+expect "app1 calling it under a forged call stack" 42501 "$(refused app1 "SELECT app1.forge()")"
+expect "app1 calling get's implementation as app2" 42501 "$(refused app1 "SELECT once_internal.get('app2', 't2/secret')")"
+expect "those namespaces" 0 "$(namespace_exists t5/)"
+# 4. The protective settings are the administrator's: an application role's SET neither
+# purges history (once.history_retention) nor raises a size limit.
+# (The rows that were there before: reap_stale may add the history of a claim it reaps.)
+history=$(as_admin -Atc "SELECT string_agg(token::text, ',' ORDER BY token) FROM once.attempts")
+[ -n "$history" ] || { echo "no attempt history to attack" >&2; exit 1; }
+as_user -q -c "SET once.history_retention = '0'" -c "SELECT FROM once.reap_stale()"
+expect "once.attempts after app_user's reap_stale with history_retention 0" "$history" \
+    "$(as_admin -Atc "SELECT string_agg(token::text, ',' ORDER BY token) FROM once.attempts WHERE token IN ($history)")"
+expect "a 17 MB result under app_user's SET once.max_result_size = '1GB'" 54000 \
+    "$(refused app_user "SET once.max_result_size = '1GB';
+                         SELECT once.complete_key('huge', token, to_jsonb(repeat('x', 17 * 1024 * 1024))) FROM once.claim_key('huge')")"
+expect "a 17 kB error under app_user's SET once.max_error_size = '1GB'" 54000 \
+    "$(refused app_user "SET once.max_error_size = '1GB';
+                         SELECT once.fail_key('huge-error', token, repeat('x', 17 * 1024)) FROM once.claim_key('huge-error')")"
+expect "a 2 MB payload under app_user's SET once.max_payload_size = '1GB'" 54000 \
+    "$(refused app_user "SET once.max_payload_size = '1GB';
+                         SELECT once.enqueue_key('huge-payload', to_jsonb(repeat('x', 2 * 1024 * 1024)), 'jobs')")"
+# What an administrator sets in once.settings holds, whatever a session sets; no
+# application role writes once.settings.
+as_admin -q -c "INSERT INTO once.settings VALUES ('once.max_result_size', '1kB')"
+expect "a 2 kB result past once.settings' max_result_size, raised by app_user's SET" 54000 \
+    "$(refused app_user "SET once.max_result_size = '1GB';
+                         SELECT once.complete_key('big2', token, to_jsonb(repeat('x', 2000))) FROM once.claim_key('big2')")"
+expect "app_user writing once.settings" 42501 "$(refused app_user "UPDATE once.settings SET value = '1GB'")"
+expect "a size once.settings cannot read" 23514 "$(refused admin "INSERT INTO once.settings VALUES ('once.max_error_size', 'lots')")"
+expect "a setting once.settings does not know" 23514 "$(refused admin "INSERT INTO once.settings VALUES ('once.poll_interval', '10')")"
+as_admin -q -c "DELETE FROM once.settings"
+# 5. The install adopts no schema it did not make: helper, a role the owner is a member
+# of (the usual way an owner manages application roles), made once_internal first, to
+# replace what every function of pg_once runs.
+cluster_psql "$NAME" "$PORT" -q -c "CREATE DATABASE planted OWNER admin"
+as_admin -q -c "CREATE ROLE helper LOGIN; GRANT helper TO admin; GRANT CREATE ON DATABASE planted TO helper"
+"$PG_BIN/psql" -h "$PG_ONCE_WORK/$NAME" -p "$PORT" -U helper -d planted -X -q -c "CREATE SCHEMA once_internal"
+install_into() {  # install_into DB: the SQLSTATE the install fails with, or "none"
+    local got
+    got=$("$PG_BIN/psql" -h "$PG_ONCE_WORK/$NAME" -p "$PORT" -U admin -d "$1" -X -q -v VERBOSITY=verbose \
+              -f "$OUT/pg_once_sql.sql" 2>&1 | tee -a "$work/installs" | sed -n 's/.*ERROR:  \([0-9A-Z]\{5\}\):.*/\1/p' | head -1)
+    echo "${got:-none}"
+}
+expect "an install over helper's once_internal" 42501 "$(install_into planted)"
+"$PG_BIN/psql" -h "$PG_ONCE_WORK/$NAME" -p "$PORT" -U helper -d planted -X -q \
+    -c "DROP SCHEMA once_internal" -c "CREATE SCHEMA once"
+expect "an install over helper's once" 42501 "$(install_into planted)"
+# 6. A rerun refuses a schema in which another role may create objects.
+for schema in once once_internal; do
+    as_admin -q -c "GRANT CREATE ON SCHEMA $schema TO app1"
+    expect "a rerun while app1 may create objects in $schema" 42501 "$(install_into app)"
+    as_admin -q -c "REVOKE CREATE ON SCHEMA $schema FROM app1"
+done
+# Nor what such a role left there when its CREATE is taken back.
+as_admin -q -c "GRANT CREATE ON SCHEMA once_internal TO app1"
+as_role app1 -q -c "CREATE FUNCTION once_internal.caller(x int) RETURNS oid LANGUAGE sql RETURN 10"
+as_admin -q -c "REVOKE CREATE ON SCHEMA once_internal FROM app1"
+expect "a rerun over app1's once_internal.caller(int)" 42501 "$(install_into app)"
+cluster_psql "$NAME" "$PORT" -q -d app -c "DROP FUNCTION once_internal.caller(int)"
+expect "a rerun once they may not" none "$(install_into app)"
 say "SQL edition: on a hot standby of it"
 # A standby serves hits and says wait for a running key without judging its owner (a
 # backend of the primary); whatever would write is refused with 25006 (protocol::standby).
@@ -406,5 +561,21 @@ if ! "$(pgxs_test_program isolation pg_isolation_regress)" --bindir="$PG_BIN" \
         --user=admin --dbname=app --use-existing $specs; then
     cat "$iso/out/regression.diffs" >&2
     exit 1
+fi
+say "SQL edition: the extension's attack suite (pg_test/multi attacks.rs, sweep.rs)"
+# The same tests that attack the extension (test.sh step 4), against the edition: the
+# harness installs the script as the owner (PG_ONCE_EDITION_SCRIPT) in a database of its
+# own; the attacks a superuser's session must not carry out go through
+# PG_ONCE_SUPERUSER_DSN. PG_ONCE_EDITION_ATTACKS=0 leaves them out (they build
+# pg_test/multi, minutes on a fresh machine).
+if [ "${PG_ONCE_EDITION_ATTACKS:-1}" = 0 ]; then
+    say "SQL edition: the attack suite skipped (PG_ONCE_EDITION_ATTACKS=0)"
+else
+    cluster_psql "$NAME" "$PORT" -q -c "CREATE DATABASE attacks OWNER admin"
+    (cd "$REPO_ROOT" &&
+        PG_ONCE_DSN="host=127.0.0.1 port=$PORT user=admin dbname=attacks" \
+        PG_ONCE_SUPERUSER_DSN="host=127.0.0.1 port=$PORT user=postgres dbname=attacks" \
+        PG_ONCE_EDITION_SCRIPT="$OUT/pg_once_sql.sql" \
+        cargo test -p pg_once_multi --quiet --test attacks --test sweep)
 fi
 say "SQL edition: all passed"

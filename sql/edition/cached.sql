@@ -15,8 +15,9 @@
 -- search_path may put its own operators first. It cannot call once_internal (the caller
 -- has no USAGE on it), so the key's checks are once_internal.usable_key's, written out.
 --
--- The role is the edition's caller (the role set by SET ROLE, else the session's user:
--- once_internal.caller()), the role whose keys require_key lets it use.
+-- The role is the current user, which in this SECURITY INVOKER function is the calling
+-- context's, as once.claim_key judges it (once_internal.vouch): the role whose keys
+-- require_key lets it use.
 --
 -- "Exactly one SELECT": the extension asks PostgreSQL's raw parser, which PL/pgSQL cannot
 -- call. Here the query is planned twice (EXPLAIN: nothing runs), as a statement and as
@@ -85,10 +86,7 @@ BEGIN
                                  ORDER BY s.n)
       INTO schemas
       FROM pg_catalog.unnest(pg_catalog.current_schemas(true)) WITH ORDINALITY AS s(name, n);
-    SELECT r.oid INTO role_oid FROM pg_catalog.pg_roles r
-     WHERE r.rolname OPERATOR(pg_catalog.=)
-           CASE WHEN pg_catalog.current_setting('role') OPERATOR(pg_catalog.=) 'none' THEN SESSION_USER
-                ELSE pg_catalog.current_setting('role') END;
+    SELECT r.oid INTO role_oid FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER;
     RETURN key OPERATOR(pg_catalog.||) '#cached:' OPERATOR(pg_catalog.||) role_oid::pg_catalog.text
            OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||)
            pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(

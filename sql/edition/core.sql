@@ -78,15 +78,15 @@ END
 $$;
 
 -- The once.max_*_size settings (args::within_limit): the extension defines them, here
--- they are custom settings an administrator may set (ALTER DATABASE ... SET
--- once.max_result_size = '1MB'), read in kB like the extension's, with its units.
+-- they are rows of once.settings, which only administrators write (sql/edition/schema.sql
+-- says why), read in kB like the extension's, with its units.
 CREATE OR REPLACE FUNCTION once_internal.within_limit(
     size bigint, what text, name text, default_kb bigint, hint text) RETURNS void
     LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp
     AS $$
 DECLARE
-    setting text := nullif(current_setting(name, true), '');
+    setting text := (SELECT s.value FROM once.settings s WHERE s.name = within_limit.name);
     parts text[] := regexp_match(coalesce(setting, ''), '^\s*(\d+)\s*(kB|MB|GB|TB)?\s*$');
     limit_kb bigint := default_kb;
 BEGIN
@@ -274,7 +274,8 @@ BEGIN
                 END IF;
             END IF;
             PERFORM set_config('lock_timeout', old_timeout, true);
-            RETURN ROW('hit', e.token, e.result, NULL, NULL, NULL, e.attempts, NULL, e.expires_at)::once.claim;
+            -- No token: it may be a running refresh's, and only a claim carries one.
+            RETURN ROW('hit', NULL, e.result, NULL, NULL, NULL, e.attempts, NULL, e.expires_at)::once.claim;
         END IF;
         -- Entry::servable_stale, and StaleRule::serves_stale.
         stale_ok := serve_stale AND e.result IS NOT NULL AND e.stale_until IS NOT NULL
@@ -285,7 +286,7 @@ BEGIN
             IF stale_ok THEN
                 RETURN ROW('stale', NULL, e.result, e.error, NULL, NULL, e.attempts, NULL, e.expires_at)::once.claim;
             END IF;
-            RETURN ROW('failed', e.token, NULL, e.error, NULL, NULL, e.attempts, e.retry_at, NULL)::once.claim;
+            RETURN ROW('failed', NULL, NULL, e.error, NULL, NULL, e.attempts, e.retry_at, NULL)::once.claim;
         ELSIF e.state = 'running' THEN
             -- claim::running_owner_status, with the same rule as rules/owner_gone.sql; on a
             -- standby its owner is a backend of the primary: only the primary can judge it.
@@ -804,7 +805,7 @@ $$;
 -- Claims whose owner is gone, expired results and old history, as reap::reap does. The
 -- edition has no worker: pg_cron or the clients call it (docs/sql-edition.md). The
 -- history is purged in batches for up to 100 ms (reap.rs, PURGE_BUDGET), keeping
--- once.history_retention (seconds; a custom setting here, default 7 days).
+-- once.history_retention (seconds; a row of once.settings here, default 7 days).
 CREATE OR REPLACE FUNCTION once.reap_stale()
 RETURNS TABLE (reclaimed bigint, expired bigint, history bigint)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
@@ -814,7 +815,8 @@ AS $$
 <<param>>
 DECLARE
     batch bigint := 10000;
-    retention_s float8 := coalesce(nullif(current_setting('once.history_retention', true), ''), '604800')::float8;
+    retention_s float8 := coalesce((SELECT s.value FROM once.settings s WHERE s.name = 'once.history_retention'),
+                                   '604800')::float8;
     after timestamptz;
     started timestamptz := clock_timestamp();
     purged bigint;

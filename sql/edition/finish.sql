@@ -20,4 +20,9 @@ BEGIN
     END LOOP;
 END
 $owner_only$;
+-- once_internal: USAGE for every role, CREATE for none. The wrappers of schema once call
+-- their implementations here as the calling role (scripts/sql_edition.py, invoker_api),
+-- which needs USAGE and EXECUTE; each implementation refuses any other caller
+-- (once_internal.vouch), and its tables, sequence and other functions are granted to no one.
 REVOKE ALL ON SCHEMA once_internal FROM PUBLIC;
+GRANT USAGE ON SCHEMA once_internal TO PUBLIC;

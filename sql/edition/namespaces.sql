@@ -3,8 +3,8 @@
 -- with its prefix (the longest registered prefix wins) belongs to it, and only members of
 -- its owner role (and superusers) may use those keys and the namespace's queues. Every
 -- function of the API with a key or a queue asks require_key (or require_named) first, as
--- the extension's do, with the caller judged as once_internal.caller() (the role set by
--- SET ROLE, else the session's: docs/sql-edition.md says how that differs).
+-- the extension's do, with the caller judged as once_internal.caller(): the current user
+-- of the context that called once.* (once_internal.vouch), as in the extension.
 --
 -- The extension keeps the namespaces in each backend's memory; the edition reads the
 -- table on each check (an index probe per namespace at most: the table is small and
@@ -53,9 +53,9 @@ END
 $$;
 
 -- Whether the calling role administers pg_once: a superuser, or a member of the role that
--- installed it (the owner of schema once), as namespace::caller_administers. The edition
--- cannot tell a call made from another role's SECURITY DEFINER code (it judges the
--- session's role: docs/sql-edition.md).
+-- installed it (the owner of schema once), as namespace::caller_administers. Called from
+-- another role's SECURITY DEFINER code, an index expression or a materialized view, the
+-- calling role is that code's owner, as in the extension.
 CREATE OR REPLACE FUNCTION once_internal.administers() RETURNS boolean
     LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp

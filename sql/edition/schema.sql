@@ -100,32 +100,126 @@ BEGIN
 END
 $$;
 
--- The role pg_once is called by: these functions are SECURITY DEFINER, so CURRENT_USER is
--- their owner; the caller is the role set by SET ROLE, else the session's user. (The
--- extension reads the user its C function was called as, which also sees a SECURITY
--- DEFINER function of another role calling pg_once; the edition judges that call as
--- the session's role: docs/sql-edition.md.)
+-- Who is judged (docs/sql-edition.md, "Who is judged"): the current user of the context
+-- that calls once.*, as the extension's C functions judge GetUserId(), under ANALYZE,
+-- autovacuum, index expressions, materialized views and other roles' SECURITY DEFINER
+-- code alike. A SECURITY DEFINER function cannot see that user (its current_user is its
+-- owner; session_user and the role setting are the session's, not the calling context's),
+-- so each once.* is a SECURITY INVOKER wrapper that passes its current_user to its
+-- SECURITY DEFINER implementation in once_internal (scripts/sql_edition.py, invoker_api),
+-- and the implementation's first act is this function's: it makes sure that it was called
+-- by that wrapper, then makes the role the one once_internal.caller() answers for the
+-- rest of the call.
+--
+-- The call stack (PG_CONTEXT) proves who called: frame 1 is this function, frame 2 the
+-- implementation (initialising its first variable), frame 3 the caller of the
+-- implementation, which must be the wrapper: "PL/pgSQL function once.claim_key(text,...)
+-- line 3 at RETURN". Nothing else can print a frame that starts that way: PL/pgSQL prints
+-- a function's signature as format_procedure does (regprocedure's output), here with
+-- search_path pinned, so schema-qualified, and a name that is not a plain identifier
+-- (one holding a dot or a parenthesis) is quoted; no other schema is called once; other
+-- frames start with their own words ("SQL function", "SQL statement", "COPY"). The
+-- wrapper calls the implementation as a simple expression (no SPI, and so no "SQL
+-- statement" frame, whose query text is the caller's own and could hold a forged line),
+-- with its arguments already evaluated: no code of the caller runs in between. The
+-- frame's leading words are taken from frame 1, so a translated lc_messages changes
+-- nothing. Only the implementations call it (EXECUTE is not granted).
+CREATE OR REPLACE FUNCTION once_internal.vouch(calling_role name, wrapper regprocedure) RETURNS oid
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    stack text;
+    frames text[];
+    role oid;
+BEGIN
+    GET DIAGNOSTICS stack = PG_CONTEXT;
+    frames := string_to_array(stack, E'\n');
+    IF NOT starts_with(coalesce(frames[3], ''),
+                       split_part(frames[1], 'once_internal.vouch(name,regprocedure)', 1)
+                       || wrapper::text || ' ') THEN
+        RAISE EXCEPTION 'permission denied: only % calls its implementation', wrapper
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = format('Call %s itself: pg_once judges the role it is called as.', wrapper);
+    END IF;
+    -- A session may outlive its role (DROP ROLE does not end it). No role must never
+    -- read as NULL: token_holder would take that for an administrator.
+    role := to_regrole(quote_ident(calling_role));
+    IF role IS NULL THEN
+        RAISE EXCEPTION 'role "%" does not exist', calling_role USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    -- Assignments of simple expressions, not PERFORM (a query through SPI each): this runs
+    -- on every call, and a PERFORM of a SQL function with a SET clause here cost ~37 us a
+    -- hit (5,000 hits in a DO loop, min of 12 rounds: 96.5 us against 59.1 us).
+    stack := set_config('once_internal.caller', role::text, true);
+    stack := set_config('once_internal.borrowed', once_internal.borrowed(calling_role), true);
+    RETURN role;
+END
+$$;
+
+-- 'off' when the calling role acts as itself, 'on' when its rights are borrowed, for the
+-- setting once_internal.borrowed (namespace::caller_administers): only then may an
+-- administrator administer (define namespaces, change shared queues, end any claim, use
+-- any once.cached key). It does not when its current user is not the session's own role
+-- (the role set by SET ROLE, else the session's user, which SECURITY DEFINER code, index
+-- expressions under ANALYZE or autovacuum and materialized views do not change): code
+-- one role wrote, running in another role's session, must not act with the rights of an
+-- administrator, whichever of the two is one. The extension asks PostgreSQL
+-- (InSecurityRestrictedOperation(), InLocalUserIdChange()), which PL/pgSQL cannot without
+-- an error and a subtransaction per call; the one difference: an administrator's own
+-- SECURITY DEFINER function or index expression, run in that administrator's own
+-- session, acts as itself here, and is refused there.
+CREATE OR REPLACE FUNCTION once_internal.borrowed(calling_role name) RETURNS text
+    LANGUAGE sql STABLE
+    -- No SET clause: a RETURN body binds its names when created (under the script's
+    -- pinned search_path), and without one the function is inlined where it is called.
+    RETURN CASE WHEN calling_role::text = CASE current_setting('role') WHEN 'none' THEN session_user::text
+                                                                   ELSE current_setting('role') END
+                THEN 'off' ELSE 'on' END;
+
+-- The role pg_once is called as, in this call: what the implementation's vouch (or, for
+-- the views, may_use_key_as and administers_as) set. A transaction-local setting, which
+-- any role may SET, but everything that reads it runs after one of those set it.
 CREATE OR REPLACE FUNCTION once_internal.caller() RETURNS oid
     LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp
     AS $$
 DECLARE
-    name text := CASE current_setting('role') WHEN 'none' THEN session_user ELSE current_setting('role') END;
-    -- By name through regrole, a syscache lookup (pg_roles costs several times more, and
-    -- this runs on every call).
-    role oid := to_regrole(quote_ident(name));
+    role oid := nullif(current_setting('once_internal.caller', true), '')::oid;
 BEGIN
-    -- A session may outlive its role (DROP ROLE does not end it). No role must never
-    -- read as NULL: token_holder would take that for an administrator.
     IF role IS NULL THEN
-        RAISE EXCEPTION 'role "%" does not exist', name USING ERRCODE = 'insufficient_privilege';
+        RAISE EXCEPTION 'pg_once: once_internal.caller() read before any call set it';
     END IF;
     RETURN role;
 END
 $$;
 
+-- The protective settings, written by administrators alone (issue 36): the extension
+-- defines once.history_retention, once.max_result_size, once.max_payload_size and
+-- once.max_error_size as settings only a superuser may change; here they would be custom
+-- settings any role can SET, and a role that SET once.history_retention = 0 purged every
+-- tenant's history. So they are rows of this table, owned by the installing role, which
+-- no one else may write (nothing is granted on it), read when used; a SET (or ALTER ROLE
+-- ... SET) of these names is ignored. A name without a row has the extension's default.
+CREATE TABLE IF NOT EXISTS once.settings (
+    name  text PRIMARY KEY
+          CONSTRAINT settings_name_known CHECK (name IN ('once.history_retention', 'once.max_result_size',
+                                                         'once.max_payload_size', 'once.max_error_size')),
+    value text NOT NULL,
+    CONSTRAINT settings_value_format CHECK (
+        CASE name WHEN 'once.history_retention' THEN value ~ '^\s*[0-9]{1,10}\s*$'
+                  ELSE value ~ '^\s*[0-9]{1,10}\s*(kB|MB|GB|TB)?\s*$' END)
+);
+COMMENT ON TABLE once.settings IS
+    'pg_once''s protective settings in the SQL edition, written by administrators only: INSERT INTO once.settings VALUES (''once.max_result_size'', ''1MB''). A session''s SET of these names is ignored; a name without a row has its default (once.history_retention 604800 s, once.max_result_size 16MB, once.max_payload_size 1MB, once.max_error_size 16kB).';
+COMMENT ON COLUMN once.settings.name IS
+    'once.history_retention, once.max_result_size, once.max_payload_size or once.max_error_size.';
+COMMENT ON COLUMN once.settings.value IS
+    'Seconds for once.history_retention (e.g. ''86400''); a size for the others, in kB unless a unit (kB, MB, GB, TB) follows (e.g. ''1MB'').';
+
 -- The $holder of rules/token_holder.sql: the caller, or NULL for an administrator (a
--- superuser, or a member of the role that installed pg_once), who may end any claim.
+-- superuser, or a member of the role that installed pg_once, acting as itself), who may
+-- end any claim.
 -- One statement per question: written as one expression with subqueries, it took
 -- ~200 us a call, ten times its parts.
 CREATE OR REPLACE FUNCTION once_internal.token_holder() RETURNS oid
@@ -137,6 +231,10 @@ DECLARE
     superuser boolean;
     installer oid;
 BEGIN
+    -- Not while borrowed (once_internal.borrowed): then the caller is no administrator.
+    IF current_setting('once_internal.borrowed', true) IS DISTINCT FROM 'off' THEN
+        RETURN caller;
+    END IF;
     SELECT r.rolsuper INTO superuser FROM pg_roles r WHERE r.oid = caller;
     SELECT n.nspowner INTO installer FROM pg_namespace n WHERE n.nspname = 'once';
     IF superuser OR pg_has_role(caller, installer, 'USAGE') THEN

@@ -6,26 +6,50 @@
 -- extension, in PL/pgSQL.
 --
 -- The views call functions as the role reading them (PostgreSQL checks a view's tables as
--- the view's owner, its functions' EXECUTE as the reader). The edition's may_use_key
--- reads once_internal.namespace_owners, which a reader may not: the views call
--- view_may_use_key instead, the same answer computed as the installing role (the
--- edition judges the caller by its session's role, not by who runs the function, so
--- the answer is the reader's own). It, caller_administers, runtime and
--- pending_key_counts are granted to PUBLIC (late in the script: views_grants.sql), as
--- the extension grants its four; nobody has USAGE on once_internal, so the views are the
--- only way to them, and they only tell a role about itself.
+-- the view's owner, its functions' EXECUTE as the reader, and runs them as the reader).
+-- The edition's may_use_key reads once_internal.namespace_owners, which a reader may not,
+-- and judges once_internal.caller(): the views call view_may_use_key instead, SECURITY
+-- INVOKER, whose current_user is the reader, and which hands it to may_use_key_as, run as
+-- the installing role. A caller of may_use_key_as may name any role: it tells only what
+-- pg_has_role and once.namespaces tell anyone (whether that role may use a key), and sets
+-- once_internal.caller for its own transaction, which every implementation of once.*
+-- sets again before reading it (once_internal.vouch). The same for caller_administers.
+-- These and runtime and pending_key_counts are granted to PUBLIC (late in the script:
+-- views_grants.sql), as the extension grants its four.
+
+CREATE OR REPLACE FUNCTION once_internal.may_use_key_as(reader name, key text) RETURNS boolean
+    LANGUAGE plpgsql STABLE SECURITY DEFINER PARALLEL RESTRICTED
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    PERFORM set_config('once_internal.caller', coalesce(to_regrole(quote_ident(reader))::oid, 0)::text, true),
+            set_config('once_internal.borrowed', once_internal.borrowed(reader), true);
+    RETURN once_internal.may_use_key(key);
+END
+$$;
 
 CREATE OR REPLACE FUNCTION once_internal.view_may_use_key(key text) RETURNS boolean
-    LANGUAGE sql STABLE SECURITY DEFINER PARALLEL RESTRICTED
+    LANGUAGE sql STABLE SECURITY INVOKER PARALLEL RESTRICTED
     SET search_path = pg_catalog, pg_temp
-    RETURN once_internal.may_use_key(key);
+    RETURN once_internal.may_use_key_as(current_user, key);
+
+CREATE OR REPLACE FUNCTION once_internal.administers_as(reader name) RETURNS boolean
+    LANGUAGE plpgsql STABLE SECURITY DEFINER PARALLEL RESTRICTED
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    PERFORM set_config('once_internal.caller', coalesce(to_regrole(quote_ident(reader))::oid, 0)::text, true),
+            set_config('once_internal.borrowed', once_internal.borrowed(reader), true);
+    RETURN once_internal.administers();
+END
+$$;
 
 -- Whether the reader administers pg_once here (a superuser, or a member of the role that
 -- installed it): once.stats shows last_token only then (or to pg_monitor's members).
 CREATE OR REPLACE FUNCTION once_internal.caller_administers() RETURNS boolean
-    LANGUAGE sql STABLE SECURITY DEFINER PARALLEL RESTRICTED
+    LANGUAGE sql STABLE SECURITY INVOKER PARALLEL RESTRICTED
     SET search_path = pg_catalog, pg_temp
-    RETURN once_internal.administers();
+    RETURN once_internal.administers_as(current_user);
 
 -- How pg_once runs here: never in shared memory, keys announced by the committing
 -- transaction's own NOTIFY (the triggers' pg_notify), no pg_once worker (reap_stale runs

@@ -25,17 +25,58 @@ where
     }
 }
 
-/// A connection to the test server, with pg_once created if it is not yet.
+/// Whether the server runs the SQL edition (docs/sql-edition.md) rather than the
+/// extension: PG_ONCE_EDITION_SCRIPT names its script (scripts/sql-edition.sh's
+/// pg_once_sql.sql), which `admin` installs as PG_ONCE_DSN's role, the database's owner
+/// (scripts/test-sql-edition.sh runs the tests this way). The same tests attack both.
+pub fn edition() -> bool {
+    std::env::var_os("PG_ONCE_EDITION_SCRIPT").is_some()
+}
+
+/// A connection to the test server, with pg_once created if it is not yet: the
+/// extension, or with PG_ONCE_EDITION_SCRIPT the SQL edition, installed by PG_ONCE_DSN's
+/// role (the administrator of pg_once either way).
 pub async fn admin() -> Result<Client> {
     // One test at a time: two concurrent CREATE EXTENSION IF NOT EXISTS both find it
     // missing, and one fails on the catalog's unique index.
     static CREATING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     let client = once::connect(&once::dsn_from_env()?).await?;
     let _creating = CREATING.lock().await;
-    client
-        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_once")
-        .await?;
+    match std::env::var_os("PG_ONCE_EDITION_SCRIPT") {
+        None => {
+            client
+                .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_once")
+                .await?
+        }
+        Some(path) => {
+            let installed: bool = client
+                .query_one("SELECT to_regnamespace('once') IS NOT NULL", &[])
+                .await?
+                .get(0);
+            if !installed {
+                // The script is psql's: its one meta-command goes (it runs in one
+                // transaction, which stops at its first error anyway).
+                let script = std::fs::read_to_string(&path)
+                    .with_context(|| format!("reading PG_ONCE_EDITION_SCRIPT {path:?}"))?
+                    .replace("\\set ON_ERROR_STOP 1\n", "");
+                client.batch_execute(&script).await?;
+            }
+        }
+    }
     Ok(client)
+}
+
+/// A connection as a superuser: PG_ONCE_SUPERUSER_DSN, else PG_ONCE_DSN (whose role is
+/// a superuser on the extension's test servers). On the SQL edition's server PG_ONCE_DSN
+/// is the database's owner, who installed it and is no superuser; the attacks that a
+/// superuser's session must not carry out (its ANALYZE, its call of another role's
+/// SECURITY DEFINER code) go through this one.
+pub async fn superuser() -> Result<Client> {
+    admin().await?;
+    match std::env::var("PG_ONCE_SUPERUSER_DSN") {
+        Ok(dsn) => once::connect(&dsn).await,
+        Err(_) => once::connect(&once::dsn_from_env()?).await,
+    }
 }
 
 /// The server's max_prepared_transactions: tests that PREPARE TRANSACTION skip below what
