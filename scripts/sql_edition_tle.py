@@ -8,7 +8,8 @@ pg_once.
 What the parts take from the extension's own files, unchanged but for re-runnability
 (one home per rule): from sql/schema.sql the table once_internal.key_counts and the
 trigger that recounts keys when the namespaces change; from sql/functions.sql the views
-once.stats, once.queue_stats, once.dead_letters and once.namespaces, the PL/pgSQL
+once.stats, once.queue_stats, once.dead_letters, once.keys (with the DO block that
+comments its columns) and once.namespaces, the PL/pgSQL
 once.cached (function and procedure), and their comments. The views call
 once_internal.may_use_key as their reader; the edition's may_use_key reads a table the
 reader may not, so they call once_internal.view_may_use_key (sql/edition/views.sql).
@@ -21,7 +22,7 @@ import sql_edition  # imported by it: the helpers below are called only once bot
 ROOT = sql_edition.ROOT
 EDITION = ROOT / "sql/edition"
 MARK = "-- ---- views and once.cached (scripts/sql_edition_tle.py) ----"
-VIEWS = ("once.stats", "once.queue_stats", "once.dead_letters", "once.namespaces")
+VIEWS = ("once.stats", "once.queue_stats", "once.dead_letters", "once.keys", "once.namespaces")
 
 
 def head(stmt):
@@ -31,6 +32,10 @@ def head(stmt):
     m = re.match(r"SELECT\s+([\w.]+)\(", code)
     if m:
         return ("SELECT", None, m.group(1))
+    # A DO block that comments a view's columns names the view it is about.
+    m = re.match(r"DO\s+\$\$.*COMMENT ON COLUMN ([\w.]+)\.%I", code, re.S)
+    if m:
+        return ("DO", "COLUMN", m.group(1))
     m = re.match(r"(CREATE|COMMENT ON)\s+(?:OR REPLACE\s+)?(\w+)\s+([\w.]+)", code)
     return (m.group(1), m.group(2), m.group(3)) if m else (None, None, None)
 

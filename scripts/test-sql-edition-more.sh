@@ -67,7 +67,7 @@ expect "C or internal functions declared" 0 "$c_functions"
 as_admin -q -c "CREATE ROLE app_user LOGIN; CREATE ROLE other_user LOGIN; CREATE ROLE monitor LOGIN IN ROLE pg_monitor;
                 GRANT USAGE ON SCHEMA once TO app_user, other_user, monitor;
                 GRANT EXECUTE ON ALL ROUTINES IN SCHEMA once TO app_user, other_user;
-                GRANT SELECT ON once.stats, once.queue_stats, once.dead_letters, once.namespaces TO app_user, monitor;"
+                GRANT SELECT ON once.stats, once.queue_stats, once.dead_letters, once.keys, once.namespaces TO app_user, monitor;"
 privileges="SELECT has_table_privilege('app_user', 'once.stats', 'SELECT'),
                    has_function_privilege('app_user', 'once.cached(text,text,jsonb,interval,interval,float8,float8,interval,interval,interval)', 'EXECUTE'),
                    has_function_privilege('public', 'once.cached(text,text,interval,interval,float8,float8,interval,interval)', 'EXECUTE'),

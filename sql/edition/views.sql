@@ -1,5 +1,5 @@
 -- The views of the SQL edition (docs/sql-edition.md): once.stats, once.queue_stats,
--- once.dead_letters and once.namespaces are sql/functions.sql's own views, taken from
+-- once.dead_letters, once.keys and once.namespaces are sql/functions.sql's own views, taken from
 -- there by scripts/sql_edition_tle.py, with their comments. What they call that is C in
 -- the extension is declared here, and so are the counts of keys once.stats sums
 -- (once_internal.key_counts, sql/schema.sql's table), kept by triggers as in the
