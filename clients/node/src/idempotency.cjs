@@ -146,6 +146,7 @@ function responseMac(secret, entry, form) {
 const HEADER_NAME = /^[!#$%&'*+\-.^_`|~0-9a-z]+$/;
 const HEADER_VALUE = /^(?:[\x21-\x7e\x80-\xff](?:[\t\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)?$/;
 const HEX = /^(?:[0-9a-f]{2}){1,64}$/;
+const MAC_HEX = /^[0-9a-f]{64}$/;
 const BASE64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
 
 /**
@@ -181,8 +182,11 @@ function untrusted({ secret = null, storeCookies = false }, entry, fingerprint, 
     return "it was not stored for this request's fingerprint";
   }
   if (!secret) return fingerprint === null ? 'the request has no fingerprint and the middleware no secret to check' : null;
+  // Lowercase hex first: a latin1 Buffer keeps each character's low byte, so a MAC written
+  // with characters past U+00FF would read as the right one.
+  if (typeof stored.mac !== 'string' || !MAC_HEX.test(stored.mac)) return "its MAC is not the secret's";
   const want = Buffer.from(responseMac(secret, entry, stored), 'latin1');
-  const got = typeof stored.mac === 'string' ? Buffer.from(stored.mac, 'latin1') : Buffer.alloc(0);
+  const got = Buffer.from(stored.mac, 'latin1');
   if (got.length !== want.length || !timingSafeEqual(got, want)) return "its MAC is not the secret's";
   return null;
 }
