@@ -163,11 +163,11 @@ function untrusted({ secret = null, storeCookies = false }, entry, fingerprint, 
     return `its members are not ${members.join(', ')}`;
   }
   const { status, headers, body } = stored;
-  if (!Number.isInteger(status) || status < 200 || status > 599) return `its status ${JSON.stringify(status)} is not 200 to 599`;
+  if (!Number.isInteger(status) || status < 200 || status > 599) return `its status ${shown(status)} is not 200 to 599`;
   if (!Array.isArray(headers)) return 'its headers are not a list';
   for (const pair of headers) {
     if (!Array.isArray(pair) || pair.length !== 2 || typeof pair[0] !== 'string' || typeof pair[1] !== 'string') {
-      return `a header is not a [name, value] pair of strings: ${JSON.stringify(pair)}`;
+      return `a header is not a [name, value] pair of strings: ${shown(pair)}`;
     }
     const [name, value] = pair;
     if (!HEADER_NAME.test(name) || !HEADER_VALUE.test(value)) return `header ${JSON.stringify(name)} is not a lower-case token with a field value`;
@@ -189,6 +189,20 @@ function untrusted({ secret = null, storeCookies = false }, entry, fingerprint, 
   const got = Buffer.from(stored.mac, 'latin1');
   if (got.length !== want.length || !timingSafeEqual(got, want)) return "its MAC is not the secret's";
   return null;
+}
+
+/**
+ * A stored value as the reason's text shows it: at most 80 characters, and never an
+ * exception (JSON.stringify overflows the stack on the thousands of nesting levels jsonb
+ * takes, and a planted entry may hold them).
+ */
+function shown(value) {
+  try {
+    const text = JSON.stringify(value) ?? String(value);
+    return text.length > 80 ? `${text.slice(0, 80)}...` : text;
+  } catch {
+    return 'a value nested too deep to show';
+  }
 }
 
 /**
