@@ -310,3 +310,30 @@ async def test_the_stored_fingerprint_is_no_crackable_digest_of_the_request(api,
     cracked = [w for w in DICTIONARY if hashlib.sha256(
         f"POST\n/orders\naccess_token={w}\n".encode() + body).hexdigest() == held]
     assert not cracked, f"the stored fingerprint gives the access token away: {cracked[0]!r}"
+
+
+async def test_framing_headers_are_refused_even_under_the_secrets_mac(api, attacker):
+    # The planted forms above lack the fingerprint and MAC members, so they are refused
+    # before their headers are looked at: with the header checks of I6 removed they still
+    # passed (attack-http review, finding 6). Here the form is whole, with the victim's
+    # fingerprint and the MAC of the run's secret (a leaked secret, another version of the
+    # middleware): only the header rules stand between it and the connection.
+    from pg_once import _idempotency as I
+    from services import SECRET
+    key, entry, body, _ = await first_order(api, attacker)
+    smuggled = b"HTTP/1.1 299 Smuggled\r\ncontent-length: 0\r\nx-smuggled: 1\r\n\r\n"
+    stored = attacker.stored(entry)
+    for headers in ([["content-type", "text/plain"], ["content-length", "2"]],
+                    [["content-type", "text/plain"], ["set-cookie", "session=attacker"]]):
+        planted = {"status": 200, "headers": headers,
+                   "body": base64.b64encode(b"ok" + smuggled).decode(),
+                   "fingerprint": stored["fingerprint"]}
+        planted["mac"] = I.response_mac(SECRET.encode(), entry, planted)
+        attacker.plant(entry, planted, bytes.fromhex(stored["fingerprint"]))
+        answers = exchange(api.url(None), [
+            ("POST", "/orders", [("content-type", "application/json"), ("idempotency-key", key)],
+             json.dumps(body).encode()),
+            ("GET", "/health", [], b"")])
+        assert_untrusted(answers[0], f"a planted {headers[1][0]} under the secret's MAC")
+        assert len(answers) == 2 and not isinstance(answers[1], Exception) and \
+            dict(answers[1][1]).get("x-smuggled") is None, f"smuggled: {answers}"
