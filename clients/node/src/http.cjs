@@ -112,7 +112,13 @@ class Gate {
     switch (asked.outcome) {
       case 'claimed': return { claim: asked.claim };
       case 'hit': {
-        const why = untrusted(this.options, entry, fingerprint, asked.result);
+        let why;
+        try {
+          why = untrusted(this.options, entry, fingerprint, asked.result);
+        } catch (err) {
+          // Whatever a planted entry makes the check throw, it is not what we wrote.
+          why = `checking it threw ${err}`;
+        }
         if (why === null) return { answer: replay(asked.result) };
         this.onError(new Error(`pg-once: not replaying the entry ${entry}: ${why}; something other than this middleware wrote it (a role with pg_once's rights in its key space?)`));
         return { answer: untrustedEntry(this.options.header) };

@@ -146,6 +146,7 @@ function responseMac(secret, entry, form) {
 const HEADER_NAME = /^[!#$%&'*+\-.^_`|~0-9a-z]+$/;
 const HEADER_VALUE = /^(?:[\x21-\x7e\x80-\xff](?:[\t\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)?$/;
 const HEX = /^(?:[0-9a-f]{2}){1,64}$/;
+const MAC_HEX = /^[0-9a-f]{64}$/;
 const BASE64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
 
 /**
@@ -162,11 +163,11 @@ function untrusted({ secret = null, storeCookies = false }, entry, fingerprint, 
     return `its members are not ${members.join(', ')}`;
   }
   const { status, headers, body } = stored;
-  if (!Number.isInteger(status) || status < 200 || status > 599) return `its status ${JSON.stringify(status)} is not 200 to 599`;
+  if (!Number.isInteger(status) || status < 200 || status > 599) return `its status ${shown(status)} is not 200 to 599`;
   if (!Array.isArray(headers)) return 'its headers are not a list';
   for (const pair of headers) {
     if (!Array.isArray(pair) || pair.length !== 2 || typeof pair[0] !== 'string' || typeof pair[1] !== 'string') {
-      return `a header is not a [name, value] pair of strings: ${JSON.stringify(pair)}`;
+      return `a header is not a [name, value] pair of strings: ${shown(pair)}`;
     }
     const [name, value] = pair;
     if (!HEADER_NAME.test(name) || !HEADER_VALUE.test(value)) return `header ${JSON.stringify(name)} is not a lower-case token with a field value`;
@@ -181,10 +182,27 @@ function untrusted({ secret = null, storeCookies = false }, entry, fingerprint, 
     return "it was not stored for this request's fingerprint";
   }
   if (!secret) return fingerprint === null ? 'the request has no fingerprint and the middleware no secret to check' : null;
+  // Lowercase hex first: a latin1 Buffer keeps each character's low byte, so a MAC written
+  // with characters past U+00FF would read as the right one.
+  if (typeof stored.mac !== 'string' || !MAC_HEX.test(stored.mac)) return "its MAC is not the secret's";
   const want = Buffer.from(responseMac(secret, entry, stored), 'latin1');
-  const got = typeof stored.mac === 'string' ? Buffer.from(stored.mac, 'latin1') : Buffer.alloc(0);
+  const got = Buffer.from(stored.mac, 'latin1');
   if (got.length !== want.length || !timingSafeEqual(got, want)) return "its MAC is not the secret's";
   return null;
+}
+
+/**
+ * A stored value as the reason's text shows it: at most 80 characters, and never an
+ * exception (JSON.stringify overflows the stack on the thousands of nesting levels jsonb
+ * takes, and a planted entry may hold them).
+ */
+function shown(value) {
+  try {
+    const text = JSON.stringify(value) ?? String(value);
+    return text.length > 80 ? `${text.slice(0, 80)}...` : text;
+  } catch {
+    return 'a value nested too deep to show';
+  }
 }
 
 /**

@@ -731,3 +731,13 @@ def test_an_entry_planted_by_another_role_is_not_replayed(service, new_key, admi
     problem(r, 409, "untrusted_entry")
     assert "set-cookie" not in r.headers and "idempotent-replayed" not in r.headers
     assert s.runs == []
+
+
+def test_a_stored_entry_nested_deeper_than_json_loads_reads_is_untrusted():
+    # Finding 5 of the attack-http review: jsonb takes thousands of nesting levels; a
+    # planted entry that deep made json.loads raise RecursionError (a 500), not a 409.
+    options = I.Options.build(secret=b"s" * 32)
+    planted = '{"status": 201, "headers": ' + "[" * 5000 + "]" * 5000 + \
+        ', "body": null, "fingerprint": null, "mac": "' + "0" * 64 + '"}'
+    with pytest.raises(I.Untrusted):
+        I.replay(options, "idempotency:#hmac-sha256:00", None, planted)

@@ -259,8 +259,27 @@ pub async fn claim_key_fingerprinted(
     owner: Owner,
     fingerprint: Option<&[u8]>,
 ) -> Result<Claim> {
-    claim_with(client, key, lease, wait, owner, false, fingerprint).await
+    claim_with(client, key, lease, wait, owner, false, fingerprint, false).await
 }
+
+/// [`claim_key_fingerprinted`] for the HTTP layer, which judges every stored result it
+/// reads (I6): a result serde_json cannot decode (nested past its 128 levels, where jsonb
+/// takes thousands: none a client wrote) comes back as the JSON string
+/// [`UNDECODABLE_RESULT`], which the layer refuses as an untrusted entry, instead of an
+/// error that would read as the store being unavailable.
+pub(crate) async fn claim_request_key(
+    client: &Client,
+    key: &str,
+    lease: Duration,
+    wait: Duration,
+    owner: Owner,
+    fingerprint: Option<&[u8]>,
+) -> Result<Claim> {
+    claim_with(client, key, lease, wait, owner, false, fingerprint, true).await
+}
+
+/// What [`claim_request_key`] gives for a stored result that does not decode.
+pub(crate) const UNDECODABLE_RESULT: &str = "pg_once: a stored result that does not decode";
 
 async fn claim(
     client: &Client,
@@ -270,9 +289,10 @@ async fn claim(
     owner: Owner,
     serve_stale: bool,
 ) -> Result<Claim> {
-    claim_with(client, key, lease, wait, owner, serve_stale, None).await
+    claim_with(client, key, lease, wait, owner, serve_stale, None, false).await
 }
 
+#[allow(clippy::too_many_arguments)] // one private helper behind three public calls
 async fn claim_with(
     client: &Client,
     key: &str,
@@ -281,6 +301,7 @@ async fn claim_with(
     owner: Owner,
     serve_stale: bool,
     fingerprint: Option<&[u8]>,
+    undecodable_as_marker: bool,
 ) -> Result<Claim> {
     let (lease, wait, pid) = (Some(secs(lease)), Some(secs(wait)), owner.pid());
     let serve_stale = serve_stale.then_some(true);
@@ -299,7 +320,11 @@ async fn claim_with(
     Ok(Claim {
         outcome: row.try_get(0)?,
         token: row.try_get(1)?,
-        result: row.try_get(2)?,
+        result: match row.try_get(2) {
+            Ok(result) => result,
+            Err(_) if undecodable_as_marker => Some(Value::String(UNDECODABLE_RESULT.into())),
+            Err(e) => return Err(e.into()),
+        },
         error: row.try_get(3)?,
         owner: row.try_get(4)?,
         lease_expires_at: row.try_get(5)?,

@@ -45,6 +45,7 @@ MIN_SECRET_BYTES = 32
 HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")
 HEADER_VALUE = re.compile(r"(?:[\x21-\x7e\x80-\xff](?:[\t\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)?")
 HEX = re.compile(r"(?:[0-9a-f]{2}){1,64}")
+MAC_HEX = re.compile(r"[0-9a-f]{64}")   # I5: a MAC is 64 lowercase hex digits, nothing else
 PROBLEM_TYPE = "application/problem+json"
 # RFC 9110's reason phrases: the same titles from every pg_once middleware, whatever the
 # language's own table says (Python 3.11 still calls 422 "Unprocessable Entity").
@@ -334,7 +335,12 @@ def stored_text(options: Options, entry: str, fingerprint: Optional[bytes], stat
 def replay(options: Options, entry: str, fingerprint: Optional[bytes], result: Any) -> Reply:
     """A stored response as it is replayed (I6), marked Idempotent-Replayed; Problem 409
     `untrusted_entry` for an entry this middleware did not write (untrusted(): why)."""
-    stored = json.loads(result) if isinstance(result, (str, bytes)) else result
+    try:
+        stored = json.loads(result) if isinstance(result, (str, bytes)) else result
+    except (ValueError, RecursionError):
+        # jsonb takes thousands of nesting levels, json.loads about a thousand: an entry
+        # nested that deep is not one the middleware wrote.
+        raise Untrusted(options, "it is JSON nested deeper than the middleware writes")
     why = untrusted(options, entry, fingerprint, stored)
     if why is not None:
         raise Untrusted(options, why)
@@ -388,7 +394,8 @@ def untrusted(options: Options, entry: str, fingerprint: Optional[bytes],
             return "the request has no fingerprint and the middleware no secret to check"
         return None
     mac = stored["mac"]
-    if not isinstance(mac, str) or not hmac.compare_digest(
+    # Lowercase hex first: compare_digest raises TypeError on a str that is not ASCII.
+    if not isinstance(mac, str) or not MAC_HEX.fullmatch(mac) or not hmac.compare_digest(
             mac, response_mac(options.secret, entry, stored)):
         return "its MAC is not the secret's"
     return None

@@ -53,7 +53,7 @@ impl Client {
                 .owner(deadline.saturating_duration_since(Instant::now()))
                 .await?;
             let claim = match with_conn!(inner, until Some(deadline), |c| {
-                raw::claim_key_fingerprinted(c, key, lease, Duration::ZERO, owner, fingerprint)
+                raw::claim_request_key(c, key, lease, Duration::ZERO, owner, fingerprint)
             }) {
                 Ok(claim) => claim,
                 Err(e) => {

@@ -301,9 +301,10 @@ pub fn untrusted(stored_for: &StoredFor, stored: &Value) -> Option<String> {
         .map(|_| "its MAC is not the secret's".into())
 }
 
-/// Lowercase hex as bytes; None for anything else.
+/// Lowercase hex as bytes; None for anything else (`u8::from_str_radix` alone also reads
+/// a sign: "+f" would be 0x0f).
 fn hex_bytes(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 || text.bytes().any(|b| b.is_ascii_uppercase()) {
+    if text.len() % 2 != 0 || !text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
         return None;
     }
     (0..text.len())
