@@ -6,7 +6,7 @@
 const { OnceClient } = require('./client.cjs');
 const { ClaimLost } = require('./errors.cjs');
 const {
-  defaultScope, entryKey, headerPairs, idempotencyOptions, parseKeyHeader, problem, replay, splitTarget, storedResponse,
+  defaultScope, entryKey, headerPairs, idempotencyOptions, parseKeyHeader, problem, replay, requestFingerprint, storedResponse,
   untrusted, untrustedEntry,
 } = require('./idempotency.cjs');
 
@@ -74,11 +74,7 @@ class Gate {
     const o = this.options;
     const scope = o.scope ? o.scope(request) : defaultScope(headers.authorization);
     const entry = entryKey(o.namespace, scope ?? null, key, o.secret);
-    let fingerprint = null;
-    if (o.fingerprint) {
-      const { path, query } = splitTarget(url);
-      fingerprint = o.fingerprint({ method: method.toUpperCase(), path, query, body }) ?? null;
-    }
+    const fingerprint = requestFingerprint(o, { method, url, body });
     const asked = await this.#claim(entry, fingerprint, o.inFlight === 'wait' ? o.wait : 0);
     if (asked.answer) return asked;
     return { claim: new RequestClaim(this, entry, key, fingerprint, asked.claim) };

@@ -90,13 +90,41 @@ function defaultScope(authorization) {
 /**
  * The default fingerprint (I3): SHA-256 of METHOD "\n" PATH "\n" QUERY "\n" BODY, the path
  * and query as received (Node's parser hands the request target over as latin1, one
- * character per byte, so latin1 gives the bytes back).
+ * character per byte, so latin1 gives the bytes back). Stored as is only without a secret
+ * (keyedFingerprint).
  */
 function defaultFingerprint({ method, path, query, body }) {
   return createHash('sha256')
     .update(`${method.toUpperCase()}\n${path}\n${query}\n`, 'latin1')
     .update(body)
     .digest();
+}
+
+/**
+ * I3: a fingerprint as a middleware with a secret claims and stores it,
+ * HMAC-SHA-256(secret, ENCODE(["idempotency-fingerprint", hex(fingerprint)])), so that what
+ * is stored (once.get, once.entries and its dumps) is no digest of the request a dictionary
+ * could be tried against: a token in the query, a password in the body.
+ */
+function keyedFingerprint(secret, fingerprint) {
+  return Buffer.from(mac(secret, ['idempotency-fingerprint', Buffer.from(fingerprint).toString('hex')]), 'hex');
+}
+
+/**
+ * The request's fingerprint as claimed and stored (I3): the `fingerprint` option's (the
+ * default's unless replaced; null for none), keyed by the secret when the middleware has
+ * one. An application's fingerprint that is not 1 to 64 bytes is refused before it is keyed.
+ */
+function requestFingerprint({ fingerprint, secret }, { method, url, body }) {
+  if (!fingerprint) return null;
+  const { path, query } = splitTarget(url);
+  const fp = fingerprint({ method: method.toUpperCase(), path, query, body }) ?? null;
+  if (fp === null || !secret) return fp;
+  if (!(fp instanceof Uint8Array) || fp.length < 1 || fp.length > 64) {
+    throw new TypeError(`pg-once: a fingerprint is 1 to 64 bytes (a Buffer or Uint8Array, e.g. a SHA-256 digest) or null, got ${
+      fp instanceof Uint8Array ? `${fp.length} bytes` : typeof fp}`);
+  }
+  return keyedFingerprint(secret, fp);
 }
 
 /** A request target (`/orders?a=1`) as its raw path and query (without `?`, '' when none). */
@@ -336,6 +364,8 @@ module.exports = {
   entryKey,
   defaultScope,
   defaultFingerprint,
+  keyedFingerprint,
+  requestFingerprint,
   splitTarget,
   storedResponse,
   responseMac,

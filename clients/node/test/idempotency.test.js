@@ -9,7 +9,8 @@ import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import {
-  defaultFingerprint, defaultScope, entryKey, parseKeyHeader, storedResponse, idempotencyOptions, problem, untrusted,
+  defaultFingerprint, defaultScope, entryKey, keyedFingerprint, parseKeyHeader, requestFingerprint, storedResponse,
+  idempotencyOptions, problem, untrusted,
 } from '../src/idempotency.cjs';
 import { ConfigurationError } from '../src/errors.cjs';
 import { idempotency, idempotencyPlugin, OnceClient } from '../src/index.mjs';
@@ -39,6 +40,13 @@ describe(`vectors/idempotency.json (rule ${vectors.rule})`, () => {
     test(`fingerprint: ${c.name}`, () => {
       const fp = defaultFingerprint({ method: c.method, path: c.path, query: c.query, body: value(c.body) });
       assert.equal(fp.toString('hex'), c.fingerprint);
+      assert.equal(keyedFingerprint(Buffer.from(vectors.secret), fp).toString('hex'), c.keyed);
+      // What the middleware claims and stores (I3): keyed with a secret, as is without one.
+      const request = { method: c.method, url: c.query ? `${c.path}?${c.query}` : c.path, body: value(c.body) };
+      const keyed = { fingerprint: defaultFingerprint, secret: Buffer.from(vectors.secret) };
+      const plain = { fingerprint: defaultFingerprint, secret: null };
+      assert.equal(requestFingerprint(keyed, request).toString('hex'), c.keyed);
+      assert.equal(requestFingerprint(plain, request).toString('hex'), c.fingerprint);
     });
   }
   for (const c of vectors.headers) {
@@ -114,6 +122,16 @@ describe('rule I, beyond the vectors', () => {
     const b = defaultFingerprint({ method: 'POST', path: '/a', query: '', body: Buffer.alloc(0) });
     assert.deepEqual(a, b, 'the method is upper-cased');
     assert.equal(a.length, 32);
+  });
+
+  test('with a secret an application\'s fingerprint is keyed too (I3), null stays none', () => {
+    const request = { method: 'POST', url: '/', body: Buffer.alloc(0) };
+    const secret = Buffer.from(vectors.secret);
+    const own = { secret, fingerprint: () => Buffer.from([1]) };
+    assert.deepEqual(requestFingerprint(own, request), keyedFingerprint(secret, Buffer.from([1])));
+    assert.equal(requestFingerprint({ secret, fingerprint: () => null }, request), null);
+    assert.equal(requestFingerprint({ secret, fingerprint: null }, request), null);
+    assert.throws(() => requestFingerprint({ secret, fingerprint: () => Buffer.alloc(0) }, request), TypeError);
   });
 
   test('problem+json answers (I7)', () => {

@@ -49,6 +49,26 @@ def test_entry_key(case):
 def test_default_fingerprint(case):
     got = I.default_fingerprint(case["method"], case["path"], case["query"], value(case["body"]))
     assert got.hex() == case["fingerprint"]
+    assert I.keyed_fingerprint(SECRET.encode(), got).hex() == case["keyed"]
+    # What the middleware claims and stores (I3): keyed with a secret, as is without one.
+    keyed = I.Options.build(secret=SECRET)
+    plain = I.Options.build(scope=lambda request: None)
+    request = (case["method"], case["path"], case["query"], value(case["body"]))
+    assert I.fingerprint_of(keyed, *request).hex() == case["keyed"]
+    assert I.fingerprint_of(plain, *request).hex() == case["fingerprint"]
+
+
+def test_a_custom_fingerprint_is_keyed_too():
+    # I3: with a secret, nothing request-derived is stored unkeyed, the application's own
+    # digest included; None stays none, and a bad one is refused before it is keyed.
+    own = I.Options.build(secret=SECRET, fingerprint=lambda m, p, q, b: b"\x01")
+    assert I.fingerprint_of(own, "POST", "/", "", b"") == \
+        I.keyed_fingerprint(SECRET.encode(), b"\x01")
+    none = I.Options.build(secret=SECRET, fingerprint=lambda m, p, q, b: None)
+    assert I.fingerprint_of(none, "POST", "/", "", b"") is None
+    bad = I.Options.build(secret=SECRET, fingerprint=lambda m, p, q, b: b"")
+    with pytest.raises(ValueError):
+        I.fingerprint_of(bad, "POST", "/", "", b"")
 
 
 @pytest.mark.parametrize("case", vector_cases("headers"))

@@ -109,6 +109,9 @@ fn vectors_fingerprints() {
             "{}",
             case["name"]
         );
+        let keyed = rules::keyed_fingerprint(v["secret"].as_str().unwrap().as_bytes(), &got);
+        let hex: String = keyed.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, case["keyed"].as_str().unwrap(), "{}", case["name"]);
     }
 }
 

@@ -276,16 +276,30 @@ def entry_key(namespace: str, scope: Optional[str], key: str,
 
 def default_fingerprint(method: str, path: str, query: str, body: bytes) -> bytes:
     """SHA-256 of METHOD \\n PATH \\n QUERY \\n BODY (I3): the path as received, not decoded,
-    the raw query without '?'."""
+    the raw query without '?'. Stored as is only without a secret (keyed_fingerprint)."""
     head = f"{method.upper()}\n{path}\n{query}\n".encode("latin-1")
     return hashlib.sha256(head + body).digest()
 
 
+def keyed_fingerprint(secret: bytes, fingerprint: bytes) -> bytes:
+    """I3: a fingerprint as a middleware with a secret claims and stores it,
+    HMAC-SHA-256(secret, ENCODE(["idempotency-fingerprint", hex(fingerprint)])), so that
+    what is stored (once.get, once.entries and its dumps) is no digest of the request a
+    dictionary could be tried against: a token in the query, a password in the body."""
+    return bytes.fromhex(_mac(secret, ["idempotency-fingerprint", fingerprint.hex()]))
+
+
 def fingerprint_of(options: Options, method: str, path: str, query: str,
                    body: bytes) -> Optional[bytes]:
+    """The request's fingerprint as claimed and stored (I3): the default's or the
+    `fingerprint` option's, keyed by the secret when the middleware has one."""
     if options.fingerprint is None:
-        return default_fingerprint(method, path, query, body)
-    return check_fingerprint(options.fingerprint(method, path, query, body))
+        fingerprint = default_fingerprint(method, path, query, body)
+    else:
+        fingerprint = check_fingerprint(options.fingerprint(method, path, query, body))
+    if fingerprint is None or options.secret is None:
+        return fingerprint
+    return keyed_fingerprint(options.secret, fingerprint)
 
 
 # -- the response ----------------------------------------------------------------------------

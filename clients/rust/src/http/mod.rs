@@ -495,6 +495,12 @@ where
         );
         return Ok(handler_failed());
     }
+    // I3: with a secret, what is claimed and stored is keyed, so that no digest of the
+    // request (a token in its query) is readable through once.get.
+    let fingerprint = match (&config.secret, fingerprint) {
+        (Some(secret), Some(fingerprint)) => Some(rules::keyed_fingerprint(secret, &fingerprint)),
+        (_, fingerprint) => fingerprint,
+    };
     let wait = match config.in_flight {
         InFlight::Conflict => Duration::ZERO,
         InFlight::Wait => config.wait,

@@ -108,9 +108,19 @@ pub fn default_scope(headers: &HeaderMap) -> Option<String> {
         .map(|auth| latin1_text(auth.as_bytes()))
 }
 
+/// I3: a fingerprint (the default's or the application's) as a middleware with a secret
+/// claims and stores it, `HMAC-SHA-256(secret, ENCODE(["idempotency-fingerprint",
+/// hex(fingerprint)]))`, so that what is stored (`once.get`, `once.entries` and its dumps)
+/// is no digest of the request a dictionary could be tried against: a token in the query,
+/// a password in the body.
+pub fn keyed_fingerprint(secret: &[u8], fingerprint: &[u8]) -> Vec<u8> {
+    let fields = json!(["idempotency-fingerprint", crate::listener::hex(fingerprint)]);
+    hmac_of(secret, &fields).finalize().into_bytes().to_vec()
+}
+
 /// I3: the default fingerprint, the SHA-256 of `METHOD "\n" PATH "\n" QUERY "\n" BODY`:
 /// the method in upper case, the path as received (not decoded), the raw query without
-/// `?` (empty when none).
+/// `?` (empty when none). Stored as is only without a secret ([`keyed_fingerprint`]).
 pub fn default_fingerprint(method: &str, path: &str, query: &str, body: &[u8]) -> Vec<u8> {
     let mut digest = Sha256::new();
     for part in [
