@@ -1067,6 +1067,12 @@ async fn a_response_too_large_for_the_server_is_kept_without_its_body() {
         if setup.name == "pgbouncer" {
             continue; // PgBouncer refuses the startup option that lowers the limit
         }
+        if common::is_sql_edition(&common::connect(&setup.direct_dsn).await).await {
+            // Its limit is a row of once.settings for the whole database, not a session's
+            // setting: the extension's servers test this.
+            eprintln!("skipped on the SQL edition: once.max_result_size cannot be lowered for one session");
+            continue;
+        }
         let client = Client::connect(
             &format!("{} options='-c once.max_result_size=10kB'", setup.pool_dsn),
             Options {

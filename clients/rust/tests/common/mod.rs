@@ -123,6 +123,16 @@ pub async fn role_has(client: &tokio_postgres::Client, attribute: &str) -> bool 
         .get(0)
 }
 
+/// Whether the server runs pg_once's SQL edition (docs/sql-edition.md), whose limits are
+/// rows of once.settings that only administrators write, not settings a session may set.
+pub async fn is_sql_edition(client: &tokio_postgres::Client) -> bool {
+    client
+        .query_one("SELECT to_regclass('once.settings') IS NOT NULL", &[])
+        .await
+        .expect("to_regclass")
+        .get(0)
+}
+
 /// A key (or name) unique to this test run.
 pub fn fresh(name: &str) -> String {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
