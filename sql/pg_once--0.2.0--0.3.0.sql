@@ -186,6 +186,48 @@ alone if once.backend_liveness is off), 0 the lease alone, or the pid once.owner
 returned on a connection your process keeps open (for calls made through a pool).
 Call it in its own transaction: a claim is only visible to others once committed.$$;
 
+-- Only a claim carries a token (hit and failed carried the entry's, which during a
+-- refresh was the refresher's).
+COMMENT ON COLUMN once.claim.token IS
+    'claimed or refresh: your fencing token, to pass to complete_key, fail_key, heartbeat_key or release_key. NULL for every other outcome: a token is its owner''s alone.';
+
+-- What a role may see of the keys it may use (once_internal.may_use_key, as once.stats
+-- counts them): the dashboard's list of keys for an application role, which cannot read
+-- once.entries. Never the token, which is the owner's alone, nor the request fingerprint.
+-- security_barrier: a caller's function in WHERE runs only on the rows the filter kept.
+CREATE VIEW once.keys WITH (security_barrier) AS
+SELECT key_hash, key, state, queue, owner, owner_pid, owner_started, lease_only,
+       lease_expires_at, result, expires_at, stale_until, error, errors, attempts, retry_at,
+       created_at, claimed_at, completed_at, updated_at, payload, priority, run_at,
+       max_attempts, enqueued_at, last_outcome, rerun, owner_role
+  FROM once.entries
+ WHERE once_internal.may_use_key(key);
+
+COMMENT ON VIEW once.keys IS
+    'The keys the reader may use (its namespaces'' and the shared ones), each with its state, owner, lease, result or error and queue columns as in once.entries, but never the fencing token or the request fingerprint. Read it by key_hash (once.key_hash(key)) or a state: a scan of every key reads every key.';
+
+-- Each column of once.keys says what the same column of once.entries says.
+DO $$
+DECLARE
+    c record;
+BEGIN
+    FOR c IN SELECT k.attname,
+                    pg_catalog.col_description('once.entries'::pg_catalog.regclass, e.attnum) AS said
+               FROM pg_catalog.pg_attribute k
+               JOIN pg_catalog.pg_attribute e
+                 ON e.attrelid OPERATOR(pg_catalog.=) 'once.entries'::pg_catalog.regclass
+                AND e.attname OPERATOR(pg_catalog.=) k.attname
+              WHERE k.attrelid OPERATOR(pg_catalog.=) 'once.keys'::pg_catalog.regclass
+                AND k.attnum OPERATOR(pg_catalog.>) 0
+    LOOP
+        EXECUTE pg_catalog.format('COMMENT ON COLUMN once.keys.%I IS %L', c.attname, c.said);
+    END LOOP;
+END
+$$;
+
+COMMENT ON SCHEMA once IS
+    'pg_once: claim_key and the other functions, the once.stats, once.queue_stats, once.dead_letters, once.keys and once.namespaces views, and the tables they read. Grant USAGE on it (and EXECUTE on its functions) to the roles that use pg_once.';
+
 -- Nobody but the owner keeps a privilege on what this script created, nor on anything
 -- in once_internal (schema.sql explains the block).
 DO $owner_only$
@@ -243,45 +285,3 @@ GRANT EXECUTE ON FUNCTION once_internal.may_use_key(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION once_internal.runtime() TO PUBLIC;
 GRANT EXECUTE ON FUNCTION once_internal.caller_administers() TO PUBLIC;
 GRANT EXECUTE ON FUNCTION once_internal.pending_key_counts() TO PUBLIC;
-
--- Only a claim carries a token (hit and failed carried the entry's, which during a
--- refresh was the refresher's).
-COMMENT ON COLUMN once.claim.token IS
-    'claimed or refresh: your fencing token, to pass to complete_key, fail_key, heartbeat_key or release_key. NULL for every other outcome: a token is its owner''s alone.';
-
--- What a role may see of the keys it may use (once_internal.may_use_key, as once.stats
--- counts them): the dashboard's list of keys for an application role, which cannot read
--- once.entries. Never the token, which is the owner's alone, nor the request fingerprint.
--- security_barrier: a caller's function in WHERE runs only on the rows the filter kept.
-CREATE VIEW once.keys WITH (security_barrier) AS
-SELECT key_hash, key, state, queue, owner, owner_pid, owner_started, lease_only,
-       lease_expires_at, result, expires_at, stale_until, error, errors, attempts, retry_at,
-       created_at, claimed_at, completed_at, updated_at, payload, priority, run_at,
-       max_attempts, enqueued_at, last_outcome, rerun, owner_role
-  FROM once.entries
- WHERE once_internal.may_use_key(key);
-
-COMMENT ON VIEW once.keys IS
-    'The keys the reader may use (its namespaces'' and the shared ones), each with its state, owner, lease, result or error and queue columns as in once.entries, but never the fencing token or the request fingerprint. Read it by key_hash (once.key_hash(key)) or a state: a scan of every key reads every key.';
-
--- Each column of once.keys says what the same column of once.entries says.
-DO $$
-DECLARE
-    c record;
-BEGIN
-    FOR c IN SELECT k.attname,
-                    pg_catalog.col_description('once.entries'::pg_catalog.regclass, e.attnum) AS said
-               FROM pg_catalog.pg_attribute k
-               JOIN pg_catalog.pg_attribute e
-                 ON e.attrelid OPERATOR(pg_catalog.=) 'once.entries'::pg_catalog.regclass
-                AND e.attname OPERATOR(pg_catalog.=) k.attname
-              WHERE k.attrelid OPERATOR(pg_catalog.=) 'once.keys'::pg_catalog.regclass
-                AND k.attnum OPERATOR(pg_catalog.>) 0
-    LOOP
-        EXECUTE pg_catalog.format('COMMENT ON COLUMN once.keys.%I IS %L', c.attname, c.said);
-    END LOOP;
-END
-$$;
-
-COMMENT ON SCHEMA once IS
-    'pg_once: claim_key and the other functions, the once.stats, once.queue_stats, once.dead_letters, once.keys and once.namespaces views, and the tables they read. Grant USAGE on it (and EXECUTE on its functions) to the roles that use pg_once.';
