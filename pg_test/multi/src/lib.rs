@@ -162,6 +162,11 @@ pub fn pg_bin() -> String {
 pub fn pg_ctl(args: &[&str]) -> Result<()> {
     let data = std::env::var("PG_ONCE_DATA_DIR")
         .context("PG_ONCE_DATA_DIR is not set: run through scripts/test.sh")?;
+    pg_ctl_on(&data, args)
+}
+
+/// pg_ctl as [`pg_ctl`] does, on another cluster's data directory (a standby's).
+pub fn pg_ctl_on(data: &str, args: &[&str]) -> Result<()> {
     let pg_ctl = format!("{}/pg_ctl", pg_bin());
     let mut command = if std::env::var_os("PG_ONCE_PG_BIN_SWITCHES_USER").is_some() {
         std::process::Command::new(&pg_ctl)
@@ -171,7 +176,7 @@ pub fn pg_ctl(args: &[&str]) -> Result<()> {
         runuser
     };
     let status = command
-        .args(["-D", &data, "-w", "-t", "60"])
+        .args(["-D", data, "-w", "-t", "60"])
         .args(args)
         .stdout(std::process::Stdio::null())
         .status()?;

@@ -1,0 +1,179 @@
+//! An asynchronous failover: a standby that missed the primary's last moment of WAL is
+//! promoted, and a zombie that claimed a key in the lost WAL comes back with its token.
+//! Its completion must be refused and no token handed out on the new primary may equal
+//! one handed out on the old (src/storage/tokens.rs, docs/concepts.md "Fencing tokens").
+//!
+//! scripts/test.sh starts a streaming standby of the test server (PG_ONCE_FAILOVER_DATA_DIR,
+//! reached at PG_ONCE_FAILOVER_DSN) and runs this binary alone: the test stops the
+//! standby, crashes the primary (PG_ONCE_DATA_DIR) after handing out tokens the standby
+//! never received, promotes the standby, and finally restarts the primary as it was.
+
+use anyhow::{Context, Result};
+use pg_once_multi::{fresh_key, once, pg_ctl, pg_ctl_on};
+use serde_json::json;
+use std::time::{Duration, Instant};
+use tokio_postgres::Client;
+
+const LEASE: Duration = Duration::from_secs(600);
+const NO_WAIT: Duration = Duration::ZERO;
+/// How long a server may take to come up, replay or promote on a loaded machine.
+const UP: Duration = Duration::from_secs(60);
+
+fn env(name: &str) -> Result<String> {
+    std::env::var(name).with_context(|| format!("{name} is not set: run through scripts/test.sh"))
+}
+
+/// Connect to `dsn` once the server there answers (and, with `writable`, accepts writes).
+async fn connect_when(dsn: &str, writable: bool) -> Result<Client> {
+    let deadline = Instant::now() + UP;
+    loop {
+        if let Ok(client) = once::connect(dsn).await {
+            let in_recovery = client
+                .query_one("SELECT pg_catalog.pg_is_in_recovery()", &[])
+                .await
+                .map(|row| row.get::<_, bool>(0));
+            if matches!(in_recovery, Ok(r) if !(writable && r)) {
+                return Ok(client);
+            }
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{dsn} did not come up within {UP:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Wait until the standby has replayed everything the primary had written.
+async fn caught_up(primary: &Client, standby: &Client) -> Result<()> {
+    let target: String = primary
+        .query_one("SELECT pg_catalog.pg_current_wal_insert_lsn()::text", &[])
+        .await?
+        .get(0);
+    let deadline = Instant::now() + UP;
+    loop {
+        let replayed: bool = standby
+            .query_one(
+                "SELECT pg_catalog.pg_last_wal_replay_lsn() >= $1::text::pg_lsn",
+                &[&target],
+            )
+            .await?
+            .get(0);
+        if replayed {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the standby did not replay {target}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn claimed_token(client: &Client, key: &str) -> Result<i64> {
+    let claim = once::claim_key(client, key, LEASE, NO_WAIT).await?;
+    anyhow::ensure!(claim.is("claimed"), "{key}: {claim:?}");
+    claim.token.context("a claim has a token")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_zombie_of_a_lost_timeline_is_fenced_after_an_asynchronous_failover() -> Result<()> {
+    let primary_dsn = once::dsn_from_env()?;
+    let standby_dsn = env("PG_ONCE_FAILOVER_DSN")?;
+    let standby_data = env("PG_ONCE_FAILOVER_DATA_DIR")?;
+    let primary = connect_when(&primary_dsn, true).await?;
+    let standby = connect_when(&standby_dsn, false).await?;
+    let prefix = fresh_key("failover");
+
+    // The standby has everything so far, then stops receiving: what follows is the
+    // primary's last moment of WAL, which the failover loses.
+    claimed_token(&primary, &format!("{prefix}/before")).await?;
+    caught_up(&primary, &standby).await?;
+    drop(standby);
+    pg_ctl_on(&standby_data, &["stop", "-m", "fast"])?;
+
+    // More tokens than the sequence logs ahead (32), so that the lost ones lie beyond
+    // what the standby's copy of the sequence had reserved; the zombie's among them.
+    let mut lost = Vec::new();
+    for i in 0..100 {
+        lost.push(claimed_token(&primary, &format!("{prefix}/lost-{i}")).await?);
+    }
+    let zombie_key = format!("{prefix}/zk");
+    let zombie_token = claimed_token(&primary, &zombie_key).await?;
+    lost.push(zombie_token);
+    for i in 0..20 {
+        lost.push(claimed_token(&primary, &format!("{prefix}/lost-after-{i}")).await?);
+    }
+    let highest_lost = *lost.iter().max().expect("tokens were drawn");
+    drop(primary);
+
+    // The primary dies; the standby is promoted.
+    pg_ctl(&["stop", "-m", "immediate"])?;
+    let outcome = async {
+        pg_ctl_on(
+            &standby_data,
+            &["start", "-l", &format!("{standby_data}/../server.log")],
+        )?;
+        pg_ctl_on(&standby_data, &["promote"])?;
+        let promoted = connect_when(&standby_dsn, true).await?;
+
+        // Claims on the new primary until its tokens pass the zombie's (at most as many
+        // as were lost), then the zombie's key, which the failover freed.
+        let mut drawn = Vec::new();
+        while drawn.last().is_none_or(|t| *t < zombie_token - 1) && drawn.len() < lost.len() {
+            drawn.push(claimed_token(&promoted, &fresh_key("failover-new")).await?);
+        }
+        let new_owner = claimed_token(&promoted, &zombie_key).await?;
+        drawn.push(new_owner);
+
+        // The zombie comes back (to the new primary, as a multi-host client would) and
+        // completes with its token; then the new owner completes.
+        let zombie = once::connect(&standby_dsn).await?;
+        let zombie_won =
+            once::complete_key(&zombie, &zombie_key, zombie_token, &json!("zombie"), None).await?;
+        let owner_won =
+            once::complete_key(&promoted, &zombie_key, new_owner, &json!("owner"), None).await?;
+        let stored: serde_json::Value = promoted
+            .query_one(
+                "SELECT result FROM once.entries WHERE key_hash = once.key_hash($1)",
+                &[&zombie_key],
+            )
+            .await?
+            .get(0);
+        let repeated: Vec<i64> = drawn.iter().filter(|t| lost.contains(t)).copied().collect();
+        anyhow::Ok((drawn, new_owner, zombie_won, owner_won, stored, repeated))
+    }
+    .await;
+
+    // Put the test server back as it was for the tests after this one.
+    let _ = pg_ctl_on(&standby_data, &["stop", "-m", "immediate"]);
+    pg_ctl(&[
+        "start",
+        "-l",
+        &format!("{}/../server.log", env("PG_ONCE_DATA_DIR")?),
+    ])?;
+    connect_when(&primary_dsn, true).await?;
+
+    let (drawn, new_owner, zombie_won, owner_won, stored, repeated) = outcome?;
+    let mut broken = Vec::new();
+    if let (Some(first), Some(last)) = (repeated.first(), repeated.last()) {
+        broken.push(format!(
+            "the new primary handed out {} tokens the lost WAL had handed out ({first} to {last})",
+            repeated.len()
+        ));
+    }
+    if drawn[0] <= highest_lost {
+        broken.push(format!(
+            "its first token {} is not above {highest_lost}, the highest of the lost WAL",
+            drawn[0]
+        ));
+    }
+    if zombie_won || !owner_won || stored != json!("owner") {
+        broken.push(format!(
+            "the zombie's completion with token {zombie_token} answered {zombie_won}, the new \
+             owner's with {new_owner} answered {owner_won}, and the key holds {stored}"
+        ));
+    }
+    assert!(broken.is_empty(), "{}", broken.join("; "));
+    Ok(())
+}
