@@ -576,6 +576,20 @@ else
         PG_ONCE_DSN="host=127.0.0.1 port=$PORT user=admin dbname=attacks" \
         PG_ONCE_SUPERUSER_DSN="host=127.0.0.1 port=$PORT user=postgres dbname=attacks" \
         PG_ONCE_EDITION_SCRIPT="$OUT/pg_once_sql.sql" \
-        cargo test -p pg_once_multi --quiet --test attacks --test sweep)
+        cargo test -p pg_once_multi --quiet --test attacks --test sweep --test token_draws)
+    say "SQL edition: an asynchronous failover (pg_test/multi failover.rs)"
+    # The extension's test of tokens on a new timeline (test.sh step 4), against the
+    # edition's next_token: a standby that misses the last WAL is promoted, and the
+    # primary restarted as it was.
+    trap 'cluster_stop $NAME-failover; cluster_stop $NAME' EXIT
+    standby_start "$NAME-failover" $((PORT + 1)) "$PORT"
+    (cd "$REPO_ROOT" &&
+        PG_ONCE_DSN="host=127.0.0.1 port=$PORT user=admin dbname=attacks" \
+        PG_ONCE_EDITION_SCRIPT="$OUT/pg_once_sql.sql" \
+        PG_ONCE_DATA_DIR=$PG_ONCE_WORK/$NAME/data \
+        PG_ONCE_FAILOVER_DATA_DIR=$PG_ONCE_WORK/$NAME-failover/data \
+        PG_ONCE_FAILOVER_DSN="host=127.0.0.1 port=$((PORT + 1)) user=admin dbname=attacks" \
+        cargo test -p pg_once_multi --quiet --test failover)
+    cluster_stop "$NAME-failover"
 fi
 say "SQL edition: all passed"

@@ -141,7 +141,7 @@ upgrade_test() {
             SELECT array_agg(c.relname || '.' || a.attname)
               FROM pg_depend d JOIN pg_class c ON c.oid = d.objid
               JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-             WHERE d.classid = 'pg_class'::regclass AND d.deptype = 'e' AND c.relkind = 'r'
+             WHERE d.classid = 'pg_class'::regclass AND d.deptype = 'e' AND c.relkind IN ('r', 'S')
                AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'pg_once')")
         snapshot() { psql_ -c "SET snapshot.columns = '$columns'" -f pg_test/upgrade/snapshot.sql; }
         snapshot >"$work/before.txt"

@@ -30,6 +30,10 @@
 //!   `pg_global_prng_state`; 14 has the C library's `random()`, which it seeds per process
 //!   the same way (InitProcessGlobals: strong random bits, else the pid and start time).
 //!
+//! - The timeline WAL is written on: `GetWALInsertionTimeLine()` since 15; on 14 the
+//!   backend's `ThisTimeLineID`, which a backend that writes has set from shared memory
+//!   (RecoveryInProgress, called before any write, does it once recovery has ended).
+//!
 //! pg_once is tested on 15 to 18 and type-checked on 14 against pgrx's bindings of it
 //! (CONTRIBUTING.md, "PostgreSQL versions").
 
@@ -251,4 +255,14 @@ pub fn proc_exit(code: i32) -> ! {
     // pgrx's bindings of 18 lose proc_exit's noreturn.
     #[cfg(feature = "pg18")]
     unreachable!("proc_exit returned")
+}
+
+/// The timeline this primary writes WAL on. Call only where writing is possible (after a
+/// write such as nextval succeeded): on a standby there is none.
+pub fn insert_timeline() -> u32 {
+    // SAFETY: a read of shared state (15+) or of this backend's copy of it (14).
+    #[cfg(feature = "pg14")]
+    return unsafe { pg_sys::ThisTimeLineID };
+    #[cfg(not(feature = "pg14"))]
+    return unsafe { pg_sys::GetWALInsertionTimeLine() };
 }

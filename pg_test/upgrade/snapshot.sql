@@ -1,7 +1,8 @@
 -- What an upgrade must keep: every row of every table pg_once keeps and the token
 -- sequence, one line each, in a stable order. Rows are shown with the columns listed in
 -- psql variable :columns (a text[] literal of table.column: those that existed before
--- the upgrade), so that columns and tables an upgrade adds do not count as changes. Tables and the
+-- the upgrade, sequences' included), so that columns, tables and sequences an upgrade
+-- adds do not count as changes. Tables and the
 -- sequence are found as the extension's members, wherever their schema.
 \set ON_ERROR_STOP 1
 \pset format unaligned
@@ -19,9 +20,9 @@ BEGIN
            AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'pg_once')
            AND c.relkind IN ('r', 'S')
     LOOP
-        -- A table the upgrade adds has none of the columns kept: nothing of it to keep.
-        CONTINUE WHEN member.relkind = 'r'
-                  AND NOT EXISTS (SELECT FROM unnest(kept) k WHERE k LIKE member.relname || '.%');
+        -- A table or sequence the upgrade adds has none of the columns kept: nothing of
+        -- it to keep.
+        CONTINUE WHEN NOT EXISTS (SELECT FROM unnest(kept) k WHERE k LIKE member.relname || '.%');
         IF member.relkind = 'S' THEN
             EXECUTE format('INSERT INTO snapshot_lines SELECT %L || '' '' || last_value || '' '' || is_called FROM %s',
                            member.relname, member.rel);
