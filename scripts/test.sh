@@ -4,8 +4,8 @@
 #   ./scripts/test.sh              every PostgreSQL version (14 to 18), one after the other
 #   ./scripts/test.sh --pg 17      one version (or --pg "15 18"; PG_ONCE_PG works too)
 #
-# 15 is the host's: steps 1 to 9. 16, 17 and 18: steps 1 (the extension's lints for that
-# version) to 4, and 8 (their package; installed and tested on 17 and 18). 17 and 18 run in Debian chroots that the run creates, or reuses from
+# 15 is the host's: steps 1 to 9. 16, 17 and 18: steps 2 to 4 (and step 1, the
+# extension's lints for that version, with PG_ONCE_LINT_EVERY_VERSION=1), and 8 (their package; installed and tested on 17 and 18). 17 and 18 run in Debian chroots that the run creates, or reuses from
 # /var/cache/pg_once (scripts/pg-versions.sh); the tests' clients run on the host and
 # reach those servers on 127.0.0.1 as they do 15's. No Debian release ships 14 or 16: 16
 # comes from PyPI's pgserver wheel and runs on the host; 14 is type-checked and linted
@@ -164,8 +164,10 @@ if step 1 && [ "$PG_MAJOR" = 15 ]; then
     [ -x "$check_venv/bin/python" ] || python3 -m venv "$check_venv"
     "$check_venv/bin/pip" install --quiet --disable-pip-version-check 'pglast>=8,<9'
     "$check_venv/bin/python" scripts/check-sql.py
-elif step 1; then
-    # What depends on the version: the extension's code under this version's cfg.
+elif step 1 && [ -n "${PG_ONCE_LINT_EVERY_VERSION:-}" ]; then
+    # What depends on the version: the extension's code under this version's cfg, all of
+    # it in src/pg_compat.rs, whose branches step 2 compiles anyway. A build of its own
+    # per version (a minute each of CI's time), so only on request.
     say "1/9 lints of the extension for PostgreSQL $PG_MAJOR"
     pg_build cargo clippy --quiet --lib --tests --no-default-features \
         --features "pg$PG_MAJOR pg_test" -- -D warnings
@@ -283,10 +285,12 @@ run_server_tests() {
         else
             unset PG_ONCE_TLS_DSN PG_ONCE_TLS_URL
         fi
-        # The Python suite runs each shared test with Client and with AsyncClient; once is
-        # enough for the server without pg_once preloaded (CI's time: each flavour takes
-        # about two minutes), both on the preloaded one, which also serves TLS.
-        local flavours="sync async"
+        # The Python suite runs each shared test with Client or with AsyncClient, the first
+        # generated from the second (clients/python/tools/generate_sync.py, checked by
+        # test_generated.py): AsyncClient here, Client against the SQL edition
+        # (test-sql-edition-more.sh), each flavour against one server (CI's time: each
+        # takes about two minutes). STEPS=6 with SERVERS=plain runs Client there.
+        local flavours=async
         [ "$name" = plain ] && flavours=sync
         PG_ONCE_FLAVOURS=$flavours "$py_venv/bin/python" -m pytest -q -p no:cacheprovider \
             clients/python/tests
