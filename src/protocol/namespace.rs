@@ -288,7 +288,7 @@ pub fn caller_administers() -> bool {
     }
     // SAFETY: role lookups in the (cached) catalogs.
     unsafe {
-        let owner = crate::storage::entry::extension_owner().unwrap_or(pg_sys::InvalidOid);
+        let owner = crate::storage::owner::extension_owner().unwrap_or(pg_sys::InvalidOid);
         pg_sys::superuser_arg(caller) || pg_sys::has_privs_of_role(caller, owner)
     }
 }

@@ -261,8 +261,6 @@ pub fn held_elsewhere(entry: &Entry) -> bool {
 struct Relations {
     table: pg_sys::Oid,
     index: pg_sys::Oid,
-    /// once.entries' owner: the extension's owner, whose rights its statements run with.
-    owner: pg_sys::Oid,
     attnums: [usize; COLUMNS.len()],
 }
 
@@ -292,33 +290,10 @@ fn read_relations() -> (Relations, [pg_sys::Oid; 2]) {
         Relations {
             table,
             index: relation(c"entries_pkey"),
-            owner: relation_owner(table),
             attnums: COLUMNS.map(|name| attnum(table, name)),
         }
     };
     (found, [found.table, found.index])
-}
-
-/// The role that owns the pg_once extension's objects (once.entries among them), whose
-/// rights the statements of every pg_once function run with (storage::statements); None
-/// where there is no once.entries: pg_once is not installed in this database (the worker
-/// asking whether it is, or CREATE EXTENSION before creating the table).
-pub fn extension_owner() -> Option<pg_sys::Oid> {
-    if let Some(known) = RELATIONS.with(Watched::kept) {
-        return Some(known.owner);
-    }
-    // Not through `relations()`, which also looks up the columns this library reads: the
-    // version check runs a statement before anything else, and must refuse (55000) a
-    // database whose once.entries is another version's, not fail on a missing column.
-    // SAFETY: syscache lookups by name, without raising an error when missing.
-    unsafe {
-        let namespace = pg_sys::get_namespace_oid(crate::schema::API.as_ptr(), true);
-        if namespace == pg_sys::InvalidOid {
-            return None;
-        }
-        let table = pg_sys::get_relname_relid(c"entries".as_ptr(), namespace);
-        (table != pg_sys::InvalidOid).then(|| relation_owner(table))
-    }
 }
 
 /// Lock once.entries against every write until this transaction ends (SHARE ROW
@@ -333,23 +308,6 @@ pub fn try_lock_against_writes() -> bool {
             relations().table,
             pg_sys::ShareRowExclusiveLock as pg_sys::LOCKMODE,
         )
-    }
-}
-
-/// The owner of relation `oid`, from the syscache.
-unsafe fn relation_owner(oid: pg_sys::Oid) -> pg_sys::Oid {
-    // SAFETY: a syscache lookup of an existing relation, released at once.
-    unsafe {
-        let tuple = pg_sys::SearchSysCache1(
-            pg_sys::SysCacheIdentifier::RELOID as i32,
-            pg_sys::Datum::from(oid),
-        );
-        if tuple.is_null() {
-            error!("pg_once: relation {} has no pg_class row", oid.to_u32());
-        }
-        let owner = (*pg_sys::GETSTRUCT(tuple).cast::<pg_sys::FormData_pg_class>()).relowner;
-        pg_sys::ReleaseSysCache(tuple);
-        owner
     }
 }
 

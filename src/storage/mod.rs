@@ -7,6 +7,7 @@
 pub mod entry;
 pub mod installed;
 pub mod jsonb;
+pub mod owner;
 pub mod statements;
 pub mod subxact;
 pub mod tokens;

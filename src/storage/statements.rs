@@ -204,7 +204,7 @@ pub fn run<'a, R>(
 /// inside needs no cleanup here: the abort of the (sub)transaction that catches it
 /// restores both the user and the path, as it does for such a function.
 pub fn as_extension_owner<R>(f: impl FnOnce() -> R) -> R {
-    let owner = crate::storage::entry::extension_owner();
+    let owner = crate::storage::owner::extension_owner();
     let (user, context) = current_user();
     // The call's user, for what the statement asks about its caller (calling_user).
     let outermost = CALLER.get().is_none();
