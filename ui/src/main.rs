@@ -5,6 +5,7 @@
 mod db;
 mod live;
 mod pages;
+mod view;
 mod web;
 
 use clap::Parser;

@@ -2,7 +2,7 @@
 //! "live" region) is rendered by `fragment`, for the page and for its event stream alike.
 
 use crate::db::{Action, KeyFilter, PAGE, SCAN, STATES};
-use crate::live::View;
+use crate::view::View;
 use crate::App;
 use maud::{html, Markup, DOCTYPE};
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};

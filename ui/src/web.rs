@@ -2,8 +2,9 @@
 //! each with the CSRF token and a confirmation; all refused with --read-only).
 
 use crate::db::{self, Action, KeyFilter};
-use crate::live::{self, View};
+use crate::live;
 use crate::pages;
+use crate::view::View;
 use crate::App;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, Request, State};
