@@ -148,37 +148,42 @@ pub(crate) fn freshness(
 /// `with_conn!(inner, |c| raw::claim_key(c, ...))` evaluates to the call's `Result`.
 ///
 /// A call that fails because its connection did (a terminated backend, a restarted
-/// PgBouncer, a pool that could not connect; [`Error::is_connection_error`], rule R1) is
-/// tried again on another connection, 4 attempts in all, the second at once and the others
-/// after a jittered 50 ms, then 100 ms (R2): every pg_once call is safe to repeat, and
-/// claims belong to the LISTEN connection, not to the pooled one. (A macro rather than a function taking an async closure: the
-/// closure's borrowed futures would not be provably `Send` for `tokio::spawn`.)
+/// PgBouncer, a pool that could not connect, a primary that died; [`Error::is_connection_error`],
+/// rule R1) is tried again on another connection (R2): the second attempt at once, the
+/// next ones after jittered pauses of 50 ms doubling to 1 s, as long as its budget lasts:
+/// `connect_timeout` from the first attempt, long enough for a failover to another host of
+/// the conninfo (N7). Every pg_once call is safe to repeat, and claims belong to the LISTEN
+/// connection, not to the pooled one. (A macro rather than a function taking an async
+/// closure: the closure's borrowed futures would not be provably `Send` for
+/// `tokio::spawn`.)
 ///
-/// `with_conn!(inner, until deadline, |c| ...)` bounds the retries by a caller's `wait`
-/// (R2, N6): the first attempt is made as always (getting its connection waits at most
-/// `connect_timeout`), but a retry is made only if its pause ends before the deadline,
-/// and its wait for a connection stops there; the connection error is returned then. (A
-/// call with `wait` zero is tried once.) A statement already sent is never abandoned: a
+/// `with_conn!(inner, until deadline, |c| ...)` gives a claim the caller's `wait` as its
+/// budget instead (R2, N6): the first attempt is made as always (getting its connection
+/// waits at most `connect_timeout`), the second at once, and a later one only if its
+/// pause ends before the deadline; a retry's wait for a connection stops there; the
+/// connection error is returned then. A statement already sent is never abandoned: a
 /// claim it made would be held by nobody.
 macro_rules! with_conn {
-    ($inner:expr, |$c:ident| $call:expr) => {
-        with_conn!($inner, until None::<std::time::Instant>, |$c| $call)
-    };
+    ($inner:expr, |$c:ident| $call:expr) => {{
+        let inner: &$crate::client::Inner = &$inner;
+        with_conn!(inner, until std::time::Instant::now() + inner.options.connect_timeout, |$c| $call)
+    }};
     ($inner:expr, until $deadline:expr, |$c:ident| $call:expr) => {{
         let inner: &$crate::client::Inner = &$inner;
-        let deadline: Option<std::time::Instant> = $deadline;
+        let deadline: std::time::Instant = $deadline;
         let mut attempt: u32 = 0;
+        let mut pause = std::time::Duration::from_millis(50);
         let mut failed: Option<$crate::Error> = None;
         loop {
             attempt += 1;
-            let conn = match (deadline, failed.take()) {
-                (Some(deadline), Some(before)) => {
+            let conn = match failed.take() {
+                Some(before) => {
                     match tokio::time::timeout_at(deadline.into(), inner.pool.get()).await {
                         Ok(conn) => conn.map_err($crate::Error::from),
                         Err(_) => break Err(before),
                     }
                 }
-                _ => inner.pool.get().await.map_err($crate::Error::from),
+                None => inner.pool.get().await.map_err($crate::Error::from),
             };
             let result: $crate::Result<_> = match conn {
                 Ok(conn) => {
@@ -188,16 +193,15 @@ macro_rules! with_conn {
                 Err(e) => Err(e),
             };
             match result {
-                Err(e) if e.is_connection_error() && attempt < 4 => {
-                    let pause = if attempt > 1 {
-                        $crate::jitter(std::time::Duration::from_millis(50 << (attempt - 2)))
-                    } else {
-                        std::time::Duration::ZERO
-                    };
-                    if deadline.is_some_and(|d| std::time::Instant::now() + pause >= d) {
-                        break Err(e);
+                Err(e) if e.is_connection_error() => {
+                    if attempt > 1 {
+                        let wait = $crate::jitter(pause);
+                        if std::time::Instant::now() + wait >= deadline {
+                            break Err(e);
+                        }
+                        tokio::time::sleep(wait).await;
+                        pause = (pause * 2).min(std::time::Duration::from_secs(1));
                     }
-                    tokio::time::sleep(pause).await;
                     failed = Some(e);
                 }
                 other => break other,
@@ -960,7 +964,7 @@ async fn resolve(
         let owner = inner
             .owner(deadline.saturating_duration_since(Instant::now()))
             .await?;
-        let claim = match with_conn!(inner, until Some(deadline), |c| claim(c, key, s, owner)) {
+        let claim = match with_conn!(inner, until deadline, |c| claim(c, key, s, owner)) {
             Ok(claim) => claim,
             Err(e) => {
                 let left = deadline.saturating_duration_since(Instant::now());
