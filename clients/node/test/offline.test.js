@@ -97,6 +97,43 @@ describe('retries', () => {
   });
 });
 
+describe('retry budget (R2)', () => {
+  // A pool whose every query fails as a lost connection does.
+  const failingPool = () => {
+    const pool = { options: {}, sent: [], on() {} };
+    pool.query = async () => {
+      pool.sent.push(Date.now());
+      throw Object.assign(new Error('Connection terminated unexpectedly'), {});
+    };
+    return pool;
+  };
+
+  test('a statement is retried for connectTimeout, not 4 attempts, and not past it', async () => {
+    const pool = failingPool();
+    const client = new OnceClient({ pool, listen: false, connectTimeout: 0.6, onError: () => {} });
+    const started = Date.now();
+    await assert.rejects(client.invalidate('k'), /Connection terminated/);
+    const took = Date.now() - started;
+    assert.ok(pool.sent.length > 4, `${pool.sent.length} attempts`);
+    assert.ok(took <= 600 + 300, `${took} ms`); // the budget, and a loaded machine's slack
+    assert.ok(pool.sent[1] - pool.sent[0] < 40, 'the second attempt goes at once');
+  });
+
+  test("a claim is retried until the caller's wait, no longer", async () => {
+    const pool = failingPool();
+    const client = new OnceClient({ pool, listen: false, connectTimeout: 10, onError: () => {} });
+    // Servers of every capability, answered before the claim.
+    const query = pool.query;
+    pool.query = async (text, values) => (text.includes('pg_namespace')
+      ? { rows: [{ installed: true, owner_session: true, claim_owner: true, claim_next_wait: true, freshness: true, fingerprint: true }] }
+      : query(text, values));
+    const started = Date.now();
+    await assert.rejects(client.getOrCompute('k', () => 1, { wait: 0.4 }), /Connection terminated/);
+    const took = Date.now() - started;
+    assert.ok(pool.sent.length > 2 && took <= 400 + 300, `${pool.sent.length} attempts in ${took} ms`);
+  });
+});
+
 describe('heartbeat', () => {
   test('after a failed beat the next comes within a second, not lease/3 later', async () => {
     const beats = [];
