@@ -1123,57 +1123,52 @@ pub(crate) async fn run_claimed(
     let lost = || Error::ClaimLost {
         key: key.to_owned(),
     };
-    let (error, fail_with) = match compute_with_heartbeat(inner, key, token, s.lease, compute())
-        .await
-    {
-        Ran::Lost => return Err(lost()),
-        Ran::Done(Ok(value)) => {
-            let stored = with_conn!(inner, |c| raw::complete_key_with(
-                c,
-                key,
-                token,
-                &value,
-                &s.freshness
-            ));
-            match stored {
-                Ok(true) => return Ok(as_stored(value)),
-                Ok(false) => return Err(lost()),
-                // F3: the server refused the result (54000: too large, say). Fail the key
-                // with the refusal, so that waiters share it rather than each compute a
-                // result that would be refused again.
-                Err(e) if !e.is_connection_error() => {
-                    let message = e.refusal_text();
-                    (e, message)
-                }
-                Err(e) => {
-                    // The server could not be reached to store it: give the key back, so
-                    // another caller computes it once the server answers again.
-                    if let Err(release) = with_conn!(inner, |c| raw::release_key(c, key, token)) {
-                        tracing::warn!(key, error = %release, "pg_once: could not release a claim whose result could not be stored");
+    let (error, fail_with) =
+        match compute_with_heartbeat(inner, key, token, s.lease, compute()).await {
+            Ran::Lost => return Err(lost()),
+            Ran::Done(Ok(value)) => {
+                let stored = with_conn!(inner, |c| raw::complete_key_with(
+                    c,
+                    key,
+                    token,
+                    &value,
+                    &s.freshness
+                ));
+                match stored {
+                    Ok(true) => return Ok(as_stored(value)),
+                    Ok(false) => return Err(lost()),
+                    // F3: the server refused the result (54000: too large, say). Fail the key
+                    // with the refusal, so that waiters share it rather than each compute a
+                    // result that would be refused again.
+                    Err(e) if !e.is_connection_error() => {
+                        let message = e.refusal_text();
+                        (e, message)
                     }
-                    return Err(e);
+                    // L4: no server answered within the budget (R2), which a release would
+                    // only spend again: the caller gets the connection error, and the claim
+                    // ends with its owner or its lease, as in the other clients.
+                    Err(e) => return Err(e),
                 }
             }
-        }
-        Ran::Done(Err(ComputeError::Failed(kind, source))) => {
-            let message = failure_text(kind, &*source);
-            let error = Error::Compute {
-                key: key.to_owned(),
-                source: Arc::from(source),
-            };
-            (error, message)
-        }
-        // V4: nothing can be cached. Fail the key with the reason rather than release it:
-        // released, every waiter would claim it in turn and fail the same way.
-        Ran::Done(Err(ComputeError::Serialize(e))) => {
-            let message = format!("the result is not JSON-serialisable: {e}");
-            let error = Error::NotSerializable {
-                key: key.to_owned(),
-                reason: e.to_string(),
-            };
-            (error, message)
-        }
-    };
+            Ran::Done(Err(ComputeError::Failed(kind, source))) => {
+                let message = failure_text(kind, &*source);
+                let error = Error::Compute {
+                    key: key.to_owned(),
+                    source: Arc::from(source),
+                };
+                (error, message)
+            }
+            // V4: nothing can be cached. Fail the key with the reason rather than release it:
+            // released, every waiter would claim it in turn and fail the same way.
+            Ran::Done(Err(ComputeError::Serialize(e))) => {
+                let message = format!("the result is not JSON-serialisable: {e}");
+                let error = Error::NotSerializable {
+                    key: key.to_owned(),
+                    reason: e.to_string(),
+                };
+                (error, message)
+            }
+        };
     // F4: the caller gets its own error, whatever becomes of fail_key.
     match with_conn!(inner, |c| raw::fail_key(
         c,
