@@ -437,9 +437,10 @@ class OnceClient {
    */
   async #query(text, values, deadline = Date.now() + this.#connectTimeoutMs) {
     let pause = 50;
+    let failed = null;
     for (let attempt = 1; ; attempt += 1) {
       try {
-        return await this.#pool.query(text, values);
+        return failed === null ? await this.#pool.query(text, values) : await this.#retry(text, values, deadline, failed);
       } catch (err) {
         if (this.#closed || !isConnectionError(err)) throw err;
         if (attempt > 1) {
@@ -448,7 +449,32 @@ class OnceClient {
           await sleep(wait);
           pause = Math.min(pause * 2, 1000);
         }
+        failed = err;
       }
+    }
+  }
+
+  /**
+   * A retry of #query: as pool.query, but its wait for a pooled connection ends at
+   * `deadline` (R2), when it fails with the error it retries (`failed`); a connection that
+   * arrives later goes back to the pool.
+   */
+  async #retry(text, values, deadline, failed) {
+    const pending = this.#pool.connect();
+    let client;
+    try {
+      client = await bounded(pending, { ms: deadline - Date.now(), onTimeout: () => failed });
+    } catch (err) {
+      pending.then((late) => late.release(), () => {});
+      throw err;
+    }
+    try {
+      const result = await client.query(text, values);
+      client.release();
+      return result;
+    } catch (err) {
+      client.release(err); // as pool.query does: a client whose query failed is not lent again
+      throw err;
     }
   }
 

@@ -105,6 +105,8 @@ describe('retry budget (R2)', () => {
       pool.sent.push(Date.now());
       throw Object.assign(new Error('Connection terminated unexpectedly'), {});
     };
+    // Retries take a connection themselves, to bound their wait for it (R2).
+    pool.connect = async () => ({ query: (text, values) => pool.query(text, values), release() {} });
     return pool;
   };
 
@@ -131,6 +133,32 @@ describe('retry budget (R2)', () => {
     await assert.rejects(client.getOrCompute('k', () => 1, { wait: 0.4 }), /Connection terminated/);
     const took = Date.now() - started;
     assert.ok(pool.sent.length > 2 && took <= 400 + 300, `${pool.sent.length} attempts in ${took} ms`);
+  });
+});
+
+describe("a retry's wait for a pooled connection (R2)", () => {
+  test("ends at the claim's deadline, with the error it retries", async () => {
+    let released = 0;
+    const pool = {
+      options: {},
+      on() {},
+      query: async (text) => {
+        if (text.includes('pg_namespace')) {
+          return { rows: [{ installed: true, owner_session: true, claim_owner: true, claim_next_wait: true, freshness: true, fingerprint: true }] };
+        }
+        throw Object.assign(new Error('Connection terminated unexpectedly'), {});
+      },
+      // Every connection is busy: one comes back only after 3 s.
+      connect: () => new Promise((resolve) => {
+        setTimeout(() => resolve({ query: async () => ({ rows: [] }), release() { released += 1; } }), 3000).unref();
+      }),
+    };
+    const client = new OnceClient({ pool, listen: false, connectTimeout: 10, onError: () => {} });
+    const started = Date.now();
+    await assert.rejects(client.getOrCompute('k', () => 1, { wait: 0.3 }), /Connection terminated/);
+    const took = Date.now() - started;
+    assert.ok(took <= 300 + 500, `${took} ms`);
+    assert.equal(released, 0); // the late connection goes back to the pool when it comes
   });
 });
 
