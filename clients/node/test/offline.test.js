@@ -139,6 +139,8 @@ describe('retry budget (R2)', () => {
 describe("a retry's wait for a pooled connection (R2)", () => {
   test("ends at the claim's deadline, with the error it retries", async () => {
     let released = 0;
+    let claims = 0;
+    const lost = () => Object.assign(new Error('Connection terminated unexpectedly'), {});
     const pool = {
       options: {},
       on() {},
@@ -146,7 +148,10 @@ describe("a retry's wait for a pooled connection (R2)", () => {
         if (text.includes('pg_namespace')) {
           return { rows: [{ installed: true, owner_session: true, claim_owner: true, claim_next_wait: true, freshness: true, fingerprint: true }] };
         }
-        throw Object.assign(new Error('Connection terminated unexpectedly'), {});
+        claims += 1;
+        // The first attempt's connection breaks; after that pool.query would wait 3 s for one.
+        if (claims > 1) await new Promise((resolve) => { setTimeout(resolve, 3000); });
+        throw lost();
       },
       // Every connection is busy: one comes back only after 3 s.
       connect: () => new Promise((resolve) => {
