@@ -40,7 +40,10 @@
 #                                   preloaded server also over TLS only, verified against a
 #                                   private CA (lib.sh's cluster_tls), and the
 #                                   idempotency middlewares over HTTP, each example
-#                                   service under its real server (clients/conformance/http)
+#                                   service under its real server (clients/conformance/http);
+#                                   on the preloaded server also through a hot standby
+#                                   listed first, and across a failover of a primary and
+#                                   standby pair (scripts/failover.sh)
 #   7. monitoring                   Debian's postgres_exporter with
 #                                   monitoring/postgres_exporter.yml: the documented
 #                                   metrics, moving with use; the Grafana dashboard and
