@@ -587,8 +587,8 @@ else
         PG_ONCE_DSN="host=127.0.0.1 port=$PORT user=admin dbname=attacks" \
         PG_ONCE_EDITION_SCRIPT="$OUT/pg_once_sql.sql" \
         PG_ONCE_DATA_DIR=$PG_ONCE_WORK/$NAME/data \
-        PG_ONCE_FAILOVER_DATA_DIR=$PG_ONCE_WORK/$NAME-failover/data \
-        PG_ONCE_FAILOVER_DSN="host=127.0.0.1 port=$((PORT + 1)) user=admin dbname=attacks" \
+        PG_ONCE_PROMOTE_DATA_DIR=$PG_ONCE_WORK/$NAME-failover/data \
+        PG_ONCE_PROMOTE_DSN="host=127.0.0.1 port=$((PORT + 1)) user=admin dbname=attacks" \
         cargo test -p pg_once_multi --quiet --test failover)
     cluster_stop "$NAME-failover"
 fi

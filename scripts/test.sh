@@ -40,7 +40,10 @@
 #                                   preloaded server also over TLS only, verified against a
 #                                   private CA (lib.sh's cluster_tls), and the
 #                                   idempotency middlewares over HTTP, each example
-#                                   service under its real server (clients/conformance/http)
+#                                   service under its real server (clients/conformance/http);
+#                                   on the preloaded server also through a hot standby
+#                                   listed first, and across a failover of a primary and
+#                                   standby pair (scripts/failover.sh)
 #   7. monitoring                   Debian's postgres_exporter with
 #                                   monitoring/postgres_exporter.yml: the documented
 #                                   metrics, moving with use; the Grafana dashboard and
@@ -148,7 +151,7 @@ package_cleanup() {
 }
 
 # Stop what a run started, even when it fails; then unmount the chroot (for 17 and 18).
-trap 'pgbouncer_stop plain-bouncer; pgbouncer_stop preloaded-bouncer; exporter_stop plain-exporter; exporter_stop preloaded-exporter; cluster_stop preloaded-standby; cluster_stop preloaded-failover; cluster_stop plain; cluster_stop preloaded; package_cleanup; pg_env_umount' EXIT
+trap 'pgbouncer_stop plain-bouncer; pgbouncer_stop preloaded-bouncer; exporter_stop plain-exporter; exporter_stop preloaded-exporter; cluster_stop preloaded-standby; cluster_stop preloaded-failover; cluster_stop failover-1; cluster_stop failover-2; cluster_stop plain; cluster_stop preloaded; package_cleanup; pg_env_umount' EXIT
 say "PostgreSQL $PG_MAJOR: steps $STEPS"
 ensure_toolchain
 cd "$REPO_ROOT"
@@ -252,8 +255,8 @@ run_server_tests() {
             say "4/9 asynchronous failover, $name server"
             standby_start "$name-failover" $((port + 2)) "$port"
             PG_ONCE_DATA_DIR=$PG_ONCE_WORK/$name/data \
-                PG_ONCE_FAILOVER_DATA_DIR=$PG_ONCE_WORK/$name-failover/data \
-                PG_ONCE_FAILOVER_DSN="host=127.0.0.1 port=$((port + 2)) user=postgres dbname=postgres" \
+                PG_ONCE_PROMOTE_DATA_DIR=$PG_ONCE_WORK/$name-failover/data \
+                PG_ONCE_PROMOTE_DSN="host=127.0.0.1 port=$((port + 2)) user=postgres dbname=postgres" \
                 cargo test -p pg_once_multi --quiet --test failover
             cluster_stop "$name-failover"
         fi
@@ -285,6 +288,21 @@ run_server_tests() {
         else
             unset PG_ONCE_TLS_DSN PG_ONCE_TLS_URL
         fi
+        # Several hosts (docs/clients.md, N7): a hot standby of this server listed before
+        # it, which the hosts.json scenarios reach through both forms of connection string;
+        # and a primary and standby pair of their own (scripts/failover.sh), which each
+        # suite's failover test kills and promotes. The preloaded server only: the SQL
+        # edition's client code is the same.
+        if [ "$name" = preloaded ]; then
+            say "6/9 a hot standby of the $name server, and a pair to fail over"
+            standby_start "$name-standby" $((port + 1)) "$port"
+            export PG_ONCE_STANDBY_FIRST_DSN="host=127.0.0.1,127.0.0.1 port=$((port + 1)),$port user=postgres dbname=postgres target_session_attrs=read-write"
+            export PG_ONCE_STANDBY_FIRST_URL="postgresql://postgres@127.0.0.1:$((port + 1)),127.0.0.1:$port/postgres?target_session_attrs=primary"
+            PG_ONCE_WORK=$PG_ONCE_WORK ./scripts/failover.sh start $((port + 60)) $((port + 61))
+            export PG_ONCE_FAILOVER=$REPO_ROOT/scripts/failover.sh PG_ONCE_WORK
+            export PG_ONCE_FAILOVER_DSN="host=127.0.0.1,127.0.0.1 port=$((port + 60)),$((port + 61)) user=postgres dbname=postgres target_session_attrs=read-write"
+            export PG_ONCE_FAILOVER_URL="postgresql://postgres@127.0.0.1:$((port + 60)),127.0.0.1:$((port + 61))/postgres?target_session_attrs=read-write"
+        fi
         # The Python suite runs each shared test with Client or with AsyncClient, the first
         # generated from the second (clients/python/tools/generate_sync.py, checked by
         # test_generated.py): AsyncClient here, Client against the SQL edition
@@ -304,6 +322,12 @@ run_server_tests() {
         fi
         grep -E '^# (pass|fail)' "$node_log"
         cargo test -p pg_once_client --features http --quiet
+        if [ "$name" = preloaded ]; then
+            ./scripts/failover.sh stop
+            cluster_stop "$name-standby"
+            unset PG_ONCE_STANDBY_FIRST_DSN PG_ONCE_STANDBY_FIRST_URL PG_ONCE_FAILOVER \
+                PG_ONCE_FAILOVER_DSN PG_ONCE_FAILOVER_URL
+        fi
         if [ "$name" = preloaded ] && [ "$PG_MAJOR" = 15 ]; then
             # Rule I over HTTP: each middleware's example service under its real server
             # (uvicorn, gunicorn, node, hyper), two instances each, driven by one set of

@@ -26,6 +26,7 @@ const {
 } = require('./util.cjs');
 const { Worker } = require('./worker.cjs');
 const { Claim } = require('./claim.cjs');
+const { HostList, parseHosts, poolOptions } = require('./hosts.cjs');
 const {
   COMPLETE_FRESHNESS_SQL, COMPLETE_SQL, ENQUEUE_MANY_SQL, ENQUEUE_SQL, FAIL_SQL, Heartbeat, INVALIDATE_SQL, REFRESH_SQL, RELEASE_SQL,
 } = require('./protocol.cjs');
@@ -90,6 +91,7 @@ class OnceClient {
   #refreshes = new Map(); // key -> the background refresh running here (at most one per key)
   #workers = new Set();
   #closed = false;
+  #connectTimeoutMs;
 
   /**
    * @param {object} options
@@ -109,6 +111,7 @@ class OnceClient {
     if (!pool) throw new TypeError('pg-once: new OnceClient({ pool }) needs a pg.Pool (or use OnceClient.connect(url))');
     this.#pool = pool;
     this.#onError = onError;
+    this.#connectTimeoutMs = seconds('connectTimeout', connectTimeout) * 1000; // R2's budget
     this.#defaults = this.#options({
       lease, wait, ttl, retryAfter, recheck, stale, beta, jitter, serialize, deserialize, onOutcome,
     }, {});
@@ -133,12 +136,16 @@ class OnceClient {
    * connect. The string's (or PGSSLMODE's) sslmode and sslrootcert hold for the pool and
    * the LISTEN connection alike.
    */
-  static async connect(connectionString, { poolSize = 10, poolOptions = {}, ...options } = {}) {
-    const where = connectionString ? { connectionString } : sslFromEnvironment();
+  static async connect(connectionString, { poolSize = 10, poolOptions: extra = {}, ...options } = {}) {
+    // Several hosts, or target_session_attrs, or libpq's key/value form: each pooled
+    // connection on the first host that qualifies (N7, hosts.cjs).
+    const hosts = parseHosts(connectionString);
+    const where = hosts ? poolOptions(pg, new HostList(hosts))
+      : connectionString ? { connectionString } : sslFromEnvironment();
     // Getting a pooled connection (waiting for a free one included) gives up after
     // connectTimeout, as the LISTEN connection does (docs/clients.md, N6).
     const connectionTimeoutMillis = (options.connectTimeout ?? 10) * 1000;
-    const pool = new pg.Pool({ ...where, max: poolSize, connectionTimeoutMillis, ...poolOptions });
+    const pool = new pg.Pool({ ...where, max: poolSize, connectionTimeoutMillis, ...extra });
     const client = new OnceClient({ connectionString: connectionString || undefined, ...options, pool });
     client.#ownsPool = true;
     // A pooled idle connection that the server or PgBouncer closes is an 'error' event
@@ -420,30 +427,65 @@ class OnceClient {
 
   /**
    * One statement through the pool, in autocommit, as an unnamed statement. Sent again
-   * on another connection (4 attempts in all: at once, then after 50 and 100 ms,
-   * jittered) when the one it went out on was closed under it (docs/clients.md, R1, R2):
-   * every pg_once call is safe to repeat with the same token, and a recycled pooled
-   * connection is no reason to fail the caller.
+   * on another connection when the one it went out on failed (docs/clients.md, R1, R2):
+   * at once, then after jittered pauses of 50 ms doubling to 1 s, until `deadline` (ms
+   * since the epoch: a claim's wait) or, without one, connectTimeout from now. Every
+   * pg_once call is safe to repeat with the same token, and a recycled pooled connection,
+   * or a failover to another host (N7), is no reason to fail the caller while the budget
+   * lasts. A pooled connection that failed is not lent again: pg.Pool drops a client
+   * whose query failed on a broken connection.
    */
-  async #query(text, values) {
+  async #query(text, values, deadline = Date.now() + this.#connectTimeoutMs) {
+    let pause = 50;
+    let failed = null;
     for (let attempt = 1; ; attempt += 1) {
       try {
-        return await this.#pool.query(text, values);
+        return failed === null ? await this.#pool.query(text, values) : await this.#retry(text, values, deadline, failed);
       } catch (err) {
-        if (attempt >= 4 || this.#closed || !isConnectionError(err)) throw err;
-        if (attempt > 1) await sleep(jitter(50 * 2 ** (attempt - 2)));
+        if (this.#closed || !isConnectionError(err)) throw err;
+        if (attempt > 1) {
+          const wait = jitter(pause);
+          if (Date.now() + wait >= deadline) throw err;
+          await sleep(wait);
+          pause = Math.min(pause * 2, 1000);
+        }
+        failed = err;
       }
     }
   }
 
-  async #claim(key, lease, serveStale, fingerprint = null) {
+  /**
+   * A retry of #query: as pool.query, but its wait for a pooled connection ends at
+   * `deadline` (R2), when it fails with the error it retries (`failed`); a connection that
+   * arrives later goes back to the pool.
+   */
+  async #retry(text, values, deadline, failed) {
+    const pending = this.#pool.connect();
+    let client;
+    try {
+      client = await bounded(pending, { ms: deadline - Date.now(), onTimeout: () => failed });
+    } catch (err) {
+      pending.then((late) => late.release(), () => {});
+      throw err;
+    }
+    try {
+      const result = await client.query(text, values);
+      client.release();
+      return result;
+    } catch (err) {
+      client.release(err); // as pool.query does: a client whose query failed is not lent again
+      throw err;
+    }
+  }
+
+  async #claim(key, lease, serveStale, fingerprint = null, deadline = undefined) {
     const fp = fingerprint === null ? [] : [fingerprint];
     for (let retried = false; ; retried = true) {
       const owner = await this.#owner();
       try {
         const { rows: [claim] } = owner === null
-          ? await this.#query(claimSql(false, false, fp.length > 0), [key, lease, ...fp])
-          : await this.#query(claimSql(true, serveStale, fp.length > 0), [key, lease, owner, ...fp]);
+          ? await this.#query(claimSql(false, false, fp.length > 0), [key, lease, ...fp], deadline)
+          : await this.#query(claimSql(true, serveStale, fp.length > 0), [key, lease, owner, ...fp], deadline);
         return claim;
       } catch (err) {
         // 22023 naming our owner pid: the listener connection died a moment ago and we
@@ -579,7 +621,7 @@ class OnceClient {
       for (;;) {
         o.signal?.throwIfAborted();
         interest?.arm();
-        const claim = await this.#claim(key, o.lease, o.serveStale, o.fingerprint ?? null);
+        const claim = await this.#claim(key, o.lease, o.serveStale, o.fingerprint ?? null, deadline);
         if (claim.outcome !== 'wait') return claim;
         onWait();
         // claim.token is NULL here (or, from older servers, the owner's): never used.

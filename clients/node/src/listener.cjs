@@ -17,6 +17,7 @@ const { createHash, randomUUID } = require('node:crypto');
 const pg = require('pg');
 const { ConfigurationError, OnceError } = require('./errors.cjs');
 const { bounded, jitter, sleep } = require('./util.cjs');
+const { HostList, parseHosts } = require('./hosts.cjs');
 
 /**
  * What channel "once" may carry when `key` resolves: the key itself, or, for a key in a
@@ -65,6 +66,7 @@ const IDLE_CHECK_MS = 5000;
 
 class Listener {
   #config;
+  #hosts = null; // a HostList when the connection string names several hosts or a target
   #onError;
   #ownerSession; // () => boolean: whether the server has once.owner_session()
   #connectTimeoutMs;
@@ -85,6 +87,16 @@ class Listener {
     // keepAlive: a listener whose network silently died would otherwise never notice,
     // and this process's waiters would only ever wake on their rechecks.
     this.#config = { keepAlive: true, application_name: 'pg-once listener', ...config };
+    // Several hosts (N7): the LISTEN connection goes to the first that qualifies, tried in
+    // order at each (re)connection; the pool's own list when it is the client's.
+    const { hostList, Client, onConnect, ...rest } = this.#config;
+    const parsed = parseHosts(rest.connectionString);
+    this.#hosts = parsed ? new HostList(parsed) : hostList ?? null;
+    if (this.#hosts) {
+      delete rest.connectionString;
+      rest.connectionTimeoutMillis = connectTimeout * 1000; // each host's attempt (N7)
+    }
+    this.#config = rest;
     this.#onError = onError;
     this.#ownerSession = ownerSession;
     this.#connectTimeoutMs = connectTimeout * 1000;
@@ -167,16 +179,25 @@ class Listener {
   }
 
   async #connectOnce() {
-    const client = new pg.Client(this.#config);
-    // Attached before connect(): an unhandled 'error' event would end the process.
-    client.on('error', (err) => this.#lost(client, err));
-    client.on('end', () => this.#lost(client, null));
-    client.on('notification', (msg) => {
-      if (msg.channel === 'once') this.#notified(msg.payload);
-    });
+    let client;
+    const make = (config) => {
+      const c = new pg.Client(config);
+      // Attached before connect(): an unhandled 'error' event would end the process.
+      c.on('error', (err) => this.#lost(c, err));
+      c.on('end', () => this.#lost(c, null));
+      c.on('notification', (msg) => {
+        if (msg.channel === 'once') this.#notified(msg.payload);
+      });
+      return c;
+    };
     let pid;
     try {
-      await client.connect();
+      if (this.#hosts) {
+        client = await this.#hosts.connect(this.#config, make);
+      } else {
+        client = make(this.#config);
+        await client.connect();
+      }
       // LISTEN before anyone can claim with this pid: from now on no completion is lost.
       await client.query('LISTEN once');
       const sql = this.#ownerSession()
@@ -185,7 +206,7 @@ class Listener {
       pid = Number((await client.query(sql)).rows[0].pid);
       await this.#refuseTransactionPooler(client, sql, pid);
     } catch (err) {
-      client.end().catch(() => {});
+      client?.end().catch(() => {});
       throw err;
     }
     if (this.#closed) {

@@ -6,6 +6,9 @@ import { fileURLToPath } from 'node:url';
 import readline from 'node:readline';
 import pg from 'pg';
 import { OnceClient } from '../src/index.mjs';
+import hosts from '../src/hosts.cjs';
+
+const { HostList, parseHosts, poolOptions } = hosts;
 
 export const DSN = process.env.PG_ONCE_DSN;
 export const BOUNCER_DSN = process.env.PG_ONCE_BOUNCER_DSN;
@@ -19,6 +22,20 @@ export const setups = [
   DSN && { name: 'direct', poolDsn: DSN, listenDsn: DSN },
   DSN && BOUNCER_DSN && { name: 'pgbouncer', poolDsn: BOUNCER_DSN, listenDsn: DSN },
 ].filter(Boolean);
+
+/**
+ * A hot standby listed before the server itself, with target_session_attrs (read-write in
+ * the key/value form, primary in the URL form; docs/clients.md, N7): only the conformance
+ * scenarios that name the setup run there.
+ */
+export const standbyFirstSetups = [
+  DSN && process.env.PG_ONCE_STANDBY_FIRST_DSN && {
+    name: 'standby_first_kv', kind: 'standby_first', poolDsn: process.env.PG_ONCE_STANDBY_FIRST_DSN, listenDsn: process.env.PG_ONCE_STANDBY_FIRST_DSN,
+  },
+  DSN && process.env.PG_ONCE_STANDBY_FIRST_URL && {
+    name: 'standby_first_url', kind: 'standby_first', poolDsn: process.env.PG_ONCE_STANDBY_FIRST_URL, listenDsn: process.env.PG_ONCE_STANDBY_FIRST_URL,
+  },
+].filter(Boolean);
 if (!DSN) console.warn('PG_ONCE_DSN is not set: the tests that need a server are skipped');
 
 export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -26,7 +43,11 @@ export const freshKey = (name) => `node-test/${name}/${randomUUID()}`;
 
 /** A pg.Pool whose claim_key calls are counted per key (pool.claims.get(key)). */
 export function countingPool(dsn, max = 4) {
-  const pool = new pg.Pool({ connectionString: dsn, max, application_name: POOL_APP });
+  // A string naming several hosts (or a target, or in key/value form) is read as the
+  // client's own OnceClient.connect reads it (N7).
+  const hosts = parseHosts(dsn);
+  const where = hosts ? poolOptions(pg, new HostList(hosts)) : { connectionString: dsn };
+  const pool = new pg.Pool({ ...where, max, application_name: POOL_APP });
   pool.on('error', () => {}); // idle connections we terminate on purpose
   pool.claims = new Map();
   pool.statements = [];

@@ -97,6 +97,76 @@ describe('retries', () => {
   });
 });
 
+describe('retry budget (R2)', () => {
+  // A pool whose every query fails as a lost connection does.
+  const failingPool = () => {
+    const pool = { options: {}, sent: [], on() {} };
+    pool.query = async () => {
+      pool.sent.push(Date.now());
+      throw Object.assign(new Error('Connection terminated unexpectedly'), {});
+    };
+    // Retries take a connection themselves, to bound their wait for it (R2).
+    pool.connect = async () => ({ query: (text, values) => pool.query(text, values), release() {} });
+    return pool;
+  };
+
+  test('a statement is retried for connectTimeout, not 4 attempts, and not past it', async () => {
+    const pool = failingPool();
+    const client = new OnceClient({ pool, listen: false, connectTimeout: 0.6, onError: () => {} });
+    const started = Date.now();
+    await assert.rejects(client.invalidate('k'), /Connection terminated/);
+    const took = Date.now() - started;
+    assert.ok(pool.sent.length > 4, `${pool.sent.length} attempts`);
+    assert.ok(took <= 600 + 300, `${took} ms`); // the budget, and a loaded machine's slack
+    assert.ok(pool.sent[1] - pool.sent[0] < 40, 'the second attempt goes at once');
+  });
+
+  test("a claim is retried until the caller's wait, no longer", async () => {
+    const pool = failingPool();
+    const client = new OnceClient({ pool, listen: false, connectTimeout: 10, onError: () => {} });
+    // Servers of every capability, answered before the claim.
+    const query = pool.query;
+    pool.query = async (text, values) => (text.includes('pg_namespace')
+      ? { rows: [{ installed: true, owner_session: true, claim_owner: true, claim_next_wait: true, freshness: true, fingerprint: true }] }
+      : query(text, values));
+    const started = Date.now();
+    await assert.rejects(client.getOrCompute('k', () => 1, { wait: 0.4 }), /Connection terminated/);
+    const took = Date.now() - started;
+    assert.ok(pool.sent.length > 2 && took <= 400 + 300, `${pool.sent.length} attempts in ${took} ms`);
+  });
+});
+
+describe("a retry's wait for a pooled connection (R2)", () => {
+  test("ends at the claim's deadline, with the error it retries", async () => {
+    let released = 0;
+    let claims = 0;
+    const lost = () => Object.assign(new Error('Connection terminated unexpectedly'), {});
+    const pool = {
+      options: {},
+      on() {},
+      query: async (text) => {
+        if (text.includes('pg_namespace')) {
+          return { rows: [{ installed: true, owner_session: true, claim_owner: true, claim_next_wait: true, freshness: true, fingerprint: true }] };
+        }
+        claims += 1;
+        // The first attempt's connection breaks; after that pool.query would wait 3 s for one.
+        if (claims > 1) await new Promise((resolve) => { setTimeout(resolve, 3000); });
+        throw lost();
+      },
+      // Every connection is busy: one comes back only after 3 s.
+      connect: () => new Promise((resolve) => {
+        setTimeout(() => resolve({ query: async () => ({ rows: [] }), release() { released += 1; } }), 3000).unref();
+      }),
+    };
+    const client = new OnceClient({ pool, listen: false, connectTimeout: 10, onError: () => {} });
+    const started = Date.now();
+    await assert.rejects(client.getOrCompute('k', () => 1, { wait: 0.3 }), /Connection terminated/);
+    const took = Date.now() - started;
+    assert.ok(took <= 300 + 500, `${took} ms`);
+    assert.equal(released, 0); // the late connection goes back to the pool when it comes
+  });
+});
+
 describe('heartbeat', () => {
   test('after a failed beat the next comes within a second, not lease/3 later', async () => {
     const beats = [];

@@ -31,7 +31,10 @@ def cases(kind: str, name: str, language: str = "python") -> List[Any]:
     """The cases of one file that this runner runs, as pytest params named by the case."""
     import pytest
     out = []
-    for case in load(kind, name)["cases"]:
+    suite = load(kind, name)
+    for case in suite["cases"]:
+        if "setups" in suite:   # a file run only in the setups it names (README, "Scenarios")
+            case = {**case, "setups": suite["setups"]}
         marks = []
         if language not in case.get("languages", [language]):
             marks.append(pytest.mark.skip(reason=f"only for {', '.join(case['languages'])}"))

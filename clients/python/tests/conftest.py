@@ -27,6 +27,10 @@ from pg_once import AsyncClient, Client
 DIRECT = os.environ.get("PG_ONCE_DSN")
 BOUNCER = os.environ.get("PG_ONCE_BOUNCER_DSN")
 TLS = os.environ.get("PG_ONCE_TLS_DSN")
+# A hot standby listed before the server itself, with target_session_attrs (read-write in
+# the key/value form, primary in the URL form): docs/clients.md, N7.
+STANDBY_FIRST = {"standby_first_kv": os.environ.get("PG_ONCE_STANDBY_FIRST_DSN"),
+                 "standby_first_url": os.environ.get("PG_ONCE_STANDBY_FIRST_URL")}
 CHILD = str(Path(__file__).with_name("child.py"))
 
 
@@ -73,6 +77,10 @@ def make_setup(name: str) -> Setup:
         if not BOUNCER:
             pytest.skip("PG_ONCE_BOUNCER_DSN is not set")
         return Setup("bouncer", BOUNCER, DIRECT, DIRECT)
+    if name in STANDBY_FIRST:
+        if not STANDBY_FIRST[name]:
+            pytest.skip("PG_ONCE_STANDBY_FIRST_DSN / _URL is not set")
+        return Setup(name, STANDBY_FIRST[name], STANDBY_FIRST[name], DIRECT)
     if not TLS:
         pytest.skip("PG_ONCE_TLS_DSN is not set")
     return Setup("tls", TLS, TLS, TLS)

@@ -18,6 +18,7 @@ import pytest
 from pg_once import AsyncClient, Client, ConfigurationError, NotSerializable, OnceFailed
 from pg_once import _common as C
 from pg_once._sync import _compat
+from pg_once._sync import client as sync_client
 from conftest import BOUNCER, DIRECT, TLS, make_setup, state
 
 SESSION_BOUNCER = os.environ.get("PG_ONCE_SESSION_BOUNCER_DSN")
@@ -123,7 +124,7 @@ class FakePool:
         self.failures, self.lent = failures, 0
 
     @contextmanager
-    def connection(self):
+    def connection(self, timeout=None):
         self.lent += 1
         yield FakeConnection(self.failures)
 
@@ -142,25 +143,45 @@ def test_only_lost_connections_are_retried():
     pool = FakePool([psycopg.OperationalError("server closed the connection unexpectedly"), None])
     client = Client(pool=pool, listen=False)
     assert client._release("k", 1) is True and pool.lent == 2
-    pool = FakePool([psycopg.errors.AdminShutdown("terminating connection")] * 4)
-    client = Client(pool=pool, listen=False)
+    pool = FakePool([psycopg.errors.AdminShutdown("terminating connection")] * 100)
+    client = Client(pool=pool, listen=False, connect_timeout=0.3)
     with pytest.raises(psycopg.errors.AdminShutdown):
         client._release("k", 1)
-    assert pool.lent == C.RETRY_ATTEMPTS
+    assert 3 <= pool.lent < 100
+
+
+class FakeClock:
+    """time.monotonic for the client module, moved on only by the pauses it sleeps."""
+
+    def __init__(self):
+        self.now, self.pauses = 1000.0, []
+
+    def monotonic(self):
+        return self.now
+
+    def sleep(self, pause):
+        self.pauses.append(pause)
+        self.now += pause
 
 
 def test_retries_pause_only_between_attempts(monkeypatch):
     """R2: the first attempt and the second go at once (a sleep(0) before every call would
-    hand the GIL to another thread each time), then 50 ms doubling."""
-    pauses = []
-    monkeypatch.setattr(_compat, "sleep", pauses.append)
+    hand the GIL to another thread each time), then 50 ms doubling to 1 s, for as long as
+    the budget lasts: connect_timeout (here 5 s) without a wait, not 4 attempts (a failover
+    takes seconds), and never past it."""
+    clock = FakeClock()
+    monkeypatch.setattr(_compat, "sleep", clock.sleep)
+    monkeypatch.setattr(sync_client, "time", clock)
     pool = FakePool([None])
     assert Client(pool=pool, listen=False)._release("k", 1) is True
-    assert pauses == []
-    pool = FakePool([psycopg.errors.AdminShutdown("terminating connection")] * 4)
+    assert clock.pauses == []
+    pool = FakePool([psycopg.errors.AdminShutdown("terminating connection")] * 100)
     with pytest.raises(psycopg.errors.AdminShutdown):
-        Client(pool=pool, listen=False)._release("k", 1)
-    assert len(pauses) == 3 and pauses[0] == 0 and 0 < pauses[1] < pauses[2]
+        Client(pool=pool, listen=False, connect_timeout=5)._release("k", 1)
+    pauses = clock.pauses
+    assert pauses[0] == 0 and 0 < pauses[1] < pauses[2] < pauses[3]
+    assert max(pauses) <= 1.2 and len(pauses) > 6, pauses     # 1 s ± 20 %, many attempts
+    assert 3.5 <= sum(pauses) < 5, pauses                      # the budget, not past it
 
 
 # -- against a server ---------------------------------------------------------------------------

@@ -148,37 +148,42 @@ pub(crate) fn freshness(
 /// `with_conn!(inner, |c| raw::claim_key(c, ...))` evaluates to the call's `Result`.
 ///
 /// A call that fails because its connection did (a terminated backend, a restarted
-/// PgBouncer, a pool that could not connect; [`Error::is_connection_error`], rule R1) is
-/// tried again on another connection, 4 attempts in all, the second at once and the others
-/// after a jittered 50 ms, then 100 ms (R2): every pg_once call is safe to repeat, and
-/// claims belong to the LISTEN connection, not to the pooled one. (A macro rather than a function taking an async closure: the
-/// closure's borrowed futures would not be provably `Send` for `tokio::spawn`.)
+/// PgBouncer, a pool that could not connect, a primary that died; [`Error::is_connection_error`],
+/// rule R1) is tried again on another connection (R2): the second attempt at once, the
+/// next ones after jittered pauses of 50 ms doubling to 1 s, as long as its budget lasts:
+/// `connect_timeout` from the first attempt, long enough for a failover to another host of
+/// the conninfo (N7). Every pg_once call is safe to repeat, and claims belong to the LISTEN
+/// connection, not to the pooled one. (A macro rather than a function taking an async
+/// closure: the closure's borrowed futures would not be provably `Send` for
+/// `tokio::spawn`.)
 ///
-/// `with_conn!(inner, until deadline, |c| ...)` bounds the retries by a caller's `wait`
-/// (R2, N6): the first attempt is made as always (getting its connection waits at most
-/// `connect_timeout`), but a retry is made only if its pause ends before the deadline,
-/// and its wait for a connection stops there; the connection error is returned then. (A
-/// call with `wait` zero is tried once.) A statement already sent is never abandoned: a
+/// `with_conn!(inner, until deadline, |c| ...)` gives a claim the caller's `wait` as its
+/// budget instead (R2, N6): the first attempt is made as always (getting its connection
+/// waits at most `connect_timeout`), the second at once, and a later one only if its
+/// pause ends before the deadline; a retry's wait for a connection stops there; the
+/// connection error is returned then. A statement already sent is never abandoned: a
 /// claim it made would be held by nobody.
 macro_rules! with_conn {
-    ($inner:expr, |$c:ident| $call:expr) => {
-        with_conn!($inner, until None::<std::time::Instant>, |$c| $call)
-    };
+    ($inner:expr, |$c:ident| $call:expr) => {{
+        let inner: &$crate::client::Inner = &$inner;
+        with_conn!(inner, until std::time::Instant::now() + inner.options.connect_timeout, |$c| $call)
+    }};
     ($inner:expr, until $deadline:expr, |$c:ident| $call:expr) => {{
         let inner: &$crate::client::Inner = &$inner;
-        let deadline: Option<std::time::Instant> = $deadline;
+        let deadline: std::time::Instant = $deadline;
         let mut attempt: u32 = 0;
+        let mut pause = std::time::Duration::from_millis(50);
         let mut failed: Option<$crate::Error> = None;
         loop {
             attempt += 1;
-            let conn = match (deadline, failed.take()) {
-                (Some(deadline), Some(before)) => {
+            let conn = match failed.take() {
+                Some(before) => {
                     match tokio::time::timeout_at(deadline.into(), inner.pool.get()).await {
                         Ok(conn) => conn.map_err($crate::Error::from),
                         Err(_) => break Err(before),
                     }
                 }
-                _ => inner.pool.get().await.map_err($crate::Error::from),
+                None => inner.pool.get().await.map_err($crate::Error::from),
             };
             let result: $crate::Result<_> = match conn {
                 Ok(conn) => {
@@ -188,16 +193,15 @@ macro_rules! with_conn {
                 Err(e) => Err(e),
             };
             match result {
-                Err(e) if e.is_connection_error() && attempt < 4 => {
-                    let pause = if attempt > 1 {
-                        $crate::jitter(std::time::Duration::from_millis(50 << (attempt - 2)))
-                    } else {
-                        std::time::Duration::ZERO
-                    };
-                    if deadline.is_some_and(|d| std::time::Instant::now() + pause >= d) {
-                        break Err(e);
+                Err(e) if e.is_connection_error() => {
+                    if attempt > 1 {
+                        let wait = $crate::jitter(pause);
+                        if std::time::Instant::now() + wait >= deadline {
+                            break Err(e);
+                        }
+                        tokio::time::sleep(wait).await;
+                        pause = (pause * 2).min(std::time::Duration::from_secs(1));
                     }
-                    tokio::time::sleep(pause).await;
                     failed = Some(e);
                 }
                 other => break other,
@@ -960,7 +964,7 @@ async fn resolve(
         let owner = inner
             .owner(deadline.saturating_duration_since(Instant::now()))
             .await?;
-        let claim = match with_conn!(inner, until Some(deadline), |c| claim(c, key, s, owner)) {
+        let claim = match with_conn!(inner, until deadline, |c| claim(c, key, s, owner)) {
             Ok(claim) => claim,
             Err(e) => {
                 let left = deadline.saturating_duration_since(Instant::now());
@@ -1119,57 +1123,52 @@ pub(crate) async fn run_claimed(
     let lost = || Error::ClaimLost {
         key: key.to_owned(),
     };
-    let (error, fail_with) = match compute_with_heartbeat(inner, key, token, s.lease, compute())
-        .await
-    {
-        Ran::Lost => return Err(lost()),
-        Ran::Done(Ok(value)) => {
-            let stored = with_conn!(inner, |c| raw::complete_key_with(
-                c,
-                key,
-                token,
-                &value,
-                &s.freshness
-            ));
-            match stored {
-                Ok(true) => return Ok(as_stored(value)),
-                Ok(false) => return Err(lost()),
-                // F3: the server refused the result (54000: too large, say). Fail the key
-                // with the refusal, so that waiters share it rather than each compute a
-                // result that would be refused again.
-                Err(e) if !e.is_connection_error() => {
-                    let message = e.refusal_text();
-                    (e, message)
-                }
-                Err(e) => {
-                    // The server could not be reached to store it: give the key back, so
-                    // another caller computes it once the server answers again.
-                    if let Err(release) = with_conn!(inner, |c| raw::release_key(c, key, token)) {
-                        tracing::warn!(key, error = %release, "pg_once: could not release a claim whose result could not be stored");
+    let (error, fail_with) =
+        match compute_with_heartbeat(inner, key, token, s.lease, compute()).await {
+            Ran::Lost => return Err(lost()),
+            Ran::Done(Ok(value)) => {
+                let stored = with_conn!(inner, |c| raw::complete_key_with(
+                    c,
+                    key,
+                    token,
+                    &value,
+                    &s.freshness
+                ));
+                match stored {
+                    Ok(true) => return Ok(as_stored(value)),
+                    Ok(false) => return Err(lost()),
+                    // F3: the server refused the result (54000: too large, say). Fail the key
+                    // with the refusal, so that waiters share it rather than each compute a
+                    // result that would be refused again.
+                    Err(e) if !e.is_connection_error() => {
+                        let message = e.refusal_text();
+                        (e, message)
                     }
-                    return Err(e);
+                    // L4: no server answered within the budget (R2), which a release would
+                    // only spend again: the caller gets the connection error, and the claim
+                    // ends with its owner or its lease, as in the other clients.
+                    Err(e) => return Err(e),
                 }
             }
-        }
-        Ran::Done(Err(ComputeError::Failed(kind, source))) => {
-            let message = failure_text(kind, &*source);
-            let error = Error::Compute {
-                key: key.to_owned(),
-                source: Arc::from(source),
-            };
-            (error, message)
-        }
-        // V4: nothing can be cached. Fail the key with the reason rather than release it:
-        // released, every waiter would claim it in turn and fail the same way.
-        Ran::Done(Err(ComputeError::Serialize(e))) => {
-            let message = format!("the result is not JSON-serialisable: {e}");
-            let error = Error::NotSerializable {
-                key: key.to_owned(),
-                reason: e.to_string(),
-            };
-            (error, message)
-        }
-    };
+            Ran::Done(Err(ComputeError::Failed(kind, source))) => {
+                let message = failure_text(kind, &*source);
+                let error = Error::Compute {
+                    key: key.to_owned(),
+                    source: Arc::from(source),
+                };
+                (error, message)
+            }
+            // V4: nothing can be cached. Fail the key with the reason rather than release it:
+            // released, every waiter would claim it in turn and fail the same way.
+            Ran::Done(Err(ComputeError::Serialize(e))) => {
+                let message = format!("the result is not JSON-serialisable: {e}");
+                let error = Error::NotSerializable {
+                    key: key.to_owned(),
+                    reason: e.to_string(),
+                };
+                (error, message)
+            }
+        };
     // F4: the caller gets its own error, whatever becomes of fail_key.
     match with_conn!(inner, |c| raw::fail_key(
         c,

@@ -7,7 +7,13 @@
 //! environment as libpq does (`PGHOST`, `PGPORT`, `PGUSER`, `PGPASSWORD`, `PGDATABASE`,
 //! `PGAPPNAME`, `PGCONNECT_TIMEOUT`, `PGOPTIONS`, `PGSSLMODE`, `PGSSLROOTCERT`), and
 //! hands the rest to tokio-postgres. The pool and the LISTEN connection both connect
-//! through it, so they agree on TLS.
+//! through it, so they agree on TLS and on which server to use.
+//!
+//! Several hosts (docs/clients.md, N7): `host=db1,db2 port=5432,5433` and
+//! `postgresql://db1:5432,db2:5433/app` are tokio-postgres's own, which tries them in
+//! order; `target_session_attrs` (or `PGTARGETSESSIONATTRS`) is taken out here, as libpq
+//! spells it, and given to tokio-postgres as the nearest it knows: `any`, `read-write`,
+//! `read-only`, `primary` (as `read-write`) and `standby` (as `read-only`).
 
 use crate::error::{Error, Result};
 use std::path::PathBuf;
@@ -81,7 +87,11 @@ impl Conninfo {
             .parse()
             .map_err(|e| Error::Configuration(format!("conninfo: {e}")))?;
         apply_env(&mut config, &env)?;
-        for (key, var) in [("sslmode", "PGSSLMODE"), ("sslrootcert", "PGSSLROOTCERT")] {
+        for (key, var) in [
+            ("sslmode", "PGSSLMODE"),
+            ("sslrootcert", "PGSSLROOTCERT"),
+            ("target_session_attrs", "PGTARGETSESSIONATTRS"),
+        ] {
             if !taken.iter().any(|(k, _)| k == key) {
                 if let Some(v) = env(var) {
                     taken.push((key.to_owned(), v));
@@ -93,6 +103,9 @@ impl Conninfo {
         for (key, value) in taken {
             match key.as_str() {
                 "sslmode" => ssl_mode = value.parse()?,
+                "target_session_attrs" => {
+                    config.target_session_attrs(target_session_attrs(&value)?);
+                }
                 _ => {
                     root_certs = Some(match value.as_str() {
                         "system" => RootCerts::System,
@@ -158,10 +171,28 @@ impl Conninfo {
     }
 }
 
-/// Take `sslmode` and `sslrootcert` out of a conninfo: the rest, and what was taken
-/// (decoded), in order.
+/// libpq's `target_session_attrs` as tokio-postgres knows it (N7). tokio-postgres checks
+/// `transaction_read_only` only: `primary` (not in recovery) is read as `read-write`, which
+/// a primary is unless configured read-only, and `standby` as `read-only`.
+fn target_session_attrs(value: &str) -> Result<tokio_postgres::config::TargetSessionAttrs> {
+    use tokio_postgres::config::TargetSessionAttrs as T;
+    Ok(match value {
+        "any" => T::Any,
+        "read-write" | "primary" => T::ReadWrite,
+        "read-only" | "standby" => T::ReadOnly,
+        other => {
+            return Err(Error::Configuration(format!(
+                "target_session_attrs={other:?}: expected any, read-write, read-only, primary \
+                 or standby (tokio-postgres has no prefer-standby)"
+            )))
+        }
+    })
+}
+
+/// Take `sslmode`, `sslrootcert` and `target_session_attrs` out of a conninfo: the rest,
+/// and what was taken (decoded), in order.
 fn take_tls_params(conninfo: &str) -> Result<(String, Vec<(String, String)>)> {
-    let ours = |k: &str| k == "sslmode" || k == "sslrootcert";
+    let ours = |k: &str| k == "sslmode" || k == "sslrootcert" || k == "target_session_attrs";
     let trimmed = conninfo.trim_start();
     if trimmed.starts_with("postgres://") || trimmed.starts_with("postgresql://") {
         let Some((base, query)) = trimmed.split_once('?') else {
@@ -403,6 +434,53 @@ mod tests {
         );
         let bad = Conninfo::parse_with_env("", env(&[("PGPORT", "x")])).unwrap_err();
         assert!(bad.to_string().contains("PGPORT"), "{bad}");
+    }
+
+    /// N7: several hosts in either form, and target_session_attrs as libpq spells it, from
+    /// the string or PGTARGETSESSIONATTRS.
+    #[test]
+    fn several_hosts_and_a_target_pass_through() {
+        use tokio_postgres::config::{Host, TargetSessionAttrs};
+        let hosts = |c: &Conninfo| -> Vec<String> {
+            c.config()
+                .get_hosts()
+                .iter()
+                .map(|h| match h {
+                    Host::Tcp(h) => h.clone(),
+                    #[allow(unreachable_patterns)]
+                    _ => "socket".into(),
+                })
+                .collect()
+        };
+        for s in [
+            "host=db1,db2 port=5432,5433 user=u target_session_attrs=read-write",
+            "postgresql://u@db1:5432,db2:5433/app?target_session_attrs=read-write",
+            "postgresql://u@db1:5432,db2:5433/app?sslmode=disable&target_session_attrs=primary",
+        ] {
+            let c = Conninfo::parse_with_env(s, env(&[])).unwrap();
+            assert_eq!(hosts(&c), ["db1", "db2"], "{s}");
+            assert_eq!(c.config().get_ports(), [5432, 5433], "{s}");
+            assert_eq!(
+                c.config().get_target_session_attrs(),
+                TargetSessionAttrs::ReadWrite,
+                "{s}"
+            );
+        }
+        let c = Conninfo::parse_with_env(
+            "host=a,b",
+            env(&[("PGTARGETSESSIONATTRS", "standby"), ("PGPORT", "1")]),
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                c.config().get_target_session_attrs(),
+                c.config().get_ports()
+            ),
+            (TargetSessionAttrs::ReadOnly, &[1][..])
+        );
+        let e = Conninfo::parse_with_env("host=a,b target_session_attrs=prefer-standby", env(&[]))
+            .unwrap_err();
+        assert!(e.to_string().contains("prefer-standby"), "{e}");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{fresh, setups, Setup};
+use common::{fresh, setups, standby_first_setups, Setup};
 use pg_once_client::{CallOptions, Client, Error, Options, OutcomeHook};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -23,7 +23,8 @@ fn suite_dir() -> PathBuf {
 }
 
 /// Every scenario case: (file, case).
-fn scenarios() -> Vec<(String, Value)> {
+/// Each case with its file's name and the setups the file names, if it names any.
+fn scenarios() -> Vec<(String, Value, Option<Vec<String>>)> {
     let dir = suite_dir().join("scenarios");
     let Ok(entries) = std::fs::read_dir(&dir) else {
         eprintln!("{}: no scenarios: skipped", dir.display());
@@ -39,8 +40,13 @@ fn scenarios() -> Vec<(String, Value)> {
         let suite: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let file = path.file_name().unwrap().to_string_lossy().into_owned();
+        let only: Option<Vec<String>> = suite["setups"].as_array().map(|s| {
+            s.iter()
+                .map(|v| v.as_str().expect("setup names").to_owned())
+                .collect()
+        });
         for case in suite["cases"].as_array().expect("cases") {
-            cases.push((file.clone(), case.clone()));
+            cases.push((file.clone(), case.clone(), only.clone()));
         }
     }
     cases
@@ -461,8 +467,21 @@ async fn scenarios_pass_in_every_setup() {
         return;
     }
     let mut skipped = Vec::new();
-    for setup in setups() {
-        for (file, case) in &cases {
+    for setup in setups().into_iter().chain(standby_first_setups()) {
+        for (file, case, only) in &cases {
+            // A file that names its setups runs only there; the others everywhere but there.
+            let kind = if setup.name.starts_with("standby_first") {
+                "standby_first"
+            } else {
+                setup.name
+            };
+            let runs_here = match only {
+                Some(only) => only.iter().any(|s| s == kind),
+                None => kind != "standby_first",
+            };
+            if !runs_here {
+                continue;
+            }
             let what = format!("[{}] {file}: {}", setup.name, case["name"]);
             let mut run = Run {
                 setup: &setup,

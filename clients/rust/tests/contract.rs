@@ -506,6 +506,35 @@ async fn connection_retries_stop_at_the_calls_wait() {
     assert_eq!(accepted.load(Ordering::SeqCst), 2);
 }
 
+/// R2: a statement without a `wait` (here `invalidate_key`) is retried for the client's
+/// `connect_timeout` (600 ms), long enough for a failover: more than the 4 attempts of
+/// before, and no attempt starts past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_retries_last_connect_timeout() {
+    let closing = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = closing.local_addr().unwrap().port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = accepted.clone();
+    let server = tokio::spawn(async move {
+        while let Ok((socket, _)) = closing.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
+            drop(socket);
+        }
+    });
+    let client = client_on(port, Duration::from_millis(600)).await;
+    let started = Instant::now();
+    let got = client.invalidate("r2-budget").await;
+    let took = started.elapsed();
+    server.abort();
+    match got {
+        Err(e) => assert!(e.is_connection_error(), "{e:?}"),
+        Ok(v) => panic!("{v}"),
+    }
+    let attempts = accepted.load(Ordering::SeqCst);
+    assert!(attempts > 4, "{attempts} attempts");
+    assert!(took < Duration::from_millis(600 + 1000), "{took:?}"); // a loaded machine's slack
+}
+
 /// R2, N6: a server that accepts connections and never answers. The first attempt waits
 /// its `connect_timeout` (1 s); no retry starts after the call's `wait` (300 ms) has run
 /// out, where 4 attempts would take 4 s.

@@ -125,7 +125,6 @@ POLL_FIRST, POLL_MAX = 0.05, 1.0
 # or a cancel) and every other error is the server's answer, and repeating it would only
 # repeat the answer, or run a cancelled statement again.
 RETRYABLE_SQLSTATES = ("57P01", "57P02", "57P03")
-RETRY_ATTEMPTS = 4
 
 
 def retryable(sqlstate: Optional[str], connection_lost: bool) -> bool:
@@ -137,12 +136,13 @@ def retryable(sqlstate: Optional[str], connection_lost: bool) -> bool:
 
 
 def retry_pauses():
-    """Pauses before the 2nd, 3rd, ... attempt (R2): none, then 50 ms doubling, jittered."""
+    """Pauses before the 2nd, 3rd, ... attempt (R2): none, then 50 ms doubling to 1 s,
+    jittered; the call's budget (its wait, or connect_timeout) says when to stop."""
     yield 0.0
     delay = POLL_FIRST
     while True:
         yield jittered(delay)
-        delay *= 2
+        delay = min(POLL_MAX, delay * 2)
 
 
 def seconds(value: Optional[Duration], name: str, *, positive: bool = False) -> Optional[float]:

@@ -52,7 +52,7 @@ impl Client {
             let owner = inner
                 .owner(deadline.saturating_duration_since(Instant::now()))
                 .await?;
-            let claim = match with_conn!(inner, until Some(deadline), |c| {
+            let claim = match with_conn!(inner, until deadline, |c| {
                 raw::claim_request_key(c, key, lease, Duration::ZERO, owner, fingerprint)
             }) {
                 Ok(claim) => claim,

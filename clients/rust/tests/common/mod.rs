@@ -15,6 +15,8 @@ pub struct Setup {
     pub pool_dsn: String,
     /// The server itself: LISTEN connections and the test's own admin connection.
     pub direct_dsn: String,
+    /// The LISTEN connection's, when it is not `direct_dsn` (several hosts: N7).
+    pub listen_dsn: Option<String>,
 }
 
 /// `PG_ONCE_DSN` (direct) and, if set, `PG_ONCE_BOUNCER_DSN` (PgBouncer, transaction mode).
@@ -25,12 +27,14 @@ pub fn setups() -> Vec<Setup> {
         name: "direct",
         pool_dsn: direct.clone(),
         direct_dsn: direct.clone(),
+        listen_dsn: None,
     }];
     match std::env::var("PG_ONCE_BOUNCER_DSN") {
         Ok(bouncer) => setups.push(Setup {
             name: "pgbouncer",
             pool_dsn: bouncer,
             direct_dsn: direct,
+            listen_dsn: None,
         }),
         Err(_) => eprintln!("PG_ONCE_BOUNCER_DSN is not set: the PgBouncer setup is skipped"),
     }
@@ -39,10 +43,46 @@ pub fn setups() -> Vec<Setup> {
             name: "tls",
             pool_dsn: tls.clone(),
             direct_dsn: tls,
+            listen_dsn: None,
         }),
         None => eprintln!("PG_ONCE_TLS_DSN is not set: the TLS-only setup is skipped"),
     }
     setups
+}
+
+/// `PG_ONCE_STANDBY_FIRST_DSN` (key/value, `target_session_attrs=read-write`) and
+/// `PG_ONCE_STANDBY_FIRST_URL` (a URL, `primary`): a hot standby of the server listed before
+/// it (docs/clients.md, N7), pool and LISTEN connection alike; the admin connection is
+/// `PG_ONCE_DSN`. Only the conformance scenarios that name the setup run there.
+pub fn standby_first_setups() -> Vec<Setup> {
+    let Ok(direct) = std::env::var("PG_ONCE_DSN") else {
+        return Vec::new();
+    };
+    [
+        ("standby_first_kv", "PG_ONCE_STANDBY_FIRST_DSN"),
+        ("standby_first_url", "PG_ONCE_STANDBY_FIRST_URL"),
+    ]
+    .into_iter()
+    .filter_map(|(name, var)| {
+        let dsn = std::env::var(var).ok()?;
+        Some(Setup {
+            name,
+            pool_dsn: dsn.clone(),
+            direct_dsn: direct.clone(),
+            listen_dsn: Some(dsn),
+        })
+    })
+    .collect()
+}
+
+/// `dsn` with `application_name` set, in either form.
+fn named(dsn: &str, tag: &str) -> String {
+    if dsn.starts_with("postgres://") || dsn.starts_with("postgresql://") {
+        let sep = if dsn.contains('?') { '&' } else { '?' };
+        format!("{dsn}{sep}application_name={tag}")
+    } else {
+        format!("{dsn} application_name={tag}")
+    }
 }
 
 /// `PG_ONCE_TLS_DSN`: a role of the server that may connect only over TLS, with
@@ -55,10 +95,11 @@ impl Setup {
     /// A client like one process's: pooled calls through this setup, LISTEN direct.
     /// `tag` becomes the application_name of its connections (`tag` pooled, `tag-listen`).
     pub async fn client(&self, tag: &str, options: Options) -> Client {
+        let listen = self.listen_dsn.as_deref().unwrap_or(&self.direct_dsn);
         Client::connect(
-            &format!("{} application_name={tag}", self.pool_dsn),
+            &named(&self.pool_dsn, tag),
             Options {
-                listen_conninfo: Some(format!("{} application_name={tag}-listen", self.direct_dsn)),
+                listen_conninfo: Some(named(listen, &format!("{tag}-listen"))),
                 ..options
             },
         )

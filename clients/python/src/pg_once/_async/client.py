@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, overload
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from .. import _common as C
 from .. import _tracing
@@ -441,11 +441,14 @@ class AsyncClient:
             try:
                 owner = await self.owner_pid()
                 try:
-                    row = await self._claim(key, lease, owner, serve_stale, fingerprint)
+                    row = await self._claim(key, lease, owner, serve_stale, fingerprint,
+                                            deadline)
                 except psycopg.errors.InvalidParameterValue:
                     # owner_pid refused (22023): our LISTEN backend went away between reading
-                    # P and the claim. Ask again with the new P once the listener is back (R3).
-                    if listener is None or await listener.owner_pid() == owner:
+                    # P and the claim (a failover: P was the old primary's). Ask again with
+                    # the new P once the listener has noticed and is back (R3).
+                    patience = min(5.0, max(0.0, deadline - time.monotonic()))
+                    if listener is None or owner is None or not await listener.replaced(owner, patience):
                         raise
                     continue
                 if row[0] != "wait":
@@ -567,47 +570,80 @@ class AsyncClient:
 
     # -- one database call each, through the pool ------------------------------------------
 
-    async def _execute(self, name: str, sql: str, params: tuple, many: bool = False):
+    async def _execute(self, name: str, sql: str, params: tuple, many: bool = False,
+                       deadline: Optional[float] = None):
+        """One statement on a pooled connection. A connection failure (rule R1) is tried
+        again on another connection, at once and then after jittered pauses (R2), until
+        `deadline` (time.monotonic(): a claim's wait) or, without one, connect_timeout
+        from now: long enough for a failover to another host of the conninfo (N7)."""
         if not self._opened:
             await self.open()
         self.calls.add(name)
+        if deadline is None:
+            deadline = time.monotonic() + self._connect_timeout
         pauses = C.retry_pauses()
-        for attempt in range(1, C.RETRY_ATTEMPTS + 1):
+        attempt = 0
+        while True:
+            attempt += 1
             if attempt > 1:   # the first attempt goes at once: no sleep(0), no thread switch
-                await A.sleep(next(pauses))
-            async with self.pool.connection() as conn:
-                check_connection(conn)
-                try:
-                    cur = await conn.execute(sql, params, prepare=False)
-                    return await (cur.fetchall() if many else cur.fetchone())
-                except psycopg.Error as exc:
-                    # Only a lost connection is tried again, on another one (rule R1). Every
-                    # call is safe to repeat: if the first one did commit, a repeated
-                    # complete_key/fail_key returns false and heartbeat_key NULL (reported
-                    # as a lost claim), and a repeated claim_key finds our own claim and
-                    # waits for its lease: rare, slower, never wrong.
-                    if attempt == C.RETRY_ATTEMPTS or not C.retryable(exc.sqlstate, conn.broken):
-                        raise
-                    await conn.close()   # so that the pool drops it rather than lend it again
-            log.info("pg_once: %s retried on a fresh connection", name)
+                pause = next(pauses)
+                if attempt > 2 and time.monotonic() + pause >= deadline:
+                    raise failed
+                await A.sleep(pause)
+            try:
+                # A retry waits for a pooled connection no longer than the budget lasts
+                # (a new one goes through the host list to the server that is writable now).
+                timeout = None if attempt == 1 else max(0.05, deadline - time.monotonic())
+                async with self.pool.connection(timeout=timeout) as conn:
+                    check_connection(conn)
+                    try:
+                        cur = await conn.execute(sql, params, prepare=False)
+                        return await (cur.fetchall() if many else cur.fetchone())
+                    except psycopg.Error as exc:
+                        # Only a lost connection is tried again, on another one (rule R1).
+                        # Every call is safe to repeat: if the first one did commit, a
+                        # repeated complete_key/fail_key returns false and heartbeat_key
+                        # NULL (reported as a lost claim, L4), and a repeated claim_key
+                        # finds our own claim and waits for its lease: rare, slower, never
+                        # wrong.
+                        if not C.retryable(exc.sqlstate, conn.broken):
+                            raise
+                        await conn.close()   # so that the pool drops it rather than lend it again
+                        failed = exc
+                        if attempt == 2 and hasattr(self.pool, "drain"):
+                            # Two in a row: the server went away, not one connection (a
+                            # failover, N7). psycopg notices a closed socket only when it
+                            # uses it, so every idle connection to the old server would
+                            # fail a retry in turn: replace them all (psycopg_pool >= 3.3).
+                            await self.pool.drain()
+            except PoolTimeout as exc:
+                # No connection within the pool's timeout: the servers are unreachable or
+                # none qualifies yet (a standby being promoted), a connection failure too.
+                failed = exc
+            log.info("pg_once: %s failed on its connection (%s); retrying", name, failed)
 
-    async def _claim(self, key, lease, owner, serve_stale=False, fingerprint=None):
+    async def _claim(self, key, lease, owner, serve_stale=False, fingerprint=None,
+                     deadline=None):
+        """claim_key, its connection failures retried until `deadline`, the caller's wait (R2)."""
         if fingerprint is not None:
             try:
                 return await self._execute("claim_key", C.CLAIM_KEY_FINGERPRINT,
-                                           (key, lease, owner, fingerprint))
+                                           (key, lease, owner, fingerprint), deadline=deadline)
             except psycopg.errors.UndefinedFunction as exc:   # no fingerprint argument
                 raise ConfigurationError(C.NO_FINGERPRINT_SERVER) from exc
         if serve_stale:
             if owner is None:
                 raise ConfigurationError(C.NO_FRESHNESS_SERVER)
             try:
-                return await self._execute("claim_key", C.CLAIM_KEY_SERVE_STALE, (key, lease, owner))
+                return await self._execute("claim_key", C.CLAIM_KEY_SERVE_STALE, (key, lease, owner),
+                                           deadline=deadline)
             except psycopg.errors.UndefinedFunction as exc:   # no serve_stale argument
                 raise ConfigurationError(C.NO_FRESHNESS_SERVER) from exc
         if owner is None:
-            return await self._execute("claim_key", C.CLAIM_KEY_LEGACY, (key, lease))
-        return await self._execute("claim_key", C.CLAIM_KEY, (key, lease, owner))
+            return await self._execute("claim_key", C.CLAIM_KEY_LEGACY, (key, lease),
+                                       deadline=deadline)
+        return await self._execute("claim_key", C.CLAIM_KEY, (key, lease, owner),
+                                   deadline=deadline)
 
     async def _complete(self, key, token, text, ttl, fresh=C.NO_FRESHNESS):
         """(stored, the result's text as the server keeps it)."""

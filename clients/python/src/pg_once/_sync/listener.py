@@ -75,6 +75,19 @@ class Listener:
             raise psycopg.OperationalError("pg_once: the client is closed")
         return self._pid
 
+    def replaced(self, pid: Optional[int], patience: float) -> bool:
+        """Whether the LISTEN connection whose P was `pid` has been replaced (or is being
+        replaced) within `patience` seconds: a claim refused with 22023 for that pid raced
+        the connection's end, as after a failover, and is asked again with the new P (R3)."""
+        deadline = time.monotonic() + patience
+        while True:
+            if self._pid != pid or not self._connected.is_set():
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            A.sleep(min(0.05, left))
+
     # -- interest in keys ---------------------------------------------------------------
 
     def watch(self, key: str) -> A.Event:
