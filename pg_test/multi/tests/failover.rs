@@ -135,7 +135,10 @@ async fn a_zombie_of_a_lost_timeline_is_fenced_after_an_asynchronous_failover() 
         drawn.sort();
         let distinct = drawn.len();
         drawn.dedup();
-        anyhow::ensure!(drawn.len() == distinct, "the first claims drew one token twice: {drawn:?}");
+        anyhow::ensure!(
+            drawn.len() == distinct,
+            "the first claims drew one token twice: {drawn:?}"
+        );
         // Claims until the new primary's tokens pass the zombie's (at most as many as
         // were lost), then the zombie's key, which the failover freed.
         while drawn.last().is_none_or(|t| *t < zombie_token - 1) && drawn.len() < lost.len() {
