@@ -56,13 +56,14 @@ mod vectors;
 mod worker;
 
 pub use client::{Cached, CallOptions, Client, Options};
-pub use conninfo::{Conninfo, RootCerts, SslMode};
+pub use conninfo::Conninfo;
 pub use error::{Error, Result};
 pub use key::KeySet;
 pub use listener::CHANNEL;
 pub use outcome::{Outcome, OutcomeEvent, OutcomeHook};
 pub use raw::{CachedSql, Claim, Freshness, Job, Owner, Reaped};
 pub use tls::Connector;
+pub use tls::{RootCerts, SslMode};
 pub use worker::{WorkOptions, WorkReport};
 
 /// `d` scaled by a random factor in [0.5, 1.0]: spreads out processes that would

@@ -3,8 +3,51 @@
 //! [`crate::SslMode`]). Without the feature, `disable` and `prefer` connect in plain TCP
 //! and the other modes are a configuration error.
 
-use crate::conninfo::{RootCerts, SslMode};
 use crate::error::{Error, Result};
+use std::path::PathBuf;
+
+/// libpq's `sslmode`. As in libpq, the default is `prefer`, and `require` with a
+/// `sslrootcert` verifies the server's certificate chain as `verify-ca` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SslMode {
+    /// Plain TCP only.
+    Disable,
+    /// TLS if the server offers it, unverified; plain TCP otherwise.
+    Prefer,
+    /// TLS, unverified (verified as `VerifyCa` when `sslrootcert` is given).
+    Require,
+    /// TLS with a certificate chain from a trusted CA, whatever name it is for.
+    VerifyCa,
+    /// TLS with a certificate from a trusted CA for the host connected to.
+    VerifyFull,
+}
+
+impl std::str::FromStr for SslMode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "disable" => SslMode::Disable,
+            "prefer" | "allow" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            other => {
+                return Err(Error::Configuration(format!(
+                    "sslmode={other:?}: expected disable, prefer, require, verify-ca or verify-full"
+                )))
+            }
+        })
+    }
+}
+
+/// The CAs a verified connection trusts: libpq's `sslrootcert`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RootCerts {
+    /// A PEM file of one or more CA certificates.
+    File(PathBuf),
+    /// `sslrootcert=system`: the platform's trusted roots (the `native-roots` feature).
+    System,
+}
 
 #[cfg(feature = "tls")]
 pub type Connector = tokio_postgres_rustls::MakeRustlsConnect;
