@@ -371,12 +371,12 @@ def succeeded(r):
 
 def first_success_after(records, since, promoted):
     """Seconds from `since` (the kill) to the client's first successful call on the new
-    leader: the first success after its first failure since the kill, or, for a client
-    that saw no failure, the first after the promotion. (A call may still succeed just
-    after the kill, on a backend of the old leader that has not yet noticed that its
-    postmaster is gone.)"""
+    leader: the first success after its first failure since the kill, or after the
+    promotion if that came first (a client whose calls just waited through the failover
+    fails nothing). A call may still succeed just after the kill, on a backend of the old
+    leader that has not yet noticed that its postmaster is gone: not counted."""
     fails = [r["t"] for r in records if r["t"] >= since and failed(r)]
-    start = min(fails) if fails else promoted
+    start = min(fails + [promoted])
     ts = [r["t"] for r in records if r["t"] >= start and succeeded(r)]
     return min(ts) - since if ts else None
 
