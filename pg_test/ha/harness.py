@@ -744,6 +744,9 @@ def main():
     p.add_argument("--modes", default="sync async")
     p.add_argument("--zombie", default="1")
     args = p.parse_args()
+    # SIGTERM (test.sh interrupted, a CI timeout) stops the nodes and loads as a failure
+    # does, through the finally below.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.monotonic()
     cluster = Cluster(args)
     figures, problems = {}, []
