@@ -588,6 +588,14 @@ def check_mode(cluster, leader, mode, files, orphans, problems):
             if not e or e[0] != "done" or e[2] != v:
                 lost += 1
                 lost_keys.append(key)
+    # Answers that waited for another caller's computation: not computed here, and
+    # slower than a hit could be (the computations take 100 ms).
+    waited = sum(1 for c in CLIENTS for r in recs[c]
+                 if r["op"] == "get" and r.get("ok") and not r.get("computed")
+                 and r.get("ms", 0) >= 50)
+    if not waited:
+        problems.append(f"{mode}: no call waited for another's computation: the load "
+                        "proves nothing about waiters")
     twice = sorted(k for k, vs in computed.items() if len(vs) > 1)
     differing = sorted(k for k, vs in values.items() if len(vs) > 1)
     enq_acked = sum(1 for r in recs["checker"] if r["op"] == "enqueue")
@@ -604,6 +612,7 @@ def check_mode(cluster, leader, mode, files, orphans, problems):
     f.update({
         "acknowledged_completions": acked,
         "acknowledged_completions_lost": lost,
+        "answers_after_waiting": waited,
         "keys_computed_twice": len(twice),
         "keys_answered_two_values": len(differing),
         "enqueues_acknowledged": enq_acked,

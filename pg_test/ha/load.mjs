@@ -136,7 +136,8 @@ async function getter() {
       }, { lease: 10, wait: WAIT });
       const computed = mine.has(v.u) && !reported.has(v.u);
       reported.add(v.u);
-      record({ op: 'get', key, ok: true, value: v, computed, slow: Date.now() - started > (WAIT + SLACK) * 1000 });
+      const ms = Date.now() - started;
+      record({ op: 'get', key, ok: true, value: v, computed, ms, slow: ms > (WAIT + SLACK) * 1000 });
     } catch (err) {
       record({ op: 'get', key, ok: false, error: `${err?.name}: ${err?.message}`.slice(0, 200),
         slow: Date.now() - started > (WAIT + SLACK) * 1000 });

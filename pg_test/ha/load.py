@@ -59,8 +59,9 @@ async def run(args):
                 v = await client.get_or_compute(key, compute, lease=10, wait=WAIT)
                 computed = v["u"] in mine and v["u"] not in reported
                 reported.add(v["u"])
+                took = time.monotonic() - started
                 record(op="get", key=key, ok=True, value=v, computed=computed,
-                       slow=time.monotonic() - started > WAIT + SLACK)
+                       ms=round(took * 1000), slow=took > WAIT + SLACK)
             except Exception as exc:   # a connection error in flight: asked again below
                 record(op="get", key=key, ok=False, error=f"{type(exc).__name__}: {exc}"[:200],
                        slow=time.monotonic() - started > WAIT + SLACK)

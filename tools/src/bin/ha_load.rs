@@ -124,8 +124,9 @@ async fn main() -> Result<()> {
                         let u = v["u"].as_str().unwrap_or_default().to_string();
                         let computed =
                             mine.lock().unwrap().contains(&u) && reported.lock().unwrap().insert(u);
+                        let ms = started.elapsed().as_millis() as u64;
                         log.record(json!({"op": "get", "key": key, "ok": true, "value": v,
-                                          "computed": computed, "slow": slow}));
+                                          "computed": computed, "ms": ms, "slow": slow}));
                     }
                     Err(e) => {
                         log.record(json!({"op": "get", "key": key, "ok": false,
