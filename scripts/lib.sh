@@ -48,7 +48,7 @@ export CARGO_PGRX_DISABLE_GC_SECTIONS_WORKAROUND=1
 
 DEBIAN_PACKAGES=(sudo postgresql-15 postgresql-server-dev-15 libclang-dev clang pgbouncer
                  pkg-config libssl-dev build-essential curl prometheus-postgres-exporter
-                 prometheus chromium postgresql-15-cron)
+                 prometheus chromium postgresql-15-cron patroni etcd-server)
 
 # pg_once's version: Cargo.toml's, the one place it is written (the control file's
 # default_version, the packages and META.json take it from there).

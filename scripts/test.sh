@@ -30,7 +30,12 @@
 #                                   standby of the preloaded server; crash and restart
 #                                   tests that kill -9 and stop -m immediate; fencing
 #                                   tokens across DROP/CREATE EXTENSION and pg_restore;
-#                                   pg_once's launcher and workers terminated
+#                                   pg_once's launcher and workers terminated; on 15,
+#                                   failover under Patroni (scripts/ha-test.sh: three
+#                                   preloaded nodes, the three clients' load, kill -9 of
+#                                   the leader, a switchover, sync and async replication,
+#                                   the zombie scenario; ports 40 to 59 above
+#                                   $PG_ONCE_TEST_PORT)
 #   5. invariant soak               tools' soak: random operations, killed connections,
 #                                   guarantees checked throughout (about a minute in all)
 #   6. client libraries             clients/python (psycopg 3), clients/node (pg),
@@ -264,6 +269,13 @@ run_server_tests() {
         # and read the server's log: alone, one at a time, too.
         PG_ONCE_DATA_DIR=$PG_ONCE_WORK/$name/data PG_ONCE_SERVER_LOG=$PG_ONCE_WORK/$name/server.log \
             cargo test -p pg_once_multi --quiet --test worker -- --test-threads=1
+        if [ "$name" = preloaded ] && [ "$PG_MAJOR" = 15 ]; then
+            # Its own three-node cluster of the same installation, managed by Patroni
+            # (pg_test/ha/README.md). 15 only: what it tests is replication and the
+            # clients, which no server version changes.
+            say "4/9 failover under Patroni: kill -9 of the leader, a switchover, sync and async"
+            PG_ONCE_WORK=$PG_ONCE_WORK PG_ONCE_HA_PORT=$((PORT + 40)) ./scripts/ha-test.sh
+        fi
     fi
 
     if step 5; then
