@@ -3,25 +3,19 @@
 // stop file appears. Every call is one JSON line in --out.
 //
 // Connecting: the client is given the multi-host URL users would write
-// (postgres://h1:p1,h2:p2/db?target_session_attrs=read-write). A client without
-// multi-host support refuses it when it connects; this load then does what its users have
-// to do today: find the primary among --hosts itself, connect there, and after a failed
-// call look again and reconnect if the primary moved. Its records say which
-// (`multihost` in the start record).
-import { createRequire } from 'node:module';
+// (postgres://h1:p1,h2:p2/db?target_session_attrs=read-write) and finds the primary
+// itself, after a failover too (docs/clients.md, N7).
 import { existsSync, openSync, writeSync } from 'node:fs';
 import { randomUUID } from 'node:crypto';
 import { parseArgs } from 'node:util';
 import { OnceClient } from '../../clients/node/src/index.mjs';
 
-const require = createRequire(new URL('../../clients/node/package.json', import.meta.url));
-const pg = require('pg');
 
 const WAIT = 10; // each call's wait (seconds); a later answer (plus slack) is reported
 const SLACK = 2;
 const { values: args } = parseArgs({
   options: {
-    url: { type: 'string' }, hosts: { type: 'string' }, mode: { type: 'string' },
+    url: { type: 'string' }, mode: { type: 'string' },
     stop: { type: 'string' }, out: { type: 'string' },
   },
 });
@@ -30,32 +24,9 @@ const record = (rec) => writeSync(out, JSON.stringify({ ...rec, t: Date.now() / 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const within = (p, ms) => Promise.race([p, sleep(ms)]);
 
-// The primary among --hosts, as target_session_attrs=read-write would pick it; null if none.
-async function findPrimary() {
-  for (const hp of args.hosts.split(',')) {
-    const [host, port] = hp.split(':');
-    const c = new pg.Client({ host, port: Number(port), user: 'postgres', database: 'postgres',
-      connectionTimeoutMillis: 2000 });
-    c.on('error', () => {});
-    try {
-      await c.connect();
-      const { rows } = await c.query('SELECT pg_is_in_recovery() AS r');
-      if (!rows[0].r) return `postgres://postgres@${host}:${port}/postgres`;
-    } catch {
-      // down or starting: the next one
-    } finally {
-      c.end().catch(() => {});
-    }
-  }
-  return null;
-}
-
 const opts = { poolSize: 4, connectTimeout: 3, onError: () => {} };
-let multihost = false;
 let client = null;
-let current = null;
 let worker = null;
-let reconnecting = null;
 
 async function handler(job) {
   record({ op: 'job', key: job.key, token: job.token });
@@ -68,55 +39,9 @@ function startWorker() {
   worker.done.catch((err) => record({ op: 'worker-stopped', error: String(err).slice(0, 200) }));
 }
 
-async function connect() {
-  try {
-    client = await OnceClient.connect(args.url, opts);
-    multihost = true;
-  } catch (err) {
-    record({ op: 'no-multihost', error: String(err).slice(0, 200) });
-    for (;;) {
-      current = await findPrimary();
-      if (current) {
-        try {
-          client = await OnceClient.connect(current, opts);
-          break;
-        } catch {
-          // promoted meanwhile, or still starting: look again
-        }
-      }
-      await sleep(100);
-    }
-  }
-  startWorker();
-}
-
-// After a failed call, without multi-host support: reconnect if the primary moved.
-function maybeReconnect() {
-  if (multihost || reconnecting) return reconnecting;
-  reconnecting = (async () => {
-    const primary = await findPrimary();
-    if (primary && primary === current) return;
-    const old = client;
-    await within(old.end({ refreshTimeout: 0 }).catch(() => {}), 3000);
-    for (;;) {
-      current = primary ?? (await findPrimary());
-      if (current) {
-        try {
-          client = await OnceClient.connect(current, opts);
-          break;
-        } catch {
-          // not ready yet
-        }
-      }
-      await sleep(100);
-    }
-    startWorker();
-  })().finally(() => { reconnecting = null; });
-  return reconnecting;
-}
-
-await connect();
-record({ op: 'start', multihost });
+client = await OnceClient.connect(args.url, opts);
+startWorker();
+record({ op: 'start', multihost: true });
 let stopping = false;
 let pending = 0;
 const mine = new Set();
@@ -141,7 +66,6 @@ async function getter() {
     } catch (err) {
       record({ op: 'get', key, ok: false, error: `${err?.name}: ${err?.message}`.slice(0, 200),
         slow: Date.now() - started > (WAIT + SLACK) * 1000 });
-      await maybeReconnect();
       await sleep(100);
     } finally {
       pending -= 1;
@@ -154,6 +78,6 @@ const getters = [getter(), getter()];
 while (!existsSync(args.stop)) await sleep(100);
 stopping = true;
 await within(Promise.all(getters), (WAIT + SLACK) * 1000);
-record({ op: 'end', pending, multihost });
+record({ op: 'end', pending, multihost: true });
 await within(client.end({ refreshTimeout: 1 }).catch(() => {}), 5000);
 process.exit(0);
