@@ -243,6 +243,21 @@ pub(crate) struct Inner {
     pub refreshes: Refreshes,
 }
 
+impl refresh::Refresher for Inner {
+    fn refreshes(&self) -> &Refreshes {
+        &self.refreshes
+    }
+
+    fn give_back<'a>(&'a self, key: &'a str, token: i64) -> BoxFuture<'a, ()> {
+        async move {
+            if let Err(e) = with_conn!(self, |c| raw::release_key(c, key, token)) {
+                tracing::warn!(key, error = %e, "pg_once: could not release a refresh's claim");
+            }
+        }
+        .boxed()
+    }
+}
+
 /// Held by every clone of a [`Client`] and by nothing else (the client's own tasks hold
 /// [`Inner`]): when the last clone is dropped, background refreshes are stopped and their
 /// keys given back, rather than keeping the client's connections alive for them.
@@ -996,7 +1011,12 @@ async fn resolve(
                 return match claim.result {
                     // Serve the previous result now; recompute in the background.
                     Some(previous) => {
-                        refresh::start(inner, key, token, compute, s).await;
+                        let run = {
+                            let (inner, key, s) = (inner.clone(), key.to_owned(), s.clone());
+                            async move { run_claimed(&inner, &key, token, compute, &s).await }
+                                .boxed()
+                        };
+                        refresh::start(inner, key, token, run).await;
                         Ok((previous, Outcome::Refresh))
                     }
                     // Nothing to serve meanwhile: compute now, as for `claimed`.

@@ -8,8 +8,9 @@
 //! clone is dropped, so that another caller refreshes the key instead of waiting for the
 //! claim to be noticed dead.
 
-use crate::client::{run_claimed, Compute, Inner, Resolved};
-use crate::raw;
+use crate::error::Result;
+use futures_util::future::BoxFuture;
+use serde_json::Value;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -90,64 +91,63 @@ impl Refreshes {
     }
 }
 
+/// What a refresh needs of its client: the client's refreshes, and a way to give a claim
+/// back (`release_key`, a failure logged: the claim then ends with its lease or the LISTEN
+/// connection). The client implements it; this module knows nothing else of it.
+pub(crate) trait Refresher: Send + Sync + 'static {
+    fn refreshes(&self) -> &Refreshes;
+    fn give_back<'a>(&'a self, key: &'a str, token: i64) -> BoxFuture<'a, ()>;
+}
+
 /// Recompute `key`, whose claim (`token`) came with outcome `refresh`, on a task of its
-/// own. If the client is shutting down, or a refresh of the key still runs here (one whose
-/// claim was lost and that has not noticed yet), the claim is given back instead: another
-/// caller refreshes the key.
-pub(crate) async fn start(
-    inner: &Arc<Inner>,
+/// own: `run` computes, heartbeats and completes or fails the key. If the client is
+/// shutting down, or a refresh of the key still runs here (one whose claim was lost and
+/// that has not noticed yet), the claim is given back instead: another caller refreshes
+/// the key.
+pub(crate) async fn start<R: Refresher>(
+    client: &Arc<R>,
     key: &str,
     token: i64,
-    compute: Compute,
-    settings: &Resolved,
+    run: BoxFuture<'static, Result<Value>>,
 ) {
-    let started = inner
-        .refreshes
+    let started = client
+        .refreshes()
         .state
         .send_if_modified(|s| s.phase == Phase::Open && s.running.insert(key.to_owned()));
     if !started {
-        give_back(inner, key, token).await;
+        client.give_back(key, token).await;
         return;
     }
     let running = Running {
-        inner: inner.clone(),
+        client: client.clone(),
         key: key.to_owned(),
     };
-    let mut state = inner.refreshes.state.subscribe();
-    let settings = settings.clone();
+    let mut state = client.refreshes().state.subscribe();
     tokio::spawn(async move {
-        let (inner, key) = (&running.inner, running.key.as_str());
+        let (client, key) = (&running.client, running.key.as_str());
         let stopped = async { drop(state.wait_for(|s| s.phase == Phase::Stopped).await) };
         tokio::select! {
             // Nobody awaits the outcome: a compute error was stored by fail_key, and
             // callers see it (with the previous result) until the next refresh.
-            result = run_claimed(inner, key, token, compute, &settings) => match result {
+            result = run => match result {
                 Ok(_) => tracing::debug!(key, "pg_once: refreshed in the background"),
                 Err(e) => tracing::warn!(key, error = %e, "pg_once: a background refresh failed; the previous result stays served"),
             },
-            () = stopped => give_back(inner, key, token).await,
+            () = stopped => client.give_back(key, token).await,
         }
     });
 }
 
-/// Release a refresh's claim, so that another caller refreshes the key; a failure is
-/// logged (the claim then ends with its lease or the LISTEN connection).
-async fn give_back(inner: &Inner, key: &str, token: i64) {
-    if let Err(e) = with_conn!(inner, |c| raw::release_key(c, key, token)) {
-        tracing::warn!(key, error = %e, "pg_once: could not release a refresh's claim");
-    }
-}
-
 /// A key's place in the running set, left when its task ends or is dropped (with its
 /// runtime, say).
-struct Running {
-    inner: Arc<Inner>,
+struct Running<R: Refresher> {
+    client: Arc<R>,
     key: String,
 }
 
-impl Drop for Running {
+impl<R: Refresher> Drop for Running<R> {
     fn drop(&mut self) {
-        self.inner.refreshes.state.send_modify(|s| {
+        self.client.refreshes().state.send_modify(|s| {
             s.running.remove(&self.key);
         });
     }
