@@ -12,7 +12,8 @@
 # against pgrx's bindings, with no server.
 #
 #   1. formatting and lints         cargo fmt --check, cargo clippy -D warnings,
-#                                   check-boundary (SQL declarations = Rust signatures)
+#                                   check-boundary (SQL declarations = Rust signatures),
+#                                   check-cycles (no modules that import each other)
 #                                   and check-sql (the scripts' operators are pg_catalog's)
 #   2. single-session unit tests    cargo pgrx test (#[pg_test]s in src/tests/, and plain
 #                                   #[test]s of code with no PostgreSQL in it)
@@ -166,6 +167,7 @@ if step 1 && [ "$PG_MAJOR" = 15 ]; then
     cargo fmt --all --check
     cargo clippy --workspace --all-targets --quiet -- -D warnings
     python3 scripts/check-boundary.py
+    python3 scripts/check-cycles.py
     # Every operator the install and upgrade scripts resolve is pg_catalog's, checked with
     # PostgreSQL's own parser (pglast, from PyPI, in a virtualenv of its own).
     check_venv=$PG_ONCE_WORK/check-venv
