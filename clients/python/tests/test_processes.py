@@ -11,6 +11,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from conftest import Child
+from pg_once._common import RECHECK_SECONDS
 
 
 def test_many_processes_one_computation_per_key(setup, key):
@@ -26,9 +27,15 @@ def test_many_processes_one_computation_per_key(setup, key):
     # One computing process per key: every caller of a key got that process's value.
     for k in keys:
         assert len({a["value"]["pid"] for a in answers if a["key"] == k}) == 1
-    # Coalescing: 10 callers per process, a few claim_key calls (rechecks while waiting).
+    # Coalescing: the 10 callers of a key in a process make one claim_key at a time: a
+    # first look, a look when woken, and one more per recheck while they wait (at most one
+    # a RECHECK_SECONDS). How long they wait is the machine's to say (on a loaded one, the
+    # computing process may start seconds later), so the bound counts it; without
+    # coalescing each caller would look on its own, 5 per key at least.
     for r in reports:
-        assert r["claim_key"] <= 2 * len(keys) + 2, r["claim_key"]
+        waited = {k: max(a["seconds"] for a in r["answers"] if a["key"] == k) for k in keys}
+        looks = sum(2 + int(w / RECHECK_SECONDS) for w in waited.values())
+        assert r["claim_key"] <= looks, (r["claim_key"], waited)
 
 
 def test_killed_owner_process_is_taken_over_within_seconds(setup, clients, key):
