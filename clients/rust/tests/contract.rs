@@ -474,12 +474,9 @@ async fn client_on(port: u16, connect_timeout: Duration) -> Client {
     .expect("client")
 }
 
-/// R2, N6: retries of a connection failure stop at the call's own `wait`. A server that
-/// closes every connection at once: with `wait` 20 ms the call is tried twice (the second
-/// at once; the third would come after a pause of at least 25 ms, past the wait) and
-/// returns the connection error, where the retries alone would try it 4 times.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connection_retries_stop_at_the_calls_wait() {
+/// A server that closes every connection at once: its port, how many connections it
+/// accepted, and its task (abort it when done).
+async fn closing_server() -> (u16, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
     let closing = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = closing.local_addr().unwrap().port();
     let accepted = Arc::new(AtomicUsize::new(0));
@@ -490,6 +487,16 @@ async fn connection_retries_stop_at_the_calls_wait() {
             drop(socket);
         }
     });
+    (port, accepted, server)
+}
+
+/// R2, N6: retries of a connection failure stop at the call's own `wait`. A server that
+/// closes every connection at once: with `wait` 20 ms the call is tried twice (the second
+/// at once; the third would come after a pause of at least 25 ms, past the wait) and
+/// returns the connection error, where the retries alone would try it 4 times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_retries_stop_at_the_calls_wait() {
+    let (port, accepted, server) = closing_server().await;
     let client = client_on(port, Duration::from_secs(10)).await;
     let opts = CallOptions {
         wait: Some(Duration::from_millis(20)),
@@ -511,16 +518,7 @@ async fn connection_retries_stop_at_the_calls_wait() {
 /// before, and no attempt starts past it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_retries_last_connect_timeout() {
-    let closing = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = closing.local_addr().unwrap().port();
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let counter = accepted.clone();
-    let server = tokio::spawn(async move {
-        while let Ok((socket, _)) = closing.accept().await {
-            counter.fetch_add(1, Ordering::SeqCst);
-            drop(socket);
-        }
-    });
+    let (port, accepted, server) = closing_server().await;
     let client = client_on(port, Duration::from_millis(600)).await;
     let started = Instant::now();
     let got = client.invalidate("r2-budget").await;
