@@ -267,6 +267,7 @@ pub async fn claim_key_fingerprinted(
 /// takes thousands: none a client wrote) comes back as the JSON string
 /// [`UNDECODABLE_RESULT`], which the layer refuses as an untrusted entry, instead of an
 /// error that would read as the store being unavailable.
+#[cfg(feature = "http")]
 pub(crate) async fn claim_request_key(
     client: &Client,
     key: &str,
