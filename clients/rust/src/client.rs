@@ -5,9 +5,11 @@ use crate::conninfo::Conninfo;
 use crate::error::{Error, Result};
 use crate::key;
 use crate::listener::{Interest, Listener};
-use crate::outcome::{Outcome, OutcomeEvent, OutcomeHook};
-use crate::raw::{self, Claim, Freshness, Owner};
+use crate::options::{freshness, CallOptions, Options, Resolved};
+use crate::outcome::{Outcome, OutcomeEvent};
+use crate::raw::{self, Claim, Owner};
 use crate::refresh::{self, Refreshes};
+use crate::values::as_stored;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use serde::de::DeserializeOwned;
@@ -20,129 +22,6 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::watch;
 use tracing::Instrument;
-
-/// How a [`Client`] claims, waits and caches. Every field has a default
-/// (`Options::default()`); per-call overrides go in [`CallOptions`].
-#[derive(Debug, Clone)]
-pub struct Options {
-    /// Lease of a claim; heartbeats renew it every `lease / 3`. Default 30 s.
-    pub lease: Duration,
-    /// How long a call waits in total for someone else's computation before
-    /// [`Error::Timeout`]. Default 30 s.
-    pub wait: Duration,
-    /// How long results are cached (None: until invalidated). Default None.
-    pub ttl: Option<Duration>,
-    /// Stale-while-revalidate: after `ttl`, a result stays servable for this much longer.
-    /// A call in that window gets the old result at once, and the first one (across every
-    /// process) recomputes the key in the background of its process. Zero: none (the
-    /// result is gone at `ttl`, and callers wait for its recomputation). Needs `ttl`.
-    /// Default zero.
-    pub stale: Duration,
-    /// XFetch early refresh (0 < beta <= 100; zero: none): before `ttl` ends, a hit may
-    /// return the result and recompute the key in the background, the likelier the
-    /// closer the expiry and the longer the last computation took; 1 is the paper's
-    /// choice, more refreshes earlier. Needs `ttl`. Default zero.
-    pub beta: f64,
-    /// 0 <= jitter < 1: each result's `ttl` is shortened by up to this fraction, at
-    /// random, so that keys filled together do not expire together. Needs `ttl`. Default
-    /// zero.
-    pub jitter: f64,
-    /// How long a failure is served to other callers before the key may be computed again.
-    /// Default 5 s, as in the Python and Node clients: long enough that the crowd woken by
-    /// the failure shares it instead of each retrying a broken upstream, short enough not
-    /// to poison the key.
-    pub retry_after: Duration,
-    /// Use the process's LISTEN connection (owner liveness and wake-ups). Default true.
-    /// With false, waiting calls poll with jittered backoff (50 ms doubling to 1 s) and
-    /// claims are held by their lease alone (`owner_pid => 0`).
-    pub listen: bool,
-    /// Conninfo of the LISTEN connection: direct or session-pooled, never
-    /// transaction-pooled. Default: the conninfo given to [`Client::connect`]; required
-    /// with [`Client::from_pool`] when `listen` is true.
-    pub listen_conninfo: Option<String>,
-    /// Called once per finished `get_or_compute` with how it was answered and how long
-    /// it took (rule O1). Default None.
-    pub on_outcome: Option<OutcomeHook>,
-    /// Connections in the pool made by [`Client::connect`]. Default 10.
-    pub pool_size: usize,
-    /// How long getting a pooled connection may take, waiting for a free one or making a
-    /// new one, before the call fails with [`Error::Pool`] (rule N6). Applies to the pool
-    /// [`Client::connect`] makes; a pool given to [`Client::from_pool`] keeps its own
-    /// timeouts. Default 10 s.
-    pub connect_timeout: Duration,
-    /// How often a waiting call asks the server again without a notification (jittered).
-    /// Default 1 s.
-    pub recheck: Duration,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            lease: Duration::from_secs(30),
-            wait: Duration::from_secs(30),
-            ttl: None,
-            stale: Duration::ZERO,
-            beta: 0.0,
-            jitter: 0.0,
-            retry_after: Duration::from_secs(5),
-            listen: true,
-            listen_conninfo: None,
-            on_outcome: None,
-            pool_size: 10,
-            connect_timeout: Duration::from_secs(10),
-            recheck: Duration::from_secs(1),
-        }
-    }
-}
-
-/// Per-call overrides of [`Options`]; None keeps the client's setting.
-#[derive(Debug, Clone, Default)]
-pub struct CallOptions {
-    pub lease: Option<Duration>,
-    pub wait: Option<Duration>,
-    /// `Some(None)`: cache until invalidated.
-    pub ttl: Option<Option<Duration>>,
-    /// `Some(Duration::ZERO)`: no stale window.
-    pub stale: Option<Duration>,
-    /// `Some(0.0)`: no early refresh.
-    pub beta: Option<f64>,
-    /// `Some(0.0)`: no jitter.
-    pub jitter: Option<f64>,
-    pub retry_after: Option<Duration>,
-}
-
-/// The settings one call runs with.
-#[derive(Debug, Clone)]
-pub(crate) struct Resolved {
-    pub lease: Duration,
-    pub wait: Duration,
-    pub freshness: Freshness,
-    pub retry_after: Duration,
-}
-
-/// The `complete_key` arguments for a ttl and the freshness options as [`Options`] and
-/// [`CallOptions`] give them (zero: none, i.e. NULL). Options that cannot work without a
-/// ttl are refused before any key is claimed, rather than by `complete_key` after the
-/// computation.
-pub(crate) fn freshness(
-    ttl: Option<Duration>,
-    stale: Duration,
-    beta: f64,
-    jitter: f64,
-) -> Result<Freshness> {
-    let f = Freshness {
-        ttl,
-        stale: (!stale.is_zero()).then_some(stale),
-        beta: (beta != 0.0).then_some(beta),
-        jitter: (jitter != 0.0).then_some(jitter),
-    };
-    if ttl.is_none() && (f.stale.is_some() || f.beta.is_some() || f.jitter.is_some()) {
-        return Err(Error::InvalidOption(
-            "stale, beta and jitter apply to a result that expires: set a ttl too".into(),
-        ));
-    }
-    Ok(f)
-}
 
 /// Run one pg_once call on a pooled connection, held only for that call:
 /// `with_conn!(inner, |c| raw::claim_key(c, ...))` evaluates to the call's `Result`.
@@ -738,55 +617,6 @@ impl<A, F> Cached<A, F> {
     }
 }
 
-/// `value` as every other caller reads it from the server (V1): jsonb keeps numbers as
-/// `numeric`, which writes a float given with an exponent in plain digits, so that
-/// `1.2345678901234567e19` reads back as the integer `12345678901234567000`.
-pub(crate) fn as_stored(value: Value) -> Value {
-    match value {
-        Value::Number(n) if n.is_f64() => {
-            let text = n.to_string();
-            match text.split_once(['e', 'E']) {
-                Some((mantissa, exponent)) => {
-                    let plain = plain_decimal(mantissa, exponent.parse().unwrap_or(0));
-                    serde_json::from_str(&plain).unwrap_or(Value::Number(n))
-                }
-                None => Value::Number(n),
-            }
-        }
-        Value::Array(items) => Value::Array(items.into_iter().map(as_stored).collect()),
-        Value::Object(members) => Value::Object(
-            members
-                .into_iter()
-                .map(|(k, v)| (k, as_stored(v)))
-                .collect(),
-        ),
-        other => other,
-    }
-}
-
-/// `mantissa` times ten to `exponent`, in plain digits, as PostgreSQL's numeric writes it.
-fn plain_decimal(mantissa: &str, exponent: i32) -> String {
-    let (sign, mantissa) = match mantissa.strip_prefix('-') {
-        Some(m) => ("-", m),
-        None => ("", mantissa),
-    };
-    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
-    let digits = format!("{int}{frac}");
-    let point = int.len() as i32 + exponent; // where the decimal point goes in `digits`
-    let body = if point <= 0 {
-        format!("0.{}{digits}", "0".repeat((-point) as usize))
-    } else if point as usize >= digits.len() {
-        format!("{digits}{}", "0".repeat(point as usize - digits.len()))
-    } else {
-        format!(
-            "{}.{}",
-            &digits[..point as usize],
-            &digits[point as usize..]
-        )
-    };
-    format!("{sign}{body}")
-}
-
 /// Whether `value` reads back as a `T`: see `get_or_compute_checked`.
 fn reads_back<T: DeserializeOwned>(value: &Value) -> serde_json::Result<()> {
     T::deserialize(value).map(drop)
@@ -1211,8 +1041,7 @@ pub(crate) async fn run_claimed(
 
 #[cfg(test)]
 mod tests {
-    use super::{as_stored, failure_text, type_name_of};
-    use serde_json::json;
+    use super::{failure_text, type_name_of};
 
     #[derive(Debug)]
     struct Upstream;
@@ -1247,18 +1076,6 @@ mod tests {
         assert_eq!(
             type_name_of::<Box<dyn std::error::Error + Send + Sync>>(),
             "Error"
-        );
-    }
-
-    #[test]
-    fn numbers_read_back_as_jsonb_writes_them() {
-        assert_eq!(
-            as_stored(json!(1.2345678901234567e19)),
-            json!(12345678901234567000u64)
-        );
-        assert_eq!(
-            as_stored(json!([1e-7, 2.5, 1.0, -3e2])),
-            json!([0.0000001, 2.5, 1.0, -300.0])
         );
     }
 

@@ -47,19 +47,22 @@ mod error;
 pub mod http;
 pub mod key;
 mod listener;
+mod options;
 mod outcome;
 pub mod raw;
 mod refresh;
 mod tls;
+mod values;
 #[cfg(test)]
 mod vectors;
 mod worker;
 
-pub use client::{Cached, CallOptions, Client, Options};
+pub use client::{Cached, Client};
 pub use conninfo::Conninfo;
 pub use error::{Error, Result};
 pub use key::KeySet;
 pub use listener::CHANNEL;
+pub use options::{CallOptions, Options};
 pub use outcome::{Outcome, OutcomeEvent, OutcomeHook};
 pub use raw::{CachedSql, Claim, Freshness, Job, Owner, Reaped};
 pub use tls::Connector;
