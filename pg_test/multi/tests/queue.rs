@@ -98,6 +98,14 @@ async fn row_taken_is_true_only_for_versions_held_or_replaced_elsewhere() -> Res
     let admin = admin().await?;
     let other = session().await?;
     let key = fresh_key("taken");
+    // A snapshot older than every change below, so that no old version of the row is
+    // pruned while the test asks about it: a pruned version is simply not there, and
+    // row_taken rightly answers false (a "no" never does harm). Without it, another
+    // test's access to the same page pruned the deleted version under load.
+    let horizon = session().await?;
+    horizon
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
+        .await?;
     admin
         .execute("SELECT once.enqueue_key($1)", &[&key])
         .await?;
@@ -192,6 +200,8 @@ async fn row_taken_is_true_only_for_versions_held_or_replaced_elsewhere() -> Res
         Some(true),
         "deleted, committed"
     );
+
+    horizon.batch_execute("COMMIT").await?;
 
     // Bad input: no such row version, or NULL.
     assert_eq!(taken(&admin, "(4294967294,1)").await?, Some(false));
