@@ -80,7 +80,8 @@
 # range (32768-60999), so that no client socket of an earlier test can hold them. For step
 # 4 the preloaded server also gets a hot standby (pg_basebackup -R) on the port after it
 # (PG_ONCE_STANDBY_DSN); for step 7 each server gets a postgres_exporter 20 ports higher,
-# and the preloaded one dashboards (pg-once-ui) on the four ports 30 above it.
+# and the preloaded one dashboards (pg-once-ui) on four ports from 34 above it. Every
+# port a run uses is in PORT_OFFSETS below.
 # Step 8 runs once the servers of steps 3 to 7 (which load the build `cargo pgrx install`
 # put in place) are stopped: the package replaces those files. Its cluster listens on the
 # port 5 above $PG_ONCE_TEST_PORT; step 9's on the port 4 above it (and its PgBouncer 10
@@ -126,6 +127,21 @@ case $PG_MAJOR in
     *) port_var=PG_ONCE_TEST_PORT_$PG_MAJOR
        PORT=${!port_var:-$((${PG_ONCE_TEST_PORT:-25432} + 100 * (PG_MAJOR - 15)))} ;;
 esac
+# Every port a run listens on, as an offset from this version's PORT: one table, so that a
+# new server takes a free offset instead of one another suite already uses. The SQL
+# edition's scripts use the port after theirs for a standby or pg_tle's copy.
+declare -A PORT_OFFSETS=(
+    [plain]=0 [preloaded]=1 [preloaded-standby]=2 [preloaded-failover]=3
+    [upgrade]=4 [package]=5 [edition]=6 [edition-standby]=7 [edition-more]=8 [edition-tle]=9
+    [plain-bouncer]=10 [preloaded-bouncer]=11
+    [upgrade-bouncer]=14                         # upgrade-test.sh's own, 10 above its server
+    [plain-exporter]=20 [preloaded-exporter]=21
+    [plain-ui]=30 [preloaded-ui]=35              # each dashboard test uses 4 from there
+    [ha]=40                                      # to 59: etcd and Patroni (ha-test.sh)
+    [clients-primary]=61 [clients-standby]=62    # the pair scripts/failover.sh promotes
+)
+# port_of NAME: the port of NAME in PORT_OFFSETS (an unknown name fails the run).
+port_of() { echo $((PORT + ${PORT_OFFSETS[$1]})); }
 # Servers run with Rust backtraces on, as a developer's might: no error a client sees may
 # carry one (see errors::plain).
 export RUST_BACKTRACE=1
@@ -217,9 +233,9 @@ run_pgxs_suite() {
 run_server_tests() {
     local name=$1 port=$2; shift 2
     cluster_start "$name" "$port" "max_prepared_transactions = 10" "$@"
-    pgbouncer_start "$name-bouncer" $((port + 10)) "$port" 6
+    pgbouncer_start "$name-bouncer" $(port_of "$name-bouncer") "$port" 6
     export PG_ONCE_DSN="host=127.0.0.1 port=$port user=postgres dbname=postgres"
-    export PG_ONCE_BOUNCER_DSN="host=127.0.0.1 port=$((port + 10)) user=postgres dbname=postgres"
+    export PG_ONCE_BOUNCER_DSN="host=127.0.0.1 port=$(port_of "$name-bouncer") user=postgres dbname=postgres"
 
     if step 3; then
         say "3/9 SQL regression tests, $name server: pg_regress"
@@ -242,10 +258,10 @@ run_server_tests() {
             --test namespaces --test freshness --test announcements --test attacks --test sweep --test counts
         if [ "$name" = preloaded ]; then
             say "4/9 hot standby of the $name server"
-            standby_start "$name-standby" $((port + 1)) "$port"
+            standby_start "$name-standby" "$(port_of "$name-standby")" "$port"
             # One at a time, with nothing else writing: a waiting claim_key on a standby
             # holds back replay of the primary's cleanups, and so the change it waits for.
-            PG_ONCE_STANDBY_DSN="host=127.0.0.1 port=$((port + 1)) user=postgres dbname=postgres" \
+            PG_ONCE_STANDBY_DSN="host=127.0.0.1 port=$(port_of "$name-standby") user=postgres dbname=postgres" \
                 cargo test -p pg_once_multi --quiet --test standby -- --test-threads=1
             cluster_stop "$name-standby"
         fi
@@ -260,10 +276,10 @@ run_server_tests() {
         # preloaded server, with a standby the test stops, promotes and throws away.
         if [ "$name" = preloaded ] && [ "$PG_MAJOR" = 15 ]; then
             say "4/9 asynchronous failover, $name server"
-            standby_start "$name-failover" $((port + 2)) "$port"
+            standby_start "$name-failover" "$(port_of "$name-failover")" "$port"
             PG_ONCE_DATA_DIR=$PG_ONCE_WORK/$name/data \
                 PG_ONCE_PROMOTE_DATA_DIR=$PG_ONCE_WORK/$name-failover/data \
-                PG_ONCE_PROMOTE_DSN="host=127.0.0.1 port=$((port + 2)) user=postgres dbname=postgres" \
+                PG_ONCE_PROMOTE_DSN="host=127.0.0.1 port=$(port_of "$name-failover") user=postgres dbname=postgres" \
                 cargo test -p pg_once_multi --quiet --test failover
             cluster_stop "$name-failover"
         fi
@@ -276,7 +292,7 @@ run_server_tests() {
             # (pg_test/ha/README.md). 15 only: what it tests is replication and the
             # clients, which no server version changes.
             say "4/9 failover under Patroni: kill -9 of the leader, a switchover, sync and async"
-            PG_ONCE_WORK=$PG_ONCE_WORK PG_ONCE_HA_PORT=$((PORT + 40)) ./scripts/ha-test.sh
+            PG_ONCE_WORK=$PG_ONCE_WORK PG_ONCE_HA_PORT=$(port_of ha) ./scripts/ha-test.sh
         fi
     fi
 
@@ -309,13 +325,13 @@ run_server_tests() {
         # edition's client code is the same.
         if [ "$name" = preloaded ]; then
             say "6/9 a hot standby of the $name server, and a pair to fail over"
-            standby_start "$name-standby" $((port + 1)) "$port"
-            export PG_ONCE_STANDBY_FIRST_DSN="host=127.0.0.1,127.0.0.1 port=$((port + 1)),$port user=postgres dbname=postgres target_session_attrs=read-write"
-            export PG_ONCE_STANDBY_FIRST_URL="postgresql://postgres@127.0.0.1:$((port + 1)),127.0.0.1:$port/postgres?target_session_attrs=primary"
-            PG_ONCE_WORK=$PG_ONCE_WORK ./scripts/failover.sh start $((port + 60)) $((port + 61))
+            standby_start "$name-standby" "$(port_of "$name-standby")" "$port"
+            export PG_ONCE_STANDBY_FIRST_DSN="host=127.0.0.1,127.0.0.1 port=$(port_of "$name-standby"),$port user=postgres dbname=postgres target_session_attrs=read-write"
+            export PG_ONCE_STANDBY_FIRST_URL="postgresql://postgres@127.0.0.1:$(port_of "$name-standby"),127.0.0.1:$port/postgres?target_session_attrs=primary"
+            PG_ONCE_WORK=$PG_ONCE_WORK ./scripts/failover.sh start "$(port_of clients-primary)" "$(port_of clients-standby)"
             export PG_ONCE_FAILOVER=$REPO_ROOT/scripts/failover.sh PG_ONCE_WORK
-            export PG_ONCE_FAILOVER_DSN="host=127.0.0.1,127.0.0.1 port=$((port + 60)),$((port + 61)) user=postgres dbname=postgres target_session_attrs=read-write"
-            export PG_ONCE_FAILOVER_URL="postgresql://postgres@127.0.0.1:$((port + 60)),127.0.0.1:$((port + 61))/postgres?target_session_attrs=read-write"
+            export PG_ONCE_FAILOVER_DSN="host=127.0.0.1,127.0.0.1 port=$(port_of clients-primary),$(port_of clients-standby) user=postgres dbname=postgres target_session_attrs=read-write"
+            export PG_ONCE_FAILOVER_URL="postgresql://postgres@127.0.0.1:$(port_of clients-primary),127.0.0.1:$(port_of clients-standby)/postgres?target_session_attrs=read-write"
         fi
         # The Python suite runs each shared test with Client or with AsyncClient, the first
         # generated from the second (clients/python/tools/generate_sync.py, checked by
@@ -329,7 +345,7 @@ run_server_tests() {
         local node_log=$PG_ONCE_WORK/node-tests-$name.log
         if ! (cd clients/node &&
                 PG_ONCE_DSN="postgres://postgres@127.0.0.1:$port/postgres" \
-                PG_ONCE_BOUNCER_DSN="postgres://postgres@127.0.0.1:$((port + 10))/postgres" \
+                PG_ONCE_BOUNCER_DSN="postgres://postgres@127.0.0.1:$(port_of "$name-bouncer")/postgres" \
                 npm test --silent >"$node_log" 2>&1); then
             cat "$node_log" >&2
             exit 1
@@ -362,8 +378,8 @@ run_server_tests() {
         cluster_psql "$name" "$port" -q -c "CREATE ROLE once_monitor LOGIN IN ROLE pg_monitor" -c "$(
             awk '/^### Granting access/ { s = 1 } s && /^```$/ { exit } s == 2 { print }
                  s && /^```sql$/ { s = 2 }' README.md | sed 's/ TO app;/ TO once_monitor;/')"
-        exporter_start "$name-exporter" $((port + 20)) "$port" once_monitor
-        python3 scripts/check-monitoring.py "http://127.0.0.1:$((port + 20))/metrics" \
+        exporter_start "$name-exporter" $(port_of "$name-exporter") "$port" once_monitor
+        python3 scripts/check-monitoring.py "http://127.0.0.1:$(port_of "$name-exporter")/metrics" \
             "$PG_BIN/psql" "$PG_ONCE_DSN"
         exporter_stop "$name-exporter"
         if [ "$name" = preloaded ] && [ "$PG_MAJOR" = 15 ]; then
@@ -381,7 +397,7 @@ run_server_tests() {
                 python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
             # PG_ONCE_UI_SCREENSHOTS=docs/dashboard (from the caller) rewrites the screenshots.
             PG_ONCE_PSQL=$PG_BIN/psql PG_ONCE_UI_BIN=$target/debug/pg-once-ui \
-                PG_ONCE_UI_PORT=$((port + 30)) \
+                PG_ONCE_UI_PORT=$(port_of "$name-ui") \
                 "$ui_venv/bin/python" -m pytest -q -p no:cacheprovider ui/tests
         fi
     fi
@@ -432,11 +448,11 @@ test_package() {
         # 15: the system's installation, whatever PG_ONCE_PG_BIN says; 17 and 18: the
         # chroot's, which PG_BIN's wrappers already run.
         [ "$1" = 15 ] && PG_BIN=/usr/lib/postgresql/15/bin PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
-        cluster_start package $((PORT + 5)) "shared_preload_libraries = 'pg_once'" \
+        cluster_start package $(port_of package) "shared_preload_libraries = 'pg_once'" \
             "max_prepared_transactions = 10"
-        run_pgxs_suite regress $((PORT + 5)) regress-package pg_once_regress \
+        run_pgxs_suite regress $(port_of package) regress-package pg_once_regress \
             $(cd pg_test/regress/sql && ls *.sql | sed 's/\.sql$//') >&2
-        cluster_psql package $((PORT + 5)) -Atq -c "CREATE EXTENSION pg_once" \
+        cluster_psql package $(port_of package) -Atq -c "CREATE EXTENSION pg_once" \
             -c "SELECT extversion, (SELECT shared_memory FROM once.stats)
                   FROM pg_extension WHERE extname = 'pg_once'"
     )
@@ -448,13 +464,13 @@ servers=false
 step 3 || step 4 || step 5 || step 6 || step 7 && servers=true
 if $servers && [[ " $SERVERS " == *" plain "* ]]; then
     soak_seconds=${SOAK_PLAIN_SECONDS:-20}
-    run_server_tests plain "$PORT"
+    run_server_tests plain "$(port_of plain)"
 fi
 if $servers && [[ " $SERVERS " == *" preloaded "* ]]; then
     soak_seconds=${SOAK_PRELOADED_SECONDS:-40}
     # pg_once_missing does not exist: pg_test/multi/tests/worker.rs checks that it is
     # logged once, and that it gets a worker once created.
-    run_server_tests preloaded $((PORT + 1)) "shared_preload_libraries = 'pg_once'" \
+    run_server_tests preloaded "$(port_of preloaded)" "shared_preload_libraries = 'pg_once'" \
         "once.databases = 'postgres, pg_once_missing'"
 fi
 
@@ -463,13 +479,13 @@ fi
 # differ between majors.
 if step 3 && [ "$PG_MAJOR" = 15 ]; then
     say "3/9 SQL edition"
-    PG_ONCE_TEST_PORT=$((PORT + 6)) ./scripts/test-sql-edition.sh
+    PG_ONCE_TEST_PORT=$(port_of edition) ./scripts/test-sql-edition.sh
     # With step 6, the three client libraries' suites against it too, in the virtualenv
     # and node_modules made above.
     clients_venv=
     step 6 && clients_venv=$py_venv
     # PG_ONCE_TEST_CRON: reap_stale scheduled with Debian's pg_cron, as the docs say.
-    PG_ONCE_TEST_PORT=$((PORT + 8)) PG_ONCE_PY_VENV=$clients_venv PG_ONCE_TEST_CRON=1 \
+    PG_ONCE_TEST_PORT=$(port_of edition-more) PG_ONCE_PY_VENV=$clients_venv PG_ONCE_TEST_CRON=1 \
         ./scripts/test-sql-edition-more.sh
 fi
 
@@ -501,7 +517,7 @@ fi
 if step 9; then
     source "$REPO_ROOT/scripts/upgrade-test.sh"
     # Its own server (and PgBouncer, 10 ports higher) on a copy of the installation.
-    upgrade_test $((PORT + 4))
+    upgrade_test "$(port_of upgrade)"
 fi
 
 say "PostgreSQL $PG_MAJOR: steps $STEPS passed in $((SECONDS - started)) s (servers: $SERVERS)"
