@@ -37,8 +37,8 @@ def rust_graph(src: Path) -> dict:
                 paths.append(group.group(1) + item.strip())
         paths += [m.group(1) for m in re.finditer(r"\bcrate::((?:\w+)(?:::\w+)*)", text)]
         for m in re.finditer(r"\bsuper::((?:\w+)(?:::\w+)*)", text):
-            parent = module[:-1] if file.stem not in ("mod", "lib") else module[:-1]
-            paths.append("::".join(parent + tuple(m.group(1).split("::"))))
+            # `module` already names a mod.rs or lib.rs by its directory.
+            paths.append("::".join(module[:-1] + tuple(m.group(1).split("::"))))
         for path in paths:
             parts = tuple(p for p in path.split("::") if p and p != "self")
             # The longest prefix that is a module of this crate.

@@ -124,6 +124,14 @@ pub async fn session() -> Result<Client> {
     once::connect(&once::dsn_from_env()?).await
 }
 
+/// Claim `key` (a ten-minute lease, no wait) and return its token; an error if the claim
+/// is answered anything but `claimed`. What the token tests draw their tokens with.
+pub async fn claimed_token(client: &Client, key: &str) -> Result<i64> {
+    let claim = once::claim_key(client, key, Duration::from_secs(600), Duration::ZERO).await?;
+    anyhow::ensure!(claim.is("claimed"), "{key}: {claim:?}");
+    claim.token.context("a claim has a token")
+}
+
 /// A key no other test (nor an earlier run against the same server) uses.
 pub fn fresh_key(name: &str) -> String {
     static COUNTER: AtomicU32 = AtomicU32::new(0);

@@ -9,13 +9,11 @@
 //! never received, promotes the standby, and finally restarts the primary as it was.
 
 use anyhow::{Context, Result};
-use pg_once_multi::{fresh_key, once, pg_ctl, pg_ctl_on};
+use pg_once_multi::{claimed_token, fresh_key, once, pg_ctl, pg_ctl_on};
 use serde_json::json;
 use std::time::{Duration, Instant};
 use tokio_postgres::Client;
 
-const LEASE: Duration = Duration::from_secs(600);
-const NO_WAIT: Duration = Duration::ZERO;
 /// How long a server may take to come up, replay or promote on a loaded machine.
 const UP: Duration = Duration::from_secs(60);
 
@@ -68,12 +66,6 @@ async fn caught_up(primary: &Client, standby: &Client) -> Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-async fn claimed_token(client: &Client, key: &str) -> Result<i64> {
-    let claim = once::claim_key(client, key, LEASE, NO_WAIT).await?;
-    anyhow::ensure!(claim.is("claimed"), "{key}: {claim:?}");
-    claim.token.context("a claim has a token")
 }
 
 #[tokio::test(flavor = "multi_thread")]

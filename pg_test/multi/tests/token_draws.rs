@@ -6,23 +6,14 @@
 //! failover.rs's and tokens.rs's.
 
 use anyhow::Result;
-use pg_once_multi::{admin, fresh_key, once};
-use std::time::Duration;
+use pg_once_multi::{admin, claimed_token, fresh_key};
 
 const COUNT_BITS: u32 = 48;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sequence_from_elsewhere_hands_out_tokens_a_band_above_its_own() -> Result<()> {
     let owner = admin().await?;
-    let before = once::claim_key(
-        &owner,
-        &fresh_key("band-before"),
-        Duration::from_secs(60),
-        Duration::ZERO,
-    )
-    .await?
-    .token
-    .expect("a claim has a token");
+    let before = claimed_token(&owner, &fresh_key("band-before")).await?;
     // What another cluster's dump would bring: a value one band above this cluster's.
     let foreign = ((before >> COUNT_BITS) + 1) << COUNT_BITS | 12345;
     owner
@@ -32,15 +23,7 @@ async fn a_sequence_from_elsewhere_hands_out_tokens_a_band_above_its_own() -> Re
         )
         .await?;
 
-    let after = once::claim_key(
-        &owner,
-        &fresh_key("band-after"),
-        Duration::from_secs(60),
-        Duration::ZERO,
-    )
-    .await?
-    .token
-    .expect("a claim has a token");
+    let after = claimed_token(&owner, &fresh_key("band-after")).await?;
     assert!(
         after >> COUNT_BITS > foreign >> COUNT_BITS,
         "after the sequence was set to {foreign} (band {}), a claim got {after} (band {}), \

@@ -4,7 +4,7 @@
 //! scripts/test.sh runs this binary alone, one test at a time, after the others.
 
 use anyhow::{Context, Result};
-use pg_once_multi::{admin, fresh_key, once, pg_bin};
+use pg_once_multi::{admin, claimed_token, fresh_key, once, pg_bin};
 use serde_json::json;
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -16,12 +16,6 @@ const NO_WAIT: Duration = Duration::ZERO;
 /// The test server's connection string, for database `db`.
 fn dsn_for(db: &str) -> Result<String> {
     Ok(format!("{} dbname={db}", once::dsn_from_env()?))
-}
-
-async fn claimed_token(client: &Client, key: &str) -> Result<i64> {
-    let claim = once::claim_key(client, key, LEASE, NO_WAIT).await?;
-    anyhow::ensure!(claim.is("claimed"), "{key}: {claim:?}");
-    claim.token.context("a claim has a token")
 }
 
 /// Every token the database has handed out so far is at most this: the sequence's value.
