@@ -284,8 +284,7 @@ run_server_tests() {
         # These kill and restart the server, or drop the extension: alone, one at a time.
         PG_ONCE_DATA_DIR=$PG_ONCE_WORK/$name/data \
             cargo test -p pg_once_multi --quiet --test crash --test tokens -- --test-threads=1
-        # After tokens.rs: a sequence moved a band above the cluster's timeline is one that
-        # DROP EXTENSION forgets (docs/concepts.md, "Fencing tokens").
+        # Sets the sequence back, as a restore does (docs/concepts.md, "Fencing tokens").
         cargo test -p pg_once_multi --quiet --test token_draws
         # An asynchronous failover with a zombie of the lost WAL: on one version (the
         # token's timeline comes from one call of the server, pg_compat for 14), on the

@@ -511,9 +511,9 @@ LANGUAGE c VOLATILE PARALLEL UNSAFE
 AS 'MODULE_PATHNAME', 'next_token_wrapper';
 
 COMMENT ON FUNCTION once_internal.next_token() IS
-$$The next fencing token: nextval of once_internal.token_seq, after moving the sequence up
-to its START value (a floor above every token this cluster issued) if a restore set it
-below.$$;
+$$The next fencing token: nextval of once_internal.token_seq, after setting the sequence to the
+clock (microseconds since 2000-01-01) if it fell more than 10 ms behind it or the timeline
+changed, as after a restore, a crash or a promotion.$$;
 
 -- claim_next's filter; why it exists: src/storage/entry.rs, `taken`. Not SECURITY DEFINER,
 -- unlike the others: claim_next calls it for every candidate row, and entering a SECURITY

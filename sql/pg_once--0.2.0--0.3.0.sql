@@ -228,20 +228,24 @@ $$;
 COMMENT ON SCHEMA once IS
     'pg_once: claim_key and the other functions, the once.stats, once.queue_stats, once.dead_letters, once.keys and once.namespaces views, and the tables they read. Grant USAGE on it (and EXECUTE on its functions) to the roles that use pg_once.';
 
--- Fencing tokens in bands (schema.sql, src/storage/tokens.rs): the record of the band
--- the current timeline draws in. 0.2.0's tokens are all in band 0, below it, so the
--- first draw after this update moves the sequence up into the band of this timeline.
+-- Fencing tokens anchored to the clock (schema.sql, src/storage/tokens.rs): the record of
+-- the timeline of the last anchor. 0.2.0's tokens, which started at the WAL position, are
+-- far behind the clock, so the first draw after this update sets the sequence to it.
 DO $$
 DECLARE
     timeline bigint := ('x' OPERATOR(pg_catalog.||) pg_catalog.left(pg_catalog.pg_walfile_name(
         pg_catalog.pg_current_wal_insert_lsn()), 8))::pg_catalog.bit(32)::bigint;
-    history bigint := timeline OPERATOR(pg_catalog.*) 65536 OPERATOR(pg_catalog.+) timeline;
 BEGIN
     EXECUTE pg_catalog.format(
-        'CREATE SEQUENCE once_internal.token_history AS bigint START WITH %s CACHE 1', history);
-    PERFORM pg_catalog.setval('once_internal.token_history', history, true);
+        'CREATE SEQUENCE once_internal.token_history AS bigint START WITH %s CACHE 1', timeline);
+    PERFORM pg_catalog.setval('once_internal.token_history', timeline, true);
 END
 $$;
+
+COMMENT ON FUNCTION once_internal.next_token() IS
+$$The next fencing token: nextval of once_internal.token_seq, after setting the sequence to the
+clock (microseconds since 2000-01-01) if it fell more than 10 ms behind it or the timeline
+changed, as after a restore, a crash or a promotion.$$;
 
 -- Nobody but the owner keeps a privilege on what this script created, nor on anything
 -- in once_internal (schema.sql explains the block).

@@ -141,47 +141,30 @@ COMMENT ON COLUMN once.claim.expires_at IS
 -- Tokens are never reused, not even after DROP EXTENSION and CREATE EXTENSION, a
 -- restore, a crash or a failover: a token kept outside the database (a fencing check in
 -- object storage, another service) must never be matched by a later, unrelated claim, and
--- a sequence created afresh would start again at 1. A token is a band above a count,
--- band * 2^48 + count (src/storage/tokens.rs, docs/concepts.md "Fencing tokens"): the
--- band starts at the cluster's timeline and moves up whenever WAL that handed tokens out
--- may have been lost (a promotion, a point-in-time recovery), the count at the WAL
--- insert position in bytes, plus 1. Every token was issued below the WAL position of its
--- time: nextval writes a WAL record (about 100 bytes) with the first value it hands out
--- and then at least once every 33 values (it logs 32 values ahead), so the k-th token
--- after a floor was taken, a claim that lost its ON CONFLICT insert included, comes after
--- more than k bytes of WAL. The WAL position only grows on a timeline (pg_upgrade carries
--- it over), and timelines only grow, so a sequence created later starts above them all.
--- pg_dump saves the sequence's value (pg_extension_config_dump below), so a restore into
--- another cluster continues above the dumped tokens (one band above, in fact: the band
--- record below is not dumped, and a sequence in a band above its record is moved past
--- it). A restore into this cluster (or any whose floor is higher) sets the sequence below
--- its floor: so tokens are drawn by once_internal.next_token(), which first moves a
--- sequence found below its floor (its START value) up to it. There is no MINVALUE, so
--- that the restore's setval succeeds and pg_restore, --single-transaction included,
--- reports no error.
--- once_internal.token_history records the timeline and band the tokens are drawn in
--- (timeline * 2^16 + band): a sequence, so that it changes outside transactions as the
--- token sequence does.
+-- a sequence created afresh would start again at 1. So the sequence is anchored to the
+-- server's clock (src/storage/tokens.rs, docs/concepts.md "Fencing tokens"): it starts at
+-- the current time in microseconds since 2000-01-01, above every token handed out before
+-- (claims come fewer than one a microsecond), and a draw more than 10 ms behind the clock,
+-- or the first on a new timeline, sets it to the clock before a token is handed out.
+-- pg_dump saves its value (pg_extension_config_dump below), which a restore sets back:
+-- the first draw after it anchors. There is no MINVALUE, so that the restore's setval
+-- succeeds and pg_restore, --single-transaction included, reports no error.
+-- once_internal.token_history records the timeline of the last anchor: a sequence, so that
+-- it changes outside transactions as the token sequence does.
 DO $$
 DECLARE
     -- The timeline WAL is written on: the first 8 hex digits of the current segment's name.
     timeline bigint := ('x' OPERATOR(pg_catalog.||) pg_catalog.left(pg_catalog.pg_walfile_name(
         pg_catalog.pg_current_wal_insert_lsn()), 8))::pg_catalog.bit(32)::bigint;
-    position bigint := (pg_catalog.pg_current_wal_insert_lsn() OPERATOR(pg_catalog.-)
-                        '0/0'::pg_catalog.pg_lsn)::bigint;
-    history bigint := timeline OPERATOR(pg_catalog.*) 65536 OPERATOR(pg_catalog.+) timeline;
+    clock bigint := pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()
+        OPERATOR(pg_catalog.-) '2000-01-01 00:00:00+00'::pg_catalog.timestamptz)
+        OPERATOR(pg_catalog.*) 1000000;
 BEGIN
-    IF position OPERATOR(pg_catalog.>=) 281474976710656 OR timeline OPERATOR(pg_catalog.>) 32767 THEN
-        RAISE EXCEPTION 'pg_once''s fencing tokens cannot start above this cluster''s history'
-            USING ERRCODE = 'program_limit_exceeded',
-                  DETAIL = pg_catalog.format('WAL position %s bytes, timeline %s: tokens need a position below 2^48 and a timeline below 32768.', position, timeline);
-    END IF;
     EXECUTE pg_catalog.format(
-        'CREATE SEQUENCE once_internal.token_seq AS bigint START WITH %s CACHE 1',
-        timeline OPERATOR(pg_catalog.*) 281474976710656 OPERATOR(pg_catalog.+) position OPERATOR(pg_catalog.+) 1);
+        'CREATE SEQUENCE once_internal.token_seq AS bigint START WITH %s CACHE 1', clock);
     EXECUTE pg_catalog.format(
-        'CREATE SEQUENCE once_internal.token_history AS bigint START WITH %s CACHE 1', history);
-    PERFORM pg_catalog.setval('once_internal.token_history', history, true);
+        'CREATE SEQUENCE once_internal.token_history AS bigint START WITH %s CACHE 1', timeline);
+    PERFORM pg_catalog.setval('once_internal.token_history', timeline, true);
 END
 $$;
 

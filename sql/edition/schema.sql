@@ -18,96 +18,73 @@ CREATE OR REPLACE FUNCTION once_internal.insert_timeline() RETURNS bigint
     SET search_path = pg_catalog, pg_temp
     RETURN ('x' || left(pg_walfile_name(pg_current_wal_insert_lsn()), 8))::bit(32)::bigint;
 
--- The band the token sequence must move to, or NULL when a token in band token_band is
--- safe: storage::tokens::band_needed of the extension, which says why.
-CREATE OR REPLACE FUNCTION once_internal.token_band_needed(timeline bigint, recorded bigint, token_band bigint)
-    RETURNS bigint
-    LANGUAGE sql IMMUTABLE
+-- The server's clock in microseconds since 2000-01-01, the unit of fencing tokens.
+CREATE OR REPLACE FUNCTION once_internal.token_clock() RETURNS bigint
+    LANGUAGE sql VOLATILE
     SET search_path = pg_catalog, pg_temp
-    RETURN CASE
-        WHEN timeline <> recorded >> 16 THEN
-            greatest((recorded & 65535) + greatest(1, timeline - (recorded >> 16)),
-                     CASE WHEN token_band > (recorded & 65535) THEN token_band + 1 ELSE 0 END)
-        WHEN token_band > (recorded & 65535) THEN token_band + 1
-        WHEN token_band < (recorded & 65535) THEN recorded & 65535
-    END;
+    RETURN date_part('epoch', clock_timestamp() - '2000-01-01 00:00:00+00'::timestamptz) * 1000000;
 
--- Fencing tokens: a band above a count (sql/schema.sql and src/storage/tokens.rs say
--- why), from the same two sequences as the extension's, created once; a rerun keeps them
--- and their values. A rerun over an install older than bands creates the record: its
--- tokens, in band 0, are then below the band, and the first draw moves them up.
+-- Fencing tokens: a sequence anchored to the clock (sql/schema.sql and
+-- src/storage/tokens.rs say why), and the record of the timeline of its last anchor, the
+-- same two sequences as the extension's, created once; a rerun keeps them and their
+-- values. A rerun over an install without the record creates it: its tokens, far behind
+-- the clock, anchor at the first draw.
 DO $seq$
-DECLARE
-    timeline bigint := once_internal.insert_timeline();
-    position bigint := (pg_catalog.pg_current_wal_insert_lsn() OPERATOR(pg_catalog.-)
-                        '0/0'::pg_catalog.pg_lsn)::bigint;
-    history bigint := timeline OPERATOR(pg_catalog.*) 65536 OPERATOR(pg_catalog.+) timeline;
 BEGIN
-    IF position OPERATOR(pg_catalog.>=) 281474976710656 OR timeline OPERATOR(pg_catalog.>) 32767 THEN
-        RAISE EXCEPTION 'pg_once''s fencing tokens cannot start above this cluster''s history'
-            USING ERRCODE = 'program_limit_exceeded',
-                  DETAIL = pg_catalog.format('WAL position %s bytes, timeline %s: tokens need a position below 2^48 and a timeline below 32768.', position, timeline);
-    END IF;
     EXECUTE pg_catalog.format(
         'CREATE SEQUENCE IF NOT EXISTS once_internal.token_seq AS bigint START WITH %s CACHE 1',
-        timeline OPERATOR(pg_catalog.*) 281474976710656 OPERATOR(pg_catalog.+) position OPERATOR(pg_catalog.+) 1);
+        once_internal.token_clock());
     IF pg_catalog.to_regclass('once_internal.token_history') IS NULL THEN
         EXECUTE pg_catalog.format(
-            'CREATE SEQUENCE once_internal.token_history AS bigint START WITH %s CACHE 1', history);
-        PERFORM pg_catalog.setval('once_internal.token_history', history, true);
+            'CREATE SEQUENCE once_internal.token_history AS bigint START WITH %s CACHE 1',
+            once_internal.insert_timeline());
     END IF;
 END
 $seq$;
 
--- Taken by the one draw that moves the sequences (a table: LOCK TABLE refuses
--- sequences, and any role could hold an advisory lock, keeping the sequence below its
--- band while every claim looks again). It stays empty.
+-- Taken by the one draw that anchors the sequences (a table: LOCK TABLE refuses
+-- sequences, and any role could hold an advisory lock, keeping the sequence from being
+-- anchored while every claim looks again). It stays empty.
 CREATE TABLE IF NOT EXISTS once_internal.token_lock ();
 
--- The next token: storage::tokens::next of the extension, step for step.
+-- The next token: storage::tokens::next of the extension, step for step. The lock is
+-- taken in a block that always ends in an exception: the block's subtransaction is rolled
+-- back, which releases the lock at once (the extension unlocks; PL/pgSQL cannot), while
+-- the setvals, made outside transactions, stay. Held to the end of a claim's transaction,
+-- it would make every claim that needs an anchor look again until then.
 CREATE OR REPLACE FUNCTION once_internal.next_token() RETURNS bigint
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
     AS $$
 DECLARE
-    floor bigint := (SELECT seqstart FROM pg_sequence
-                      WHERE seqrelid = 'once_internal.token_seq'::regclass);
-    timeline bigint;
-    token bigint;
-    needed bigint;
-    locked boolean := false;
+    lag constant bigint := 10000;  -- storage::tokens::LAG
+    token bigint := nextval('once_internal.token_seq');  -- first: it refuses on a standby
+    timeline bigint := once_internal.insert_timeline();
+    now_us bigint;
 BEGIN
-    IF current_setting('synchronous_commit') = 'off' THEN
-        PERFORM set_config('synchronous_commit', 'local', true);  -- storage::tokens::commit_durably
-    END IF;
     LOOP
-        token := nextval('once_internal.token_seq');
-        timeline := once_internal.insert_timeline();
-        needed := once_internal.token_band_needed(
-            timeline, pg_sequence_last_value('once_internal.token_history'), token >> 48);
-        IF token >= floor AND needed IS NULL THEN
-            RETURN token;
+        IF pg_sequence_last_value('once_internal.token_history') = timeline THEN
+            token := nextval('once_internal.token_seq');  -- drawn after the record was read
+            IF token >= once_internal.token_clock() - lag THEN
+                RETURN token;
+            END IF;
         END IF;
-        IF NOT locked THEN
-            BEGIN
-                LOCK TABLE once_internal.token_lock IN SHARE ROW EXCLUSIVE MODE NOWAIT;
-                locked := true;
-            EXCEPTION WHEN lock_not_available THEN
+        BEGIN
+            LOCK TABLE once_internal.token_lock IN SHARE ROW EXCLUSIVE MODE NOWAIT;
+            token := nextval('once_internal.token_seq');  -- again, now that no one else anchors
+            now_us := once_internal.token_clock();
+            IF pg_sequence_last_value('once_internal.token_history') IS DISTINCT FROM timeline
+               OR token < now_us - lag THEN
+                PERFORM setval('once_internal.token_seq', greatest(token, now_us));
+                PERFORM setval('once_internal.token_history', timeline);
+            END IF;
+            RAISE SQLSTATE 'PO1AN';  -- anchored: release the lock
+        EXCEPTION
+            WHEN lock_not_available THEN
                 PERFORM pg_sleep(0.0001);
-                CONTINUE;
-            END;
-            CONTINUE;  -- again, now that no one else moves them
-        END IF;
-        IF needed > 32767 THEN
-            RAISE EXCEPTION 'pg_once''s fencing tokens have used all 32767 bands'
-                USING ERRCODE = 'program_limit_exceeded',
-                      HINT = 'Each promotion, point-in-time recovery or restore from another cluster uses one; none is left to keep tokens from repeating. Report this to pg_once''s developers.';
-        ELSIF needed IS NOT NULL THEN
-            PERFORM setval('once_internal.token_seq', greatest(floor, needed << 48));
-            PERFORM setval('once_internal.token_history', timeline << 16 | needed);
-        ELSE
-            PERFORM setval('once_internal.token_seq', floor);
-        END IF;
+            WHEN SQLSTATE 'PO1AN' THEN
+                NULL;
+        END;
     END LOOP;
 END
 $$;

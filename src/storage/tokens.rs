@@ -1,36 +1,37 @@
 //! Fencing tokens: never equal to, nor below, a token handed out before, whatever happened
-//! to the WAL that recorded them (docs/concepts.md, "Fencing tokens").
+//! to the WAL or the data that recorded them (docs/concepts.md, "Fencing tokens").
 //!
-//! A token is a *band* above a count: `band << 48 | count`. The count is the sequence
-//! once_internal.token_seq, which hands tokens out in order; the band changes only when
-//! the history of the cluster may have lost tokens, and then it goes above every band
-//! that history could have used:
+//! A token is drawn from the sequence once_internal.token_seq, which hands tokens out in
+//! order. The sequence is anchored to the server's clock: CREATE EXTENSION starts it at
+//! the current time in microseconds since 2000-01-01 (PostgreSQL's timestamp), and a
+//! draw is handed out only if it is at most `LAG` behind the clock and was drawn on the
+//! timeline recorded at the last anchor. Otherwise the sequence is anchored first: set to
+//! the clock (or left where it is, if it is ahead), and the timeline recorded.
 //!
-//! - **A new timeline** (a standby promoted, a point-in-time recovery): WAL the new
-//!   primary never received may have handed tokens out, in the band the sequence had
-//!   there, or (if that history itself began a timeline whose first draw was lost too)
-//!   one band more per timeline it passed. The first draw on the new timeline moves the
-//!   sequence to the band `recorded + max(1, timelines passed)`.
-//! - **The sequence from elsewhere** (a dump of another cluster restored here, or on
-//!   Citus a shard's keys moved from another node): a band above the recorded one, moved
-//!   one band higher still, above whatever that cluster handed out after the dump.
-//! - **Below its band or its floor** (a dump of this cluster restored here, or tokens of
-//!   an install older than bands): moved up to the floor, the sequence's START, which
-//!   CREATE EXTENSION sets above every token this cluster has handed out
-//!   (sql/schema.sql says why).
+//! Claims come fewer than one a microsecond, so the sequence never gets ahead of the
+//! clock, and every token ever handed out is below the clock's reading at that moment.
+//! Whatever sets the sequence back, or hands it to a server that did not see the latest
+//! draws, takes longer than `LAG`, so the next draw is behind the clock and anchors:
 //!
-//! The record of which band the current timeline draws from is a second sequence,
-//! once_internal.token_history (`timeline << 16 | band`): like the token sequence it is
-//! changed outside transactions, so a claim that rolls back after the first draw of a
-//! timeline leaves the move done and recorded, and it is WAL-logged before any token drawn
-//! after it, so a crash that loses the record loses those tokens too. A backend checks
-//! the record once per timeline and band; afterwards a draw costs nextval and one read of
-//! shared memory.
+//! - **a restore** of a dump, here or into another cluster (pg_restore sets the sequence to
+//!   the dumped value; the SQL edition's sequence is an ordinary object, dumped too);
+//! - **a crash** that loses WAL a client's token came from (an uncommitted claim, or one
+//!   committed with `synchronous_commit = off`);
+//! - **a promotion** of a standby that missed the old primary's last WAL, and one of
+//!   another standby of the same history after it (both start a timeline with the same
+//!   number: the clock, not the timeline, sets them apart);
+//! - on Citus, **a shard** whose keys move to another node.
 //!
-//! A crash on the same timeline loses no token a client holds: a transaction that draws
-//! one commits with its WAL flushed (`commit_durably`).
+//! A new timeline anchors at its first draw even if the sequence looks fresh: a
+//! promotion may come within `LAG` of the old primary's last draw. The record of the
+//! timeline is a second sequence, once_internal.token_history: like the token sequence it
+//! changes outside transactions, so a claim that rolls back after an anchor leaves it done.
+//! It is set after the token sequence, and a draw reads it before drawing, so a draw that
+//! finds the new timeline recorded is above the anchor.
+//!
+//! What this rests on (docs/concepts.md lists it): the servers' clocks agree to within the
+//! time such an event takes, and no event takes less than `LAG`.
 
-use crate::errors;
 use crate::pg_compat;
 use crate::storage::statements::{self, Statement};
 use crate::storage::watched::Watched;
@@ -39,140 +40,81 @@ use pgrx::prelude::*;
 use pgrx::IntoDatum;
 use std::cell::Cell;
 
-/// Bits of a token below its band: 2^48 draws per band, and the floor (a WAL position in
-/// bytes) fits below it until a cluster has written 256 TiB of WAL.
-const COUNT_BITS: u32 = 48;
-/// The highest band a positive bigint holds.
-const MAX_BAND: i64 = (1 << (63 - COUNT_BITS)) - 1;
+/// How far a draw may lag the clock (microseconds) and still be handed out. A
+/// PostgreSQL restart after a crash, a pg_restore, a promotion or a shard move each take
+/// far longer; an anchor costs a lock and a setval, at most once per `LAG` under load.
+const LAG: i64 = 10_000;
 
-/// The two sequences and the floor of the token sequence.
+/// The token sequence and the timeline record.
 #[derive(Clone, Copy)]
 struct Sequences {
     tokens: pg_sys::Oid,
-    /// Its START (seqstart): above every token this cluster handed out before
-    /// CREATE EXTENSION.
-    floor: i64,
     history: pg_sys::Oid,
-}
-
-/// What once_internal.token_history records: the timeline whose first draw settled the
-/// band, and the band.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-struct Record {
-    timeline: u32,
-    band: i64,
 }
 
 thread_local! {
     /// Read once per backend, and again after a relcache invalidation of either sequence
     /// (DROP and CREATE EXTENSION make new ones).
     static SEQUENCES: Watched<Sequences> = const { Watched::of_relations() };
-    /// The timeline and band this backend has found settled: a token drawn on that
-    /// timeline in that band, at or above the floor, needs no other check.
-    static SETTLED: Cell<Option<(u32, i64)>> = const { Cell::new(None) };
+    /// The timeline this backend found recorded: on it, a fresh draw needs no other check.
+    static SETTLED: Cell<Option<u32>> = const { Cell::new(None) };
 }
 
 /// The next fencing token.
 pub fn next() -> i64 {
-    commit_durably();
     let sequences = sequences();
     let token = nextval(sequences.tokens);
     // After nextval: it refuses on a standby, where there is no timeline to write on.
     let timeline = pg_compat::insert_timeline();
-    if token >= sequences.floor && SETTLED.get() == Some((timeline, band_of(token))) {
+    if SETTLED.get() == Some(timeline) && fresh(token, clock()) {
         return token;
     }
-    settle(sequences, timeline)
+    draw_anchored(sequences, timeline)
 }
 
-/// With synchronous_commit off, a commit returns before its WAL is flushed, and a crash
-/// soon after loses the claim together with the sequence's advance, while the client
-/// holds the token: after the restart the same token would be drawn again, on the same
-/// timeline. So a transaction that draws a token commits with at least a local flush
-/// (a setting for this transaction only; a higher one, such as `on` with synchronous
-/// standbys, is kept).
-fn commit_durably() {
-    // SAFETY: a read of a setting of this backend.
-    let level = unsafe { pg_sys::synchronous_commit };
-    if level >= pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_LOCAL_FLUSH as i32 {
-        return;
-    }
-    // SAFETY: SET LOCAL synchronous_commit = local, as the SQL command does; a setting
-    // every role may change.
-    unsafe {
-        pg_sys::set_config_option(
-            c"synchronous_commit".as_ptr(),
-            c"local".as_ptr(),
-            pg_sys::GucContext::PGC_USERSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_LOCAL,
-            true,
-            0,
-            false,
-        );
-    }
+/// The server's clock, in microseconds since 2000-01-01 (what clock_timestamp() reads).
+fn clock() -> pg_sys::TimestampTz {
+    // SAFETY: reads the system clock.
+    unsafe { pg_sys::GetCurrentTimestamp() }
 }
 
-fn band_of(token: i64) -> i64 {
-    token >> COUNT_BITS
+/// Whether a token drawn at `now` may be handed out as it is (see the module's comment).
+fn fresh(token: i64, now: pg_sys::TimestampTz) -> bool {
+    token >= now - LAG
 }
 
-/// The band the token sequence must be moved to before it hands out `token`'s successors,
-/// or None when `token` is safe to hand out (see the module's comment).
-fn band_needed(timeline: u32, record: Record, token_band: i64) -> Option<i64> {
-    if timeline != record.timeline {
-        let passed = i64::from(timeline.saturating_sub(record.timeline)).max(1);
-        let past_lost = record.band + passed;
-        let past_foreign = if token_band > record.band {
-            token_band + 1
-        } else {
-            0
-        };
-        return Some(past_lost.max(past_foreign));
-    }
-    match token_band.cmp(&record.band) {
-        std::cmp::Ordering::Greater => Some(token_band + 1),
-        std::cmp::Ordering::Less => Some(record.band),
-        std::cmp::Ordering::Equal => None,
-    }
+/// Where an anchor sets the sequence: the clock, or where it is if it is ahead.
+fn anchor(token: i64, now: pg_sys::TimestampTz) -> i64 {
+    token.max(now)
 }
 
-/// Draw a token that is safe, moving the sequence first if it must move.
+/// Draw a token after the timeline's record was read, anchoring the sequence first if it
+/// must be.
 ///
-/// One backend at a time moves it, holding a lock on the token sequence
-/// (`try_lock_sequence`): two that each found it below the band must not both set it,
-/// or the second would set it back below the first one's draws. The others never wait on
-/// that lock (a claim's lock waits are bounded, and a bounded wait that runs out answers
-/// `wait`): they look again after a moment, and once the sequence has moved, their next
-/// draw is safe. The lock is released as soon as both sequences are set: they change
-/// outside transactions, so holding it to the end of the transaction would protect
-/// nothing more, and would make every other claim look again until then.
-fn settle(sequences: Sequences, timeline: u32) -> i64 {
+/// One backend at a time anchors, holding a lock on the token sequence
+/// (`try_lock_sequence`): two must not both set it, or the second could set it back
+/// below the first one's draws. The others never wait on that lock (a claim's lock waits
+/// are bounded, and a bounded wait that runs out answers `wait`): they look again after
+/// a moment, and once the sequence is anchored their next draw is fresh. The lock is
+/// released as soon as both sequences are set: they change outside transactions, so
+/// holding it to the end of the transaction would protect nothing more, and would make
+/// every other claim that needs an anchor look again until then.
+fn draw_anchored(sequences: Sequences, timeline: u32) -> i64 {
     loop {
-        let token = nextval(sequences.tokens);
-        let needed = band_needed(timeline, record(sequences.history), band_of(token));
-        if token >= sequences.floor && needed.is_none() {
-            SETTLED.set(Some((timeline, band_of(token))));
-            return token;
+        if recorded_timeline(sequences.history) == timeline {
+            SETTLED.set(Some(timeline));
+            let token = nextval(sequences.tokens);
+            if fresh(token, clock()) {
+                return token;
+            }
         }
         if try_lock_sequence(sequences.tokens) {
-            // Again, now that no one else moves them.
+            // Again, now that no one else anchors.
             let token = nextval(sequences.tokens);
-            match band_needed(timeline, record(sequences.history), band_of(token)) {
-                Some(band) => {
-                    if band > MAX_BAND {
-                        errors::limit_exceeded(
-                            format!("pg_once's fencing tokens have used all {MAX_BAND} bands"),
-                            "Each promotion, point-in-time recovery or restore from another \
-                             cluster uses one; none is left to keep tokens from repeating. \
-                             Report this to pg_once's developers.",
-                        );
-                    }
-                    setval(sequences.tokens, sequences.floor.max(band << COUNT_BITS));
-                    setval(sequences.history, i64::from(timeline) << 16 | band);
-                }
-                None if token < sequences.floor => setval(sequences.tokens, sequences.floor),
-                None => {}
+            let now = clock();
+            if recorded_timeline(sequences.history) != timeline || !fresh(token, now) {
+                setval(sequences.tokens, anchor(token, now));
+                setval(sequences.history, i64::from(timeline));
             }
             unlock_sequence(sequences.tokens);
             continue;
@@ -187,8 +129,8 @@ fn settle(sequences: Sequences, timeline: u32) -> i64 {
 /// conflict with the ROW EXCLUSIVE lock nextval and setval take), if it can be had at
 /// once. Not an advisory lock: any role may take any advisory lock, and pg_once's key
 /// (its constant and the sequence's OID, which pg_class shows to everyone) was one: a
-/// role that held it kept the sequence below its floor after a restore, and every claim
-/// drew one value a moment until it reached the floor, for hours. Only the sequence's
+/// role that held it kept a restored sequence from moving up, and every claim looked again
+/// for as long as the role liked. Only the sequence's
 /// owner may lock it (LOCK TABLE checks privileges, and no role has USAGE on
 /// once_internal).
 fn try_lock_sequence(sequence: pg_sys::Oid) -> bool {
@@ -229,17 +171,14 @@ fn setval(sequence: pg_sys::Oid, value: i64) {
     };
 }
 
-fn record(history: pg_sys::Oid) -> Record {
+fn recorded_timeline(history: pg_sys::Oid) -> u32 {
     // SAFETY: pg_sequence_last_value(regclass) of an existing sequence, which CREATE
     // EXTENSION set (so it is never NULL but on a standby, where no token is drawn).
     let value = unsafe {
         pgrx::direct_function_call::<i64>(pg_sys::pg_sequence_last_value, &[history.into_datum()])
     }
     .unwrap_or(0);
-    Record {
-        timeline: u32::try_from(value >> 16).unwrap_or(0),
-        band: value & 0xffff,
-    }
+    u32::try_from(value).unwrap_or(0)
 }
 
 fn sequences() -> Sequences {
@@ -248,19 +187,20 @@ fn sequences() -> Sequences {
 
 fn read_sequences() -> (Sequences, [pg_sys::Oid; 2]) {
     static READ: Statement = Statement::new(concat!(
-        "SELECT s.seqrelid, s.seqstart, '",
-        internal!("token_history"),
-        "'::pg_catalog.regclass::pg_catalog.oid FROM pg_catalog.pg_sequence s WHERE s.seqrelid = '",
+        "SELECT '",
         internal!("token_seq"),
-        "'::pg_catalog.regclass"
+        "'::pg_catalog.regclass::pg_catalog.oid, '",
+        internal!("token_history"),
+        "'::pg_catalog.regclass::pg_catalog.oid"
     ));
     let known = statements::run(&READ, statements::params![], |table| {
         let row = table.first();
         Ok(Sequences {
-            tokens: row.get::<pg_sys::Oid>(1)?.expect("seqrelid is NOT NULL"),
-            floor: row.get::<i64>(2)?.expect("seqstart is NOT NULL"),
+            tokens: row
+                .get::<pg_sys::Oid>(1)?
+                .expect("a regclass of a name is set"),
             history: row
-                .get::<pg_sys::Oid>(3)?
+                .get::<pg_sys::Oid>(2)?
                 .expect("a regclass of a name is set"),
         })
     });
@@ -269,36 +209,22 @@ fn read_sequences() -> (Sequences, [pg_sys::Oid; 2]) {
 
 #[cfg(test)]
 mod tests {
-    use super::{band_needed, Record};
-
-    const AT: Record = Record {
-        timeline: 3,
-        band: 3,
-    };
+    use super::{anchor, fresh, LAG};
 
     #[test]
-    fn a_settled_band_needs_nothing() {
-        assert_eq!(band_needed(3, AT, 3), None);
+    fn a_draw_within_lag_of_the_clock_is_handed_out() {
+        assert!(fresh(1_000_000, 1_000_000 + LAG));
+        assert!(fresh(2_000_000, 1_000_000), "ahead of the clock");
     }
 
     #[test]
-    fn a_new_timeline_goes_past_one_band_per_timeline_it_passed() {
-        assert_eq!(band_needed(4, AT, 3), Some(4));
-        // A point-in-time recovery to timeline 7: the lost histories of 4 to 6 may each
-        // have moved one band up.
-        assert_eq!(band_needed(7, AT, 3), Some(7));
-        // A record from a lower timeline's numbering (another cluster's): still one more.
-        assert_eq!(band_needed(2, AT, 3), Some(4));
+    fn a_draw_further_behind_anchors() {
+        assert!(!fresh(1_000_000, 1_000_001 + LAG));
     }
 
     #[test]
-    fn a_sequence_from_elsewhere_goes_past_its_own_band() {
-        assert_eq!(band_needed(3, AT, 9), Some(10));
-        assert_eq!(band_needed(4, AT, 9), Some(10));
-    }
-
-    #[test]
-    fn a_sequence_below_its_band_goes_up_to_it() {
-        assert_eq!(band_needed(3, AT, 0), Some(3));
+    fn an_anchor_never_moves_the_sequence_back() {
+        assert_eq!(anchor(5, 9), 9);
+        assert_eq!(anchor(9, 5), 9);
     }
 }

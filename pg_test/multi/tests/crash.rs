@@ -165,6 +165,49 @@ async fn immediate_shutdown_mid_workload_loses_no_acknowledged_completion() -> R
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_token_whose_claim_a_crash_lost_is_never_handed_out_again() -> Result<()> {
+    // Claims in a transaction that never commits (as one with synchronous_commit = off may
+    // commit without its WAL on disk): their owner holds the tokens, and the crash loses
+    // the claims and, with the WAL not yet flushed, the sequence's advance. More than the
+    // 32 values nextval logs ahead, so that the advance is in that WAL.
+    let mut client = connect_when_up().await?;
+    let open = client.transaction().await?;
+    let mut lost = Vec::new();
+    for _ in 0..40 {
+        let row = open
+            .query_one(
+                "SELECT token FROM once.claim_key($1, lease => '600 s')",
+                &[&fresh_key("crash-lost")],
+            )
+            .await?;
+        lost.push(row.get::<_, i64>(0));
+    }
+    pg_ctl(&["stop", "-m", "immediate"])?;
+    drop(open);
+    pg_ctl(&[
+        "start",
+        "-l",
+        &format!("{}/../server.log", std::env::var("PG_ONCE_DATA_DIR")?),
+    ])?;
+
+    let client = connect_when_up().await?;
+    let highest = *lost.iter().max().expect("tokens were drawn");
+    let mut after = Vec::new();
+    for _ in 0..40 {
+        let claim = once::claim_key(&client, &fresh_key("after-crash"), LEASE, NO_WAIT).await?;
+        after.push(claim.token.context("a claim has a token")?);
+    }
+    let again: Vec<i64> = after.iter().filter(|t| lost.contains(t)).copied().collect();
+    assert!(
+        again.is_empty() && after[0] > highest,
+        "after the crash, claims got {after:?}: {} of them held by the lost claims' owners, \
+         whose highest token was {highest}",
+        again.len()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_client_whose_socket_closes_mid_compute_is_taken_over_within_a_second() -> Result<()> {
     let dsn = once::dsn_from_env()?;
     let key = fresh_key("socket-closed");

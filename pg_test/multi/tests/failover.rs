@@ -6,7 +6,10 @@
 //! scripts/test.sh starts a streaming standby of the test server (PG_ONCE_PROMOTE_DATA_DIR,
 //! reached at PG_ONCE_PROMOTE_DSN) and runs this binary alone: the test stops the
 //! standby, crashes the primary (PG_ONCE_DATA_DIR) after handing out tokens the standby
-//! never received, promotes the standby, and finally restarts the primary as it was.
+//! never received, promotes the standby, and finally restarts the primary as it was. A
+//! copy of the standby taken before the promotion is then promoted in turn, as a second
+//! standby of the same primary would be after the first one died: its timeline has the
+//! same number as the first one's.
 
 use anyhow::{Context, Result};
 use pg_once_multi::{claimed_token, fresh_key, once, pg_ctl, pg_ctl_on};
@@ -83,6 +86,12 @@ async fn a_zombie_of_a_lost_timeline_is_fenced_after_an_asynchronous_failover() 
     caught_up(&primary, &standby).await?;
     drop(standby);
     pg_ctl_on(&standby_data, &["stop", "-m", "fast"])?;
+    let twin = format!("{standby_data}-twin");
+    let _ = std::fs::remove_dir_all(&twin);
+    let copied = std::process::Command::new("cp")
+        .args(["-a", &standby_data, &twin])
+        .status()?;
+    anyhow::ensure!(copied.success(), "cp -a {standby_data} {twin} failed");
 
     // More tokens than the sequence logs ahead (32), so that the lost ones lie beyond
     // what the standby's copy of the sequence had reserved; the zombie's among them.
@@ -154,12 +163,31 @@ async fn a_zombie_of_a_lost_timeline_is_fenced_after_an_asynchronous_failover() 
             .await?
             .get(0);
         let repeated: Vec<i64> = drawn.iter().filter(|t| lost.contains(t)).copied().collect();
-        anyhow::Ok((drawn, new_owner, zombie_won, owner_won, stored, repeated))
+
+        // The first new primary dies too, and the twin, which never saw its timeline, is
+        // promoted: none of its tokens may be one the first handed out.
+        drop((promoted, zombie));
+        pg_ctl_on(&standby_data, &["stop", "-m", "immediate"])?;
+        pg_ctl_on(&twin, &["start", "-l", &format!("{twin}/../twin.log")])?;
+        pg_ctl_on(&twin, &["promote"])?;
+        let second = connect_when(&standby_dsn, true).await?;
+        let mut twin_drawn = Vec::new();
+        for _ in 0..20 {
+            twin_drawn.push(claimed_token(&second, &fresh_key("failover-twin")).await?);
+        }
+        anyhow::Ok((
+            drawn, new_owner, zombie_won, owner_won, stored, repeated, twin_drawn,
+        ))
     }
     .await;
 
     // Put the test server back as it was for the tests after this one.
-    let _ = pg_ctl_on(&standby_data, &["stop", "-m", "immediate"]);
+    for data in [&standby_data, &twin] {
+        if std::path::Path::new(&format!("{data}/postmaster.pid")).exists() {
+            let _ = pg_ctl_on(data, &["stop", "-m", "immediate"]);
+        }
+    }
+    std::fs::remove_dir_all(&twin)?;
     pg_ctl(&[
         "start",
         "-l",
@@ -167,7 +195,7 @@ async fn a_zombie_of_a_lost_timeline_is_fenced_after_an_asynchronous_failover() 
     ])?;
     connect_when(&primary_dsn, true).await?;
 
-    let (drawn, new_owner, zombie_won, owner_won, stored, repeated) = outcome?;
+    let (drawn, new_owner, zombie_won, owner_won, stored, repeated, twin_drawn) = outcome?;
     let mut broken = Vec::new();
     if let (Some(first), Some(last)) = (repeated.first(), repeated.last()) {
         broken.push(format!(
@@ -184,6 +212,15 @@ async fn a_zombie_of_a_lost_timeline_is_fenced_after_an_asynchronous_failover() 
         broken.push(format!(
             "the zombie's completion with token {zombie_token} answered {zombie_won}, the new \
              owner's with {new_owner} answered {owner_won}, and the key holds {stored}"
+        ));
+    }
+    let highest_first = *drawn.iter().max().expect("tokens were drawn");
+    if let Some(low) = twin_drawn.iter().find(|t| **t <= highest_first) {
+        let twice = twin_drawn.iter().filter(|t| drawn.contains(t)).count();
+        broken.push(format!(
+            "the second standby promoted handed out {low}, not above {highest_first}, the \
+             highest the first one handed out ({twice} of its {} tokens were the first's)",
+            twin_drawn.len()
         ));
     }
     assert!(broken.is_empty(), "{}", broken.join("; "));

@@ -1,75 +1,85 @@
-//! How a token is drawn (src/storage/tokens.rs), in both editions: a token sequence that
-//! arrives from elsewhere, as a restore of another cluster's dump or (on Citus) a shard
-//! moved from another node sets it, is moved one band above its own before a token is
-//! handed out; and a claim commits durably whatever synchronous_commit says. The other
-//! ways into a band, a new timeline and a restore of this cluster's dump, are
-//! failover.rs's and tokens.rs's.
+//! How a token is drawn (src/storage/tokens.rs), in both editions: a token sequence set
+//! back, as pg_restore of a dump sets it (into this database, another one, or another
+//! cluster), is anchored to the clock before a token is handed out, so no token handed
+//! out since the dump is handed out again. The other ways back, a crash and a new
+//! timeline, are tokens.rs's and failover.rs's.
 
 use anyhow::Result;
-use pg_once_multi::{admin, claimed_token, fresh_key};
+use pg_once_multi::{admin, claimed_token, fresh_key, once};
+use std::time::{Duration, Instant};
+use tokio_postgres::Client;
 
-const COUNT_BITS: u32 = 48;
+/// storage::tokens::LAG: how far behind the clock a draw may be and still be handed out.
+const LAG: i64 = 10_000;
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_sequence_from_elsewhere_hands_out_tokens_a_band_above_its_own() -> Result<()> {
-    let owner = admin().await?;
-    let before = claimed_token(&owner, &fresh_key("band-before")).await?;
-    // What another cluster's dump would bring: a value one band above this cluster's.
-    let foreign = ((before >> COUNT_BITS) + 1) << COUNT_BITS | 12345;
-    owner
+/// The server's clock in the unit of tokens: microseconds since 2000-01-01.
+async fn clock(client: &Client) -> Result<i64> {
+    Ok(client
         .query_one(
-            "SELECT pg_catalog.setval('once_internal.token_seq', $1)",
-            &[&foreign],
-        )
-        .await?;
-
-    let after = claimed_token(&owner, &fresh_key("band-after")).await?;
-    assert!(
-        after >> COUNT_BITS > foreign >> COUNT_BITS,
-        "after the sequence was set to {foreign} (band {}), a claim got {after} (band {}), \
-         in the band that cluster may have handed out after its dump",
-        foreign >> COUNT_BITS,
-        after >> COUNT_BITS
-    );
-    let recorded: i64 = owner
-        .query_one(
-            "SELECT pg_catalog.pg_sequence_last_value('once_internal.token_history')",
+            "SELECT (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp() - \
+             '2000-01-01 00:00:00+00'::pg_catalog.timestamptz) * 1000000)::bigint",
             &[],
         )
         .await?
-        .get(0);
-    assert_eq!(
-        recorded & 0xffff,
-        after >> COUNT_BITS,
-        "the band is recorded"
-    );
-    Ok(())
+        .get(0))
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_claim_commits_with_its_wal_flushed_even_with_synchronous_commit_off() -> Result<()> {
-    let mut client = admin().await?;
-    let transaction = client.transaction().await?;
-    transaction
-        .batch_execute("SET LOCAL synchronous_commit = off")
-        .await?;
-    let outcome: String = transaction
+async fn a_sequence_set_back_by_a_restore_never_hands_a_token_out_again() -> Result<()> {
+    let owner = admin().await?;
+    // What a dump taken now saves: the sequence's value.
+    let dumped: i64 = claimed_token(&owner, &fresh_key("dumped")).await?;
+    // Claims after the dump, whose tokens their owners keep (in object storage, in a
+    // zombie worker).
+    let mut issued = Vec::new();
+    for i in 0..40 {
+        issued.push(claimed_token(&owner, &fresh_key(&format!("after-dump-{i}"))).await?);
+    }
+    let highest = *issued.iter().max().expect("tokens were drawn");
+    // A restore comes later than LAG after the last of them (pg_restore alone takes
+    // longer): wait until the server's clock says so, then set the sequence back as the
+    // dump's `SELECT pg_catalog.setval(...)` does.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while clock(&owner).await? <= highest + LAG {
+        anyhow::ensure!(Instant::now() < deadline, "the server's clock stands still");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    owner
         .query_one(
-            "SELECT outcome::text FROM once.claim_key($1, lease => '60 s')",
-            &[&fresh_key("durable")],
+            "SELECT pg_catalog.setval('once_internal.token_seq', $1)",
+            &[&dumped],
         )
-        .await?
-        .get(0);
-    assert_eq!(outcome, "claimed");
-    let level: String = transaction
-        .query_one("SHOW synchronous_commit", &[])
-        .await?
-        .get(0);
-    assert_eq!(
-        level, "local",
-        "a claim under synchronous_commit = off commits without flushing: a crash right \
-         after it loses the claim while its owner holds the token, which is drawn again"
+        .await?;
+
+    // The first claims after it come at once from several sessions.
+    let dsn = once::dsn_from_env()?;
+    let claims: Vec<_> = (0..8)
+        .map(|_| {
+            let dsn = dsn.clone();
+            tokio::spawn(async move {
+                let client = once::connect(&dsn).await?;
+                claimed_token(&client, &fresh_key("after-restore")).await
+            })
+        })
+        .collect();
+    let mut after = Vec::new();
+    for claim in claims {
+        after.push(claim.await??);
+    }
+    after.sort_unstable();
+    let again: Vec<i64> = after
+        .iter()
+        .filter(|t| issued.contains(t))
+        .copied()
+        .collect();
+    assert!(
+        again.is_empty() && after[0] > highest,
+        "after the sequence was set back to {dumped}, claims got {after:?}: {} of them handed \
+         out after the dump already, the highest of which was {highest}",
+        again.len()
     );
-    transaction.commit().await?;
+    let distinct = after.len();
+    after.dedup();
+    assert_eq!(after.len(), distinct, "a token drawn twice: {after:?}");
     Ok(())
 }

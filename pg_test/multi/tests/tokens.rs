@@ -1,7 +1,8 @@
 //! Fencing tokens are never reused for the life of the cluster: not after DROP EXTENSION
-//! and CREATE EXTENSION, nor when a dump is restored (the floor of once_internal.token_seq,
-//! see sql/schema.sql and src/storage/tokens.rs). DROP EXTENSION disturbs every other test on the server, so
-//! scripts/test.sh runs this binary alone, one test at a time, after the others.
+//! and CREATE EXTENSION, nor when a dump is restored (once_internal.token_seq is anchored
+//! to the clock: sql/schema.sql and src/storage/tokens.rs). DROP EXTENSION disturbs every
+//! other test on the server, so scripts/test.sh runs this binary alone, one test at a
+//! time, after the others.
 
 use anyhow::{Context, Result};
 use pg_once_multi::{admin, claimed_token, fresh_key, once, pg_bin};
@@ -140,7 +141,7 @@ async fn a_restored_dump_hands_out_tokens_above_every_dumped_token() -> Result<(
     let issued = highest_token(&src).await?;
 
     // Restored in the same cluster: the dump's setval takes the sequence back below tokens
-    // issued since (and below the new sequence's floor). The restore reports nothing, and
+    // issued since. The restore reports nothing, and
     // the first claims, made at once from many sessions, draw above every token issued,
     // each a different one.
     let (ok, stderr) = restore(&admin, same, first).await?;
@@ -180,11 +181,12 @@ async fn a_restored_dump_hands_out_tokens_above_every_dumped_token() -> Result<(
     assert_eq!(tokens.len(), 8, "tokens handed out twice: {tokens:?}");
     drop(restored);
 
-    // Restored where the floor is below the dumped tokens (another, younger cluster:
-    // simulated by a source whose tokens are far ahead): the dumped value is carried over.
+    // Restored from a cluster whose tokens are ahead of this one's clock (simulated by a
+    // source whose sequence is 11 days ahead): the dumped value is carried over, never set
+    // back to the clock.
     src.batch_execute(
         "SELECT setval('once_internal.token_seq', \
-         (pg_current_wal_insert_lsn() - '0/0')::bigint + 1000000000000)",
+         (SELECT last_value FROM once_internal.token_seq) + 1000000000000)",
     )
     .await?;
     let far = claimed_token(&src, &fresh_key("dumped-far")).await?;
@@ -208,13 +210,12 @@ async fn a_restored_dump_hands_out_tokens_above_every_dumped_token() -> Result<(
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn no_role_keeps_the_sequence_below_its_floor_after_a_restore() -> Result<()> {
-    // After a restore set the sequence below its floor, the first backend to draw moves it
-    // up, holding a lock so that two do not both; the others draw one value at a time
-    // until it is done. That lock was an advisory lock on pg_once's constant and the
-    // sequence's OID (which pg_class shows to every role): any role that took it first
-    // kept the sequence down, and every claim drew below the floor one value a moment
-    // (for hours: the floor is the WAL position when the extension was created).
+async fn no_role_keeps_the_sequence_down_after_a_restore() -> Result<()> {
+    // After a restore set the sequence back, the first backend to draw anchors it to the
+    // clock, holding a lock so that two do not both; the others look again until it is
+    // done. That lock was an advisory lock on pg_once's constant and the sequence's OID
+    // (which pg_class shows to every role): any role that took it first kept the sequence
+    // down, and every claim looked again for as long as the role liked.
     let admin = admin().await?;
     let db = format!("floor_{}", fresh_key("db").replace(['/', '-'], "_"));
     create_database(&admin, &db).await?;
