@@ -15,7 +15,9 @@
 #
 #   1. formatting and lints         cargo fmt --check, cargo clippy -D warnings,
 #                                   check-boundary (SQL declarations = Rust signatures),
-#                                   check-cycles (no modules that import each other)
+#                                   check-cycles (no modules that import each other),
+#                                   check-edition (the SQL edition names only Rust items
+#                                   that exist, and raises only the extension's hints)
 #                                   and check-sql (the scripts' operators are pg_catalog's)
 #   2. single-session unit tests    cargo pgrx test (#[pg_test]s in src/tests/, and plain
 #                                   #[test]s of code with no PostgreSQL in it)
@@ -200,6 +202,7 @@ if step 1 && [ "$PG_MAJOR" = 15 ]; then
     cargo clippy --workspace --all-targets --quiet -- -D warnings
     python3 scripts/check-boundary.py
     python3 scripts/check-cycles.py
+    python3 scripts/check-edition.py
     # Every operator the install and upgrade scripts resolve is pg_catalog's, checked with
     # PostgreSQL's own parser (pglast, from PyPI, in a virtualenv of its own).
     check_venv=$PG_ONCE_WORK/check-venv

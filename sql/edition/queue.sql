@@ -451,7 +451,7 @@ BEGIN
 END
 $$;
 
--- once.claim_next (api::claim_next, waiting::claim_next): with wait, looks until a key is
+-- once.claim_next (api::queue::claim_next, waiting::claim_next): with wait, looks until a key is
 -- claimed or wait runs out, sleeping between looks as claim_key does (5 ms doubling to
 -- 100 ms). Each waiting look runs in a subtransaction that is rolled back unless it claimed
 -- something, so that a waiting worker keeps no lock, and waits for other transactions'
