@@ -6,15 +6,19 @@ The script is assembled, never written by hand as a whole, so that the rules exi
 - the tables, types, indexes and their COMMENTs are taken from sql/schema.sql, made
   re-runnable (IF NOT EXISTS), so that the edition's tables are the extension's;
 - the control flow is sql/edition/*.sql (PL/pgSQL), where `{{sql:NAME}}` stands for the
-  statement src/protocol/sql/NAME.sql, spliced with its rules exactly as
-  storage::statements::splice does for the extension (comment lines dropped, `{{rule(a=v)}}`
-  replaced by the rule's text with `{a}` replaced by v), and each named parameter `$name`
+  statement src/protocol/sql/NAME.sql, spliced with its rules by the extension's own
+  splicer (the pg_once_splice crate in splice/, run as `splice-statements`: comment lines
+  dropped, `{{rule(a=v)}}` replaced by the rule's text with `{a}` replaced by v), so the
+  edition runs the text the extension prepares, and each named parameter `$name`
   turned into `param.name`: a variable of the calling function's block labelled `param`.
   The functions declare `#variable_conflict use_column`, so a bare name in a statement is
   always a column and a parameter is always written `param.`: static SQL, planned once
   per session by PL/pgSQL like the extension's prepared plans, and readable as the file.
 """
+import functools
+import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,51 +26,31 @@ import sql_edition_tle  # the views and once.cached (taken from sql/functions.sq
 
 ROOT = Path(__file__).resolve().parent.parent
 STATEMENTS = ROOT / "src/protocol/sql"
-RULES = STATEMENTS / "rules"
 
 
 def uncommented(sql):
-    """storage::statements::uncommented: the text without its `--` lines, trimmed."""
+    """The text without its `--` lines, trimmed (as pg_once_splice::uncommented): a schema
+    statement, to tell code from comments."""
     return "\n".join(l for l in sql.splitlines() if not l.lstrip().startswith("--")).strip()
 
 
-def splice(sql):
-    """storage::statements::splice, line for line (its errors too)."""
-    sql = uncommented(sql)
-    out, rest = [], sql
-    while (start := rest.find("{{")) >= 0:
-        out.append(rest[:start])
-        end = rest.find("}}", start)
-        if end < 0:
-            raise SystemExit("a {{ without its }}")
-        call = rest[start + 2:end]
-        name, _, given = call.partition("(")
-        if given and not given.endswith(")"):
-            raise SystemExit(f"rule {name}: no ) before }}}}")
-        given = given[:-1] if given else ""
-        path = RULES / f"{name}.sql"
-        if not path.exists():
-            raise SystemExit(f"no rule {name}")
-        text = uncommented(path.read_text())
-        for arg in (a for a in given.split(";") if a.strip()):
-            param, sep, value = arg.partition("=")
-            if not sep:
-                raise SystemExit(f"rule {name}: {arg!r} is not param=value")
-            placeholder = "{" + param.strip() + "}"
-            if placeholder not in text:
-                raise SystemExit(f"rule {name} has no parameter {param.strip()}")
-            text = text.replace(placeholder, value)
-        if "{" in text:
-            raise SystemExit(f"rule {name}: a parameter not given at {text[text.find('{'):]}")
-        out.append(text)
-        rest = rest[end + 2:]
-    out.append(rest)
-    return "".join(out)
+@functools.cache
+def spliced():
+    """Every statement of src/protocol/sql/, its rules spliced in, by name."""
+    run = subprocess.run(
+        ["cargo", "run", "--quiet", "--manifest-path", str(ROOT / "splice/Cargo.toml"),
+         "--bin", "splice-statements", "--", str(STATEMENTS)],
+        capture_output=True, text=True)
+    if run.returncode != 0:
+        raise SystemExit(f"splice-statements failed:\n{run.stderr}")
+    return json.loads(run.stdout)
 
 
 def statement(name):
     """src/protocol/sql/NAME.sql for PL/pgSQL: spliced, `$name` as `param.name`."""
-    return re.sub(r"\$([a-z_][a-z0-9_]*)", r"param.\1", splice((STATEMENTS / f"{name}.sql").read_text()))
+    if name not in spliced():
+        raise SystemExit(f"{{{{sql:{name}}}}}: no statement src/protocol/sql/{name}.sql")
+    return re.sub(r"\$([a-z_][a-z0-9_]*)", r"param.\1", spliced()[name])
 
 
 def expand(text):

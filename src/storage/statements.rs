@@ -9,8 +9,8 @@
 //! or the call fails (an internal error: a broken invariant, not bad input).
 //!
 //! A statement kept in a file may name rules, pieces of SQL that several statements share,
-//! spliced in before its parameters are numbered (`splice`; CONTRIBUTING.md, "Where
-//! statements live").
+//! spliced in before its parameters are numbered (pg_once_splice, the crate in splice/ that
+//! the SQL edition's script uses too; CONTRIBUTING.md, "Where statements live").
 //!
 //! Plans are prepared as "mutating": SPI then takes a fresh snapshot for every execution,
 //! even of a SELECT. A waiting claim_key re-reads its key many times inside one
@@ -41,9 +41,8 @@ pub struct Statement {
     rules: &'static [Rule],
 }
 
-/// A piece of SQL that several statements share: its name and its text, in which
-/// `{param}` stands for a value each statement gives.
-pub type Rule = (&'static str, &'static str);
+use pg_once_splice::splice;
+pub use pg_once_splice::Rule;
 
 impl Statement {
     pub const fn new(sql: &'static str) -> Statement {
@@ -60,66 +59,6 @@ impl Statement {
     fn text(&self) -> Result<String, String> {
         splice(self.sql, self.rules)
     }
-}
-
-/// `sql` as a plan sees it. Lines that begin with `--` are comments, for whoever reads the
-/// file, and are dropped, as is white space around the whole; then every
-/// `{{name(param=value; ...)}}` (or `{{name}}`, a rule with no parameters) becomes the
-/// text of rule `name`, so dropped of its comments too, with each `{param}` in it replaced
-/// by the value given (verbatim: any text but `;` and `)}}`, possibly empty). Text
-/// without `{{` and comments is left exactly as it is.
-fn splice(sql: &str, rules: &[Rule]) -> Result<String, String> {
-    let sql = uncommented(sql);
-    let mut out = String::with_capacity(sql.len() * 2);
-    let mut rest = sql.as_str();
-    while let Some(start) = rest.find("{{") {
-        out.push_str(&rest[..start]);
-        let end = rest[start..].find("}}").ok_or("a {{ without its }}")?;
-        let call = &rest[start + 2..start + end];
-        let (name, given) = match call.split_once('(') {
-            Some((name, args)) => (
-                name,
-                args.strip_suffix(')')
-                    .ok_or_else(|| format!("rule {name}: no ) before }}}}"))?,
-            ),
-            None => (call, ""),
-        };
-        let (_, text) = rules
-            .iter()
-            .find(|(rule, _)| *rule == name)
-            .ok_or_else(|| format!("no rule {name}"))?;
-        let mut text = uncommented(text);
-        for arg in given.split(';').filter(|a| !a.trim().is_empty()) {
-            let (param, value) = arg
-                .split_once('=')
-                .ok_or_else(|| format!("rule {name}: {arg:?} is not param=value"))?;
-            let placeholder = format!("{{{}}}", param.trim());
-            if !text.contains(&placeholder) {
-                return Err(format!("rule {name} has no parameter {}", param.trim()));
-            }
-            text = text.replace(&placeholder, value);
-        }
-        if let Some(at) = text.find('{') {
-            return Err(format!(
-                "rule {name}: a parameter not given at {}",
-                &text[at..]
-            ));
-        }
-        out.push_str(&text);
-        rest = &rest[start + end + 2..];
-    }
-    out.push_str(rest);
-    Ok(out)
-}
-
-/// `sql` without its comment lines and the white space around it.
-fn uncommented(sql: &str) -> String {
-    sql.lines()
-        .filter(|line| !line.trim_start().starts_with("--"))
-        .collect::<Vec<_>>()
-        .join("\n")
-        .trim()
-        .to_owned()
 }
 
 /// A parameter value and the name it has in the statement's text.
@@ -355,38 +294,7 @@ fn number_params(sql: &str) -> Result<(String, Vec<&str>), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{number_params, splice};
-
-    #[test]
-    fn rules_are_spliced_in_with_their_parameters_and_comments_dropped() {
-        let rules = [
-            (
-                "holder",
-                "-- why\n({alias}owner = $holder OR {alias}owner IS NULL)\n",
-            ),
-            ("columns", "-- why\na, b\n"),
-        ];
-        let sql = "-- what it does\nUPDATE t AS e SET ({{columns}}) = (1, 2)\n  WHERE {{holder(alias=e.)}} AND {{holder(alias=)}}\n";
-        assert_eq!(
-            splice(sql, &rules).unwrap(),
-            "UPDATE t AS e SET (a, b) = (1, 2)\n  WHERE (e.owner = $holder OR e.owner IS NULL) AND (owner = $holder OR owner IS NULL)"
-        );
-        let multi = [("f", "format('%s: {how}', {row}owner, {why})")];
-        assert_eq!(
-            splice("{{f(row=e.; why=g.why; how=taken over)}}", &multi).unwrap(),
-            "format('%s: taken over', e.owner, g.why)"
-        );
-    }
-
-    #[test]
-    fn a_missing_rule_or_parameter_is_refused() {
-        let rules = [("r", "{x} = 1")];
-        assert!(splice("{{s}}", &rules).is_err());
-        assert!(splice("{{r(y=1)}}", &rules).is_err());
-        assert!(splice("{{r(x=1)", &rules).is_err());
-        assert!(splice("{{r}}", &rules).is_err());
-        assert_eq!(splice("SELECT 1", &rules).unwrap(), "SELECT 1");
-    }
+    use super::number_params;
 
     #[test]
     fn names_become_numbers_in_order_of_first_appearance() {
