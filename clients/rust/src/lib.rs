@@ -39,8 +39,11 @@
 //! default feature `tls`, rustls) follows the conninfo's `sslmode` and `sslrootcert` for
 //! the pool and the LISTEN connection alike ([`Conninfo`]).
 
+// First: its with_conn! macro is used by the modules after it.
 #[macro_use]
+mod inner;
 mod client;
+mod coalesce;
 mod conninfo;
 mod error;
 #[cfg(feature = "http")]
@@ -51,6 +54,7 @@ mod options;
 mod outcome;
 pub mod raw;
 mod refresh;
+mod run;
 mod tls;
 mod values;
 #[cfg(test)]

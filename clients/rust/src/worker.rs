@@ -1,8 +1,9 @@
 //! [`Client::work`]: the queue worker loop.
 
-use crate::client::{compute_with_heartbeat, ComputeError, Inner, Ran};
 use crate::error::{Error, Result};
+use crate::inner::Inner;
 use crate::raw::{self, Job};
+use crate::run::{compute_with_heartbeat, ComputeError, Ran};
 use crate::Client;
 use futures_util::FutureExt;
 use serde::Serialize;
@@ -295,7 +296,7 @@ where
         .map(|stored| if stored { End::Completed } else { End::Lost }),
         Ran::Done(Err(e)) => {
             let message = match e {
-                ComputeError::Failed(kind, e) => crate::client::failure_text(kind, &*e),
+                ComputeError::Failed(kind, e) => crate::run::failure_text(kind, &*e),
                 ComputeError::Serialize(e) => format!("the result is not JSON-serialisable: {e}"),
             };
             with_conn!(inner, |c| raw::fail_key(

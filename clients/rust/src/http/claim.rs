@@ -4,9 +4,10 @@
 //! own transaction (rule I8).
 
 use super::rules;
-use crate::client::{heartbeat_until_lost, Inner};
 use crate::error::{Error, Result};
+use crate::inner::Inner;
 use crate::raw::{self, Freshness};
+use crate::run::heartbeat_until_lost;
 use crate::Client;
 use http::{HeaderMap, StatusCode};
 use serde_json::Value;
