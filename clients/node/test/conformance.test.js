@@ -139,13 +139,18 @@ for (const setup of scenarios.length ? [...setups, ...standbyFirstSetups] : []) 
   });
 }
 
+// The scenarios' option names (docs/clients.md's) as this client spells them.
+const OPTION_NAMES = { listen_conninfo: 'listenConnectionString' };
+
 async function runScenario(setup, admin, scenario) {
   const prefix = `conf/${randomUUID()}/`;
   const keyed = (k) => `${prefix}${k}`;
   const sqlText = (s) => s.replace(/\{key:((?:[^}"]|"[^"]*")*)\}/g, (_, k) => keyed(k).replace(/'/g, "''"));
   const counters = new Map();
   const running = new Map();
-  const clients = Array.from({ length: scenario.clients ?? 1 }, () => makeClient(setup));
+  // `listen: "pool"`: the LISTEN connection goes where the pool does (README).
+  const listenDsn = scenario.listen === 'pool' ? setup.poolDsn : setup.listenDsn;
+  const clients = Array.from({ length: scenario.clients ?? 1 }, () => makeClient({ ...setup, listenDsn }));
   const computeOf = (spec = {}) => async () => {
     if (spec.counts) counters.set(spec.counts, (counters.get(spec.counts) ?? 0) + 1);
     if (spec.sleep_ms) await sleep(spec.sleep_ms);
@@ -158,6 +163,7 @@ async function runScenario(setup, admin, scenario) {
     const client = clients[step.client ?? 0];
     const wrapper = () => client.cached(computeOf(step.compute), { name: keyed(step.name), ...optionsOf(step.options) });
     switch (step.call) {
+      case 'ready': return client.ready().then(() => true);
       case 'get_or_compute': return client.getOrCompute(keyed(step.key), computeOf(step.compute), optionsOf(step.options));
       case 'cached': return wrapper()(...fromVector(step.args));
       case 'invalidate': return step.name ? wrapper().invalidate(...fromVector(step.args)) : client.invalidate(keyed(step.key));
@@ -181,6 +187,8 @@ async function runScenario(setup, admin, scenario) {
     if (expect.error) {
       assert.ok(error, `expected ${expect.error}, got the value ${JSON.stringify(value)}`);
       assert.equal(error.kind, expect.error, error.stack);
+      // This client's name of the option.
+      if (expect.message_names_option) assert.match(error.message, new RegExp(OPTION_NAMES[expect.message_names_option]));
       if (expect.message_contains) assert.ok(`${error.message} ${error.error ?? ''}`.includes(expect.message_contains), error.message);
       if (expect.sqlstate) assert.equal(error.code, expect.sqlstate);
     } else if (expect.raised !== undefined) {
@@ -192,7 +200,8 @@ async function runScenario(setup, admin, scenario) {
   };
   try {
     // Connected first, as a running process's client is: a step's within_ms times the call.
-    await Promise.all(clients.map((c) => c.ready()));
+    // Not one whose LISTEN connection goes through the pool: its steps see it refused.
+    if (scenario.listen !== 'pool') await Promise.all(clients.map((c) => c.ready()));
     for (const sql of scenario.setup ?? []) await admin.query(sqlText(sql));
     for (const step of scenario.steps) {
       if (step.sql !== undefined) {

@@ -6,7 +6,7 @@ import {
   setups, makeClient, closeClient, freshKey, sleep, admin, BOUNCER_DSN, DSN,
 } from './helpers.js';
 import {
-  ClaimLost, ConfigurationError, NotSerializable, OnceFailed, OnceTimeout, ResultRefused,
+  ClaimLost, NotSerializable, OnceFailed, OnceTimeout, ResultRefused,
 } from '../src/index.mjs';
 
 const dateSerializer = {
@@ -184,32 +184,8 @@ for (const setup of setups) {
   });
 }
 
-// The LISTEN connection through PgBouncer in transaction mode (one DSN for everything, what
-// most users try first): refused at once, naming the option to pass.
-describe('a LISTEN connection through a transaction pooler', { skip: !BOUNCER_DSN && 'PG_ONCE_BOUNCER_DSN is not set' }, () => {
-  test('is refused with a ConfigurationError naming listenConnectionString', async () => {
-    const client = makeClient({ poolDsn: BOUNCER_DSN, listenDsn: BOUNCER_DSN });
-    const started = Date.now();
-    try {
-      await assert.rejects(client.ready(), (err) => err instanceof ConfigurationError && /listenConnectionString/.test(err.message));
-      assert.ok(Date.now() - started < 5000, 'not retried until connectTimeout');
-      await assert.rejects(client.getOrCompute(freshKey('pooler'), () => 1), ConfigurationError);
-    } finally {
-      await closeClient(client);
-    }
-  });
-
-  test('a direct LISTEN connection beside a transaction-pooled pool is accepted', async () => {
-    const client = makeClient({ poolDsn: BOUNCER_DSN, listenDsn: DSN });
-    try {
-      await client.ready();
-      assert.ok(client.ownerPid > 0);
-    } finally {
-      await closeClient(client);
-    }
-  });
-});
-
+// A LISTEN connection through PgBouncer in transaction mode is refused: the conformance
+// scenarios of pooler.json (rule N5).
 // PG_ONCE_SESSION_BOUNCER_DSN: a PgBouncer in session mode, through which LISTEN works.
 describe('a LISTEN connection through a session pooler', { skip: !process.env.PG_ONCE_SESSION_BOUNCER_DSN && 'PG_ONCE_SESSION_BOUNCER_DSN is not set' }, () => {
   test('is accepted (its notification probe arrives)', async () => {

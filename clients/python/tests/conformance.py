@@ -128,12 +128,23 @@ class Scenario:
     async def run(self) -> None:
         n = self.case.get("clients", 1)
         self.outcomes: List[list] = [[] for _ in range(n)]   # each client's Outcome events
-        make = AsyncClient if self.flavor == "async" else Client
-        self.clients = [make(self.setup.dsn, listen_conninfo=self.setup.listen_dsn,
-                             on_outcome=self.outcomes[i].append) for i in range(n)]
-        if self.flavor == "async":
-            for c in self.clients:
-                await c.open()
+        # `listen: "pool"`: the LISTEN connection goes where the pool does (README).
+        listen = self.setup.dsn if self.case.get("listen") == "pool" else self.setup.listen_dsn
+        # A client whose connection is refused (Client refuses in its constructor,
+        # AsyncClient in open) answers every call of the scenario with that refusal.
+        self.clients: List[Any] = []
+        for i in range(n):
+            try:
+                if self.flavor == "async":
+                    c = AsyncClient(self.setup.dsn, listen_conninfo=listen,
+                                    on_outcome=self.outcomes[i].append)
+                    await c.open()
+                else:
+                    c = Client(self.setup.dsn, listen_conninfo=listen,
+                               on_outcome=self.outcomes[i].append)
+            except ConfigurationError as refused:
+                c = refused
+            self.clients.append(c)
         self.admin = await psycopg.AsyncConnection.connect(self.setup.admin_dsn, autocommit=True)
         try:
             for number, step in enumerate(self.case["steps"]):
@@ -146,6 +157,8 @@ class Scenario:
                 task.cancel()
             await self.admin.close()
             for c in self.clients:
+                if isinstance(c, Exception):
+                    continue
                 if self.flavor == "async":
                     await c.close()
                 else:
@@ -190,11 +203,19 @@ class Scenario:
     async def call(self, step: dict):
         """(value, None) or (None, exception) of one client call."""
         client = self.clients[step.get("client", 0)]
+        if isinstance(client, Exception):
+            return None, client, None
         options = dict(step.get("options", {}))
         fn = self.compute(step["compute"]) if "compute" in step else None
         what = step["call"]
 
         def do():
+            if what == "ready":   # made ready by its constructor or open()
+                if self.flavor == "async":
+                    async def ready():
+                        return True
+                    return ready()
+                return True
             if what == "get_or_compute":
                 return client.get_or_compute(self.key(step["key"]), fn, **options)
             if what == "cached":
@@ -242,6 +263,8 @@ class Scenario:
                 f"expected the compute's own error {expect['raised']!r}, got {error!r}"
         if "error" in expect:
             assert isinstance(error, ERRORS[expect["error"]]), f"expected {expect['error']}, got {error!r} ({got!r})"
+            if "message_names_option" in expect:   # this client's name of the option
+                assert expect["message_names_option"] in str(error), f"{error} does not name {expect['message_names_option']}"
             if "message_contains" in expect:
                 text = error.error if isinstance(error, OnceFailed) else str(error)
                 assert expect["message_contains"] in (text or ""), f"{text!r} lacks {expect['message_contains']!r}"

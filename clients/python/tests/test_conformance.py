@@ -73,7 +73,8 @@ SCENARIOS = [param for name in sorted(p.name for p in (ROOT / "scenarios").glob(
 def test_scenario(case, where, flavor, extension):
     from conformance import Scenario
     # A file that names its setups runs only there; the others run everywhere but there.
-    kind = "standby_first" if where.startswith("standby_first") else where
-    if kind not in case.get("setups", ["direct", "bouncer", "tls"]):
+    kind = {"bouncer": "pgbouncer"}.get(where, where)
+    kind = "standby_first" if where.startswith("standby_first") else kind
+    if kind not in case.get("setups", ["direct", "pgbouncer", "tls"]):
         pytest.skip(f"not a scenario of the {where} setup")
     asyncio.run(Scenario(case, make_setup(where), flavor).run())

@@ -15,11 +15,11 @@ from contextlib import contextmanager
 import psycopg
 import pytest
 
-from pg_once import AsyncClient, Client, ConfigurationError, NotSerializable, OnceFailed
+from pg_once import AsyncClient, Client, NotSerializable
 from pg_once import _common as C
 from pg_once._sync import _compat
 from pg_once._sync import client as sync_client
-from conftest import BOUNCER, DIRECT, TLS, make_setup, state
+from conftest import DIRECT, make_setup, state
 
 SESSION_BOUNCER = os.environ.get("PG_ONCE_SESSION_BOUNCER_DSN")
 
@@ -357,20 +357,6 @@ def test_enqueue_reaches_a_worker_with_its_payload(clients, key, admin):
     worker.stop()
     t.join(10)
     assert seen == [{"n": 3}]
-
-
-def test_a_listen_connection_through_a_transaction_pooler_is_refused(extension):
-    """N5: notifications never cross a transaction pooler: refused, naming listen_conninfo."""
-    if not BOUNCER:
-        pytest.skip("PG_ONCE_BOUNCER_DSN is not set")
-    with pytest.raises(ConfigurationError, match="listen_conninfo"):
-        Client(DIRECT, listen_conninfo=BOUNCER)
-
-    async def main():
-        with pytest.raises(ConfigurationError, match="listen_conninfo"):
-            async with AsyncClient(BOUNCER):
-                pass
-    asyncio.run(main())
 
 
 def test_a_listen_connection_through_a_session_pooler_is_kept(extension, key):

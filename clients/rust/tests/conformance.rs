@@ -215,6 +215,15 @@ impl Run<'_> {
         step: &Value,
     ) -> Result<(futures_util::future::BoxFuture<'static, Outcome>, String), Skip> {
         let client = self.clients[step["client"].as_u64().unwrap_or(0) as usize].clone();
+        if step["call"] == "ready" {
+            let ready = async move {
+                client
+                    .ready(Duration::from_secs(10))
+                    .await
+                    .map(|()| Value::Bool(true))
+            };
+            return Ok((Box::pin(ready), String::new()));
+        }
         let opts = call_options(&step["options"]);
         let name = step["name"].as_str().map(|n| self.key(n));
         let args = match step.get("args") {
@@ -355,6 +364,10 @@ impl Run<'_> {
             assert!(matches, "{what}: expected {kind}, got {e:?}");
             if let Some(code) = expect.get("sqlstate").and_then(Value::as_str) {
                 assert_eq!(e.sqlstate(), Some(code), "{what}");
+            }
+            // This client's name of the option is the scenarios' own.
+            if let Some(option) = expect.get("message_names_option").and_then(Value::as_str) {
+                assert!(e.to_string().contains(option), "{what}: {e}");
             }
             if let Some(part) = expect.get("message_contains").and_then(Value::as_str) {
                 assert!(e.to_string().contains(part), "{what}: {e}");
@@ -506,11 +519,15 @@ async fn scenarios_pass_in_every_setup() {
                     on_outcome: Some(hook),
                     ..Options::default()
                 };
-                run.clients.push(
-                    run.setup
-                        .client(&format!("rust-conformance-{i}"), options)
-                        .await,
-                );
+                // `listen: "pool"`: the LISTEN connection goes where the pool does (README).
+                let tag = format!("rust-conformance-{i}");
+                let client = if case["listen"] == "pool" {
+                    let pool = run.setup.pool_dsn.clone();
+                    run.setup.client_listening_at(&tag, &pool, options).await
+                } else {
+                    run.setup.client(&tag, options).await
+                };
+                run.clients.push(client);
                 run.outcomes.push(seen);
             }
             for step in case["steps"].as_array().expect("steps") {

@@ -241,32 +241,6 @@ async fn cached_named_uses_the_shared_default_key() {
     }
 }
 
-/// N5: a LISTEN connection through PgBouncer in transaction mode (what a user who gives
-/// one DSN for everything gets) is refused with a configuration error naming
-/// listen_conninfo, rather than leaving every waiter to its 1 s recheck.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_listen_connection_through_a_transaction_pooler_is_refused() {
-    let Some(bouncer) = setups().into_iter().find(|s| s.name == "pgbouncer") else {
-        eprintln!("PG_ONCE_BOUNCER_DSN is not set: skipped");
-        return;
-    };
-    let client = Client::connect(&bouncer.pool_dsn, Options::default())
-        .await
-        .unwrap();
-    let err = client.ready(Duration::from_secs(10)).await.unwrap_err();
-    assert!(matches!(err, Error::Configuration(_)), "{err:?}");
-    assert!(err.to_string().contains("listen_conninfo"), "{err}");
-    let call = client
-        .get_or_compute(
-            &fresh("pooled-listen"),
-            || async { Ok::<_, std::io::Error>(1) },
-            CallOptions::default(),
-        )
-        .await
-        .unwrap_err();
-    assert!(matches!(call, Error::Configuration(_)), "{call:?}");
-}
-
 /// X2: when the only caller of a computation stops waiting (its future is dropped, here
 /// by a timeout of its own), the computation is abandoned and its claim released at once:
 /// the key is not left running for the rest of a 30 s computation.

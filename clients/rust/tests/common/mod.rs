@@ -96,6 +96,11 @@ impl Setup {
     /// `tag` becomes the application_name of its connections (`tag` pooled, `tag-listen`).
     pub async fn client(&self, tag: &str, options: Options) -> Client {
         let listen = self.listen_dsn.as_deref().unwrap_or(&self.direct_dsn);
+        self.client_listening_at(tag, listen, options).await
+    }
+
+    /// A client of this setup whose LISTEN connection goes to `listen`.
+    pub async fn client_listening_at(&self, tag: &str, listen: &str, options: Options) -> Client {
         Client::connect(
             &named(&self.pool_dsn, tag),
             Options {
