@@ -14,7 +14,7 @@ set -euo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PGRX_VERSION=0.18.1
 # Clusters live outside root's home so the postgres user can write them.
-PG_ONCE_WORK=${PG_ONCE_WORK:-/var/tmp/pg_once}
+export PG_ONCE_WORK=${PG_ONCE_WORK:-/var/tmp/pg_once}
 source "$REPO_ROOT/scripts/pg-versions.sh"
 PG_MAJOR=${PG_MAJOR:-15}
 if [ "$PG_MAJOR" = 16 ]; then

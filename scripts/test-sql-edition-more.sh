@@ -441,7 +441,7 @@ else
     suite_started=$SECONDS
     py_log=$PG_ONCE_WORK/$NAME-python.log
     if ! (cd "$REPO_ROOT" && "${direct_only[@]}" PG_ONCE_DSN="$dsn" PG_ONCE_FLAVOURS=sync \
-            "$py_venv/bin/python" -m pytest -q -p no:cacheprovider -rs clients/python/tests >"$py_log" 2>&1); then
+            PG_ONCE_PY_VENV="$py_venv" ./scripts/suite.sh python -rs >"$py_log" 2>&1); then
         cat "$py_log" >&2
         exit 1
     fi
@@ -449,21 +449,14 @@ else
     say "SQL edition: the Python suite took $((SECONDS - suite_started)) s"
     say "SQL edition: the Node client's suite, as the owner"
     suite_started=$SECONDS
-    node_log=$PG_ONCE_WORK/$NAME-node.log
-    if ! (cd "$REPO_ROOT/clients/node" && "${direct_only[@]}" \
-            PG_ONCE_DSN="postgres://admin@127.0.0.1:$PORT/clients" npm test --silent >"$node_log" 2>&1); then
-        cat "$node_log" >&2
-        exit 1
-    fi
-    grep -E '^# (pass|fail|skipped)' "$node_log"
+    (cd "$REPO_ROOT" && "${direct_only[@]}" PG_ONCE_DSN="$dsn" ./scripts/suite.sh node)
     say "SQL edition: the Node suite took $((SECONDS - suite_started)) s"
     say "SQL edition: the Rust client's suite, as the owner"
     suite_started=$SECONDS
     # Two tests say they are skipped (in their output, shown with -- --nocapture): contract's
     # an_empty_notification_wakes_every_waiter needs a superuser (SET
     # session_replication_role), and old_server a role that may create databases.
-    (cd "$REPO_ROOT" && "${direct_only[@]}" \
-        PG_ONCE_DSN="$dsn" cargo test -p pg_once_client --features http --quiet)
+    (cd "$REPO_ROOT" && "${direct_only[@]}" PG_ONCE_DSN="$dsn" ./scripts/suite.sh rust)
     say "SQL edition: the Rust suite took $((SECONDS - suite_started)) s"
 fi
 say "SQL edition (views, cached, pg_tle): all checks passed"

@@ -71,6 +71,9 @@
 #                                   to a fresh install, rows and tokens kept, step 4's
 #                                   tests on the upgraded database (scripts/upgrade-test.sh)
 #
+# scripts/suite.sh runs one suite (regress, isolation, multi, the clients') against a
+# server you already have; this script runs them through it on the servers it starts.
+#
 # STEPS="2 4" (for example) runs only those steps, and SERVERS="preloaded" only that
 # server's run of steps 3 to 7; by default everything runs on 15, and steps 1 to 4 and 8
 # on 16, 17 and 18 (the soak and the client libraries, 5 and 6, with STEPS: they add minutes a
@@ -231,21 +234,13 @@ if step 3 || step 4 || step 5 || step 6 || step 7 || step 9; then
     cargo build --quiet -p pg_once_multi --tests
 fi
 
-# run_pgxs_suite SUITE PORT OUTDIR DB TEST...: runs PostgreSQL's pg_regress (SUITE regress)
-# or pg_isolation_regress (SUITE isolation) on pg_test/SUITE against the server on PORT,
-# printing the diffs when a test fails.
-run_pgxs_suite() {
-    local suite=$1 port=$2 out=$PG_ONCE_WORK/$3 db=$4
-    shift 4
-    local tool=pg_regress
-    [ "$suite" = isolation ] && tool=pg_isolation_regress
-    rm -rf "$out"
-    if ! "$(pgxs_test_program "$suite" "$tool")" \
-            --bindir="$PG_BIN_INSIDE" --inputdir="pg_test/$suite" --outputdir="$out" \
-            --host=127.0.0.1 --port="$port" --user=postgres --dbname="$db" "$@"; then
-        cat "$out/regression.diffs" >&2
-        exit 1
-    fi
+# pgxs_suite SUITE PORT: scripts/suite.sh's regress or isolation against the server on
+# PORT, with this version's pg_regress (in a chroot, PG_BIN's wrappers).
+pgxs_suite() {
+    local program=pg_regress var=PG_REGRESS
+    [ "$1" = isolation ] && program=pg_isolation_regress var=PG_ISOLATION_REGRESS
+    env "$var=$(pgxs_test_program "$1" "$program")" PG_BINDIR="$PG_BIN_INSIDE" \
+        PG_ONCE_DSN="host=127.0.0.1 port=$2 user=postgres dbname=postgres" ./scripts/suite.sh "$1"
 }
 
 # run_server_tests NAME PORT [postgresql.conf lines...]
@@ -258,23 +253,20 @@ run_server_tests() {
 
     if server_step 3 "$name"; then
         say "3/9 SQL regression tests, $name server: pg_regress"
-        run_pgxs_suite regress "$port" regress-$name pg_once_regress \
-            $(cd pg_test/regress/sql && ls *.sql | sed 's/\.sql$//')
+        pgxs_suite regress "$port"
         python3 scripts/check-docs.py
         # Isolation specs expire leases by hand; a worker reaping them in between would
         # make their output depend on timing, so they run on the server without one.
         if [ "$name" = plain ]; then
             say "3/9 isolation specs, $name server: pg_isolation_regress"
-            run_pgxs_suite isolation "$port" isolation pg_once_isolation \
-                $(cd pg_test/isolation/specs && ls *.spec | sed 's/\.spec$//')
+            pgxs_suite isolation "$port"
         fi
     fi
 
     cluster_psql "$name" "$port" -q -c "CREATE EXTENSION pg_once"
     if server_step 4 "$name"; then
         say "4/9 multi-connection tests, $name server"
-        cargo test -p pg_once_multi --quiet --test protocol --test wakeups --test queue --test pooling \
-            --test namespaces --test freshness --test announcements --test attacks --test sweep --test counts
+        ./scripts/suite.sh multi
         if [ "$name" = preloaded ]; then
             say "4/9 hot standby of the $name server"
             standby_start "$name-standby" "$(port_of "$name-standby")" "$port"
@@ -358,18 +350,9 @@ run_server_tests() {
         # takes about two minutes). STEPS=6 with SERVERS=plain runs Client there.
         local flavours=async
         [ "$name" = plain ] && flavours=sync
-        PG_ONCE_FLAVOURS=$flavours "$py_venv/bin/python" -m pytest -q -p no:cacheprovider \
-            clients/python/tests
-        local node_log=$PG_ONCE_WORK/node-tests-$name.log
-        if ! (cd clients/node &&
-                PG_ONCE_DSN="postgres://postgres@127.0.0.1:$port/postgres" \
-                PG_ONCE_BOUNCER_DSN="postgres://postgres@127.0.0.1:$(port_of "$name-bouncer")/postgres" \
-                npm test --silent >"$node_log" 2>&1); then
-            cat "$node_log" >&2
-            exit 1
-        fi
-        grep -E '^# (pass|fail)' "$node_log"
-        cargo test -p pg_once_client --features http --quiet
+        PG_ONCE_FLAVOURS=$flavours PG_ONCE_PY_VENV=$py_venv ./scripts/suite.sh python
+        ./scripts/suite.sh node
+        ./scripts/suite.sh rust
         if [ "$name" = preloaded ]; then
             ./scripts/failover.sh stop
             cluster_stop "$name-standby"
@@ -468,8 +451,7 @@ test_package() {
         [ "$1" = 15 ] && PG_BIN=/usr/lib/postgresql/15/bin PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
         cluster_start package $(port_of package) "shared_preload_libraries = 'pg_once'" \
             "max_prepared_transactions = 10"
-        run_pgxs_suite regress $(port_of package) regress-package pg_once_regress \
-            $(cd pg_test/regress/sql && ls *.sql | sed 's/\.sql$//') >&2
+        pgxs_suite regress $(port_of package) >&2
         cluster_psql package $(port_of package) -Atq -c "CREATE EXTENSION pg_once" \
             -c "SELECT extversion, (SELECT shared_memory FROM once.stats)
                   FROM pg_extension WHERE extname = 'pg_once'"

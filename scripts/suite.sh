@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Run one test suite against a server you already have, as pgvector's `make installcheck`
+# does: nothing is installed into PostgreSQL and no server is started. scripts/test.sh
+# runs the same suites through this script, on the throwaway servers it starts.
+#
+#   ./scripts/suite.sh NAME [ARGUMENTS...]
+#
+#   regress      pg_regress, pg_test/regress (makes and drops database pg_once_regress)
+#   isolation    pg_isolation_regress, pg_test/isolation (database pg_once_isolation; on a
+#                server without pg_once preloaded: its worker would reap the leases the
+#                specs expire by hand)
+#   multi        the multi-connection tests of pg_test/multi that need no more than a
+#                server (ARGUMENTS go to cargo test; the crash, standby and failover tests
+#                kill, stop or promote servers: scripts/test.sh runs those)
+#   python       the Python client's suite (pytest; ARGUMENTS go to pytest)
+#   node         the Node client's suite (node --test)
+#   rust         the Rust client's suite (cargo test)
+#
+# The server: PG_ONCE_DSN, a libpq key=value string of a superuser's connection (default:
+# "host=127.0.0.1 port=5432 user=postgres dbname=postgres"), with pg_once installed
+# there (`cargo pgrx install`, or the package). Optional: PG_ONCE_BOUNCER_DSN, a PgBouncer
+# in transaction mode in front of it, for the tests of pooled clients (skipped without);
+# the clients' other variables (TLS, standby, failover: CONTRIBUTING.md, "Tests") too.
+# regress and isolation find pg_regress through PG_CONFIG (default: pg_config on PATH);
+# PG_REGRESS, PG_ISOLATION_REGRESS and PG_BINDIR name them and psql's directory otherwise.
+# python uses the virtualenv PG_ONCE_PY_VENV (default $PG_ONCE_WORK/py-venv, made with the
+# client and its test extra if missing); node runs `npm ci` first if node_modules is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PG_ONCE_DSN=${PG_ONCE_DSN:-host=127.0.0.1 port=5432 user=postgres dbname=postgres}
+suite=${1:?"usage: $0 regress|isolation|multi|python|node|rust [ARGUMENTS...]"}
+shift
+
+# conninfo_field DSN KEY [DEFAULT]: one field of a key=value connection string (values
+# without spaces or quotes, as the test scripts write them).
+conninfo_field() {
+    local pair
+    for pair in $1; do
+        [ "${pair%%=*}" = "$2" ] && { echo "${pair#*=}"; return; }
+    done
+    echo "${3:-}"
+}
+
+# as_url DSN: the same server as a postgres:// URL, which the Node client's tests take.
+as_url() {
+    local host port user dbname
+    host=$(conninfo_field "$1" host 127.0.0.1)
+    port=$(conninfo_field "$1" port 5432)
+    user=$(conninfo_field "$1" user postgres)
+    dbname=$(conninfo_field "$1" dbname postgres)
+    echo "postgres://$user@$host:$port/$dbname"
+}
+
+# pgxs SUITE PROGRAM DATABASE: PostgreSQL's pg_regress or pg_isolation_regress on
+# pg_test/SUITE, every test in it, printing the diffs when one fails.
+pgxs() {
+    local suite=$1 program=$2 db=$3 config=${PG_CONFIG:-pg_config} tests
+    local out=${PG_ONCE_WORK:-/var/tmp/pg_once}/$suite-$(conninfo_field "$PG_ONCE_DSN" port 5432)
+    local tool=${4:-$("$config" --pkglibdir)/pgxs/src/test/$suite/$program}
+    if [ "$suite" = regress ]; then
+        tests=$(cd pg_test/regress/sql && ls *.sql | sed 's/\.sql$//')
+    else
+        tests=$(cd pg_test/isolation/specs && ls *.spec | sed 's/\.spec$//')
+    fi
+    rm -rf "$out"
+    # shellcheck disable=SC2086
+    if ! "$tool" --bindir="${PG_BINDIR:-$("$config" --bindir)}" --inputdir="pg_test/$suite" \
+            --outputdir="$out" --host="$(conninfo_field "$PG_ONCE_DSN" host 127.0.0.1)" \
+            --port="$(conninfo_field "$PG_ONCE_DSN" port 5432)" \
+            --user="$(conninfo_field "$PG_ONCE_DSN" user postgres)" --dbname="$db" $tests; then
+        cat "$out/regression.diffs" >&2
+        exit 1
+    fi
+}
+
+case $suite in
+    regress)
+        pgxs regress pg_regress pg_once_regress "${PG_REGRESS:-}" ;;
+    isolation)
+        pgxs isolation pg_isolation_regress pg_once_isolation "${PG_ISOLATION_REGRESS:-}" ;;
+    multi)
+        cargo test -p pg_once_multi --quiet --test protocol --test wakeups --test queue \
+            --test pooling --test namespaces --test freshness --test announcements \
+            --test attacks --test sweep --test counts "$@" ;;
+    python)
+        venv=${PG_ONCE_PY_VENV:-${PG_ONCE_WORK:-/var/tmp/pg_once}/py-venv}
+        if [ ! -x "$venv/bin/python" ]; then
+            python3 -m venv "$venv"
+            "$venv/bin/pip" install --quiet --disable-pip-version-check "./clients/python[test]" "psycopg[binary]"
+        fi
+        "$venv/bin/python" -m pytest -q -p no:cacheprovider clients/python/tests "$@" ;;
+    node)
+        [ -d clients/node/node_modules ] || (cd clients/node && npm ci --silent --no-audit --no-fund)
+        log=${PG_ONCE_WORK:-/var/tmp/pg_once}/node-tests-$(conninfo_field "$PG_ONCE_DSN" port 5432).log
+        PG_ONCE_DSN=$(as_url "$PG_ONCE_DSN")
+        [ -z "${PG_ONCE_BOUNCER_DSN:-}" ] || PG_ONCE_BOUNCER_DSN=$(as_url "$PG_ONCE_BOUNCER_DSN")
+        mkdir -p "$(dirname "$log")"
+        if ! (cd clients/node && npm test --silent >"$log" 2>&1); then
+            cat "$log" >&2
+            exit 1
+        fi
+        grep -E '^# (pass|fail)' "$log" ;;
+    rust)
+        cargo test -p pg_once_client --features http --quiet "$@" ;;
+    *)
+        echo "$0: no suite $suite (regress, isolation, multi, python, node, rust)" >&2
+        exit 2 ;;
+esac
