@@ -25,6 +25,12 @@ async fn connect_when_up() -> Result<Client> {
     }
 }
 
+/// Start the test server again after a test stopped it, logging where it did.
+fn start_again() -> Result<()> {
+    let log = format!("{}/../server.log", std::env::var("PG_ONCE_DATA_DIR")?);
+    pg_ctl(&["start", "-l", &log])
+}
+
 async fn state_of(client: &Client, key: &str) -> Result<(String, Option<serde_json::Value>)> {
     let row = client
         .query_one(
@@ -123,11 +129,7 @@ async fn immediate_shutdown_mid_workload_loses_no_acknowledged_completion() -> R
     for t in tasks {
         let _ = t.await;
     }
-    pg_ctl(&[
-        "start",
-        "-l",
-        &format!("{}/../server.log", std::env::var("PG_ONCE_DATA_DIR")?),
-    ])?;
+    start_again()?;
 
     let client = connect_when_up().await?;
     let acknowledged = acknowledged.lock().unwrap().clone();
@@ -184,11 +186,7 @@ async fn a_token_whose_claim_a_crash_lost_is_never_handed_out_again() -> Result<
     }
     pg_ctl(&["stop", "-m", "immediate"])?;
     drop(open);
-    pg_ctl(&[
-        "start",
-        "-l",
-        &format!("{}/../server.log", std::env::var("PG_ONCE_DATA_DIR")?),
-    ])?;
+    start_again()?;
 
     let client = connect_when_up().await?;
     let highest = *lost.iter().max().expect("tokens were drawn");
