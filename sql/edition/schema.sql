@@ -44,7 +44,12 @@ $seq$;
 
 -- Taken by the one draw that anchors the sequences (a table: LOCK TABLE refuses
 -- sequences, and any role could hold an advisory lock, keeping the sequence from being
--- anchored while every claim looks again). It stays empty.
+-- anchored while every claim looks again). It stays empty. The anchor takes it in SHARE
+-- UPDATE EXCLUSIVE mode: every role may use schema once_internal, and the parser locks
+-- the target of an INSERT, UPDATE or DELETE (ROW EXCLUSIVE) before privileges are
+-- checked, so a role with no grant held that lock with `PREPARE p AS INSERT INTO
+-- once_internal.token_lock ...` in an open transaction; SHARE UPDATE EXCLUSIVE conflicts
+-- with no lock the parser takes, and the commands that take it need ownership first.
 CREATE TABLE IF NOT EXISTS once_internal.token_lock ();
 
 -- The next token: storage::tokens::next of the extension, step for step. The lock is
@@ -61,6 +66,7 @@ DECLARE
     token bigint := nextval('once_internal.token_seq');  -- first: it refuses on a standby
     timeline bigint := once_internal.insert_timeline();
     now_us bigint;
+    started timestamptz := clock_timestamp();
 BEGIN
     LOOP
         IF pg_sequence_last_value('once_internal.token_history') = timeline THEN
@@ -70,7 +76,7 @@ BEGIN
             END IF;
         END IF;
         BEGIN
-            LOCK TABLE once_internal.token_lock IN SHARE ROW EXCLUSIVE MODE NOWAIT;
+            LOCK TABLE once_internal.token_lock IN SHARE UPDATE EXCLUSIVE MODE NOWAIT;
             token := nextval('once_internal.token_seq');  -- again, now that no one else anchors
             now_us := once_internal.token_clock();
             IF pg_sequence_last_value('once_internal.token_history') IS DISTINCT FROM timeline
@@ -81,6 +87,11 @@ BEGIN
             RAISE SQLSTATE 'PO1AN';  -- anchored: release the lock
         EXCEPTION
             WHEN lock_not_available THEN
+                IF clock_timestamp() - started > interval '1 second' THEN  -- storage::tokens::ANCHOR_PATIENCE
+                    RAISE EXCEPTION 'pg_once could not anchor its fencing tokens within 1 s: another session holds the anchor''s lock'
+                        USING ERRCODE = 'lock_not_available',
+                              HINT = 'Only pg_once''s owner or a superuser can hold it (LOCK TABLE, or a maintenance transaction left open): end that transaction, then call again.';
+                END IF;
                 PERFORM pg_sleep(0.0001);
             WHEN SQLSTATE 'PO1AN' THEN
                 NULL;

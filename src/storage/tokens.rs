@@ -29,9 +29,11 @@
 //! It is set after the token sequence, and a draw reads it before drawing, so a draw that
 //! finds the new timeline recorded is above the anchor.
 //!
-//! What this rests on (docs/concepts.md lists it): the servers' clocks agree to within the
-//! time such an event takes, and no event takes less than `LAG`.
+//! What this rests on (docs/concepts.md lists it, and where it does not hold): the
+//! servers' clocks agree to within the time such an event takes and do not step back, no
+//! event takes less than `LAG`, and one history serves claims at a time.
 
+use crate::errors;
 use crate::pg_compat;
 use crate::storage::statements::{self, Statement};
 use crate::storage::watched::Watched;
@@ -44,6 +46,11 @@ use std::cell::Cell;
 /// PostgreSQL restart after a crash, a pg_restore, a promotion or a shard move each take
 /// far longer; an anchor costs a lock and a setval, at most once per `LAG` under load.
 const LAG: i64 = 10_000;
+
+/// How long a draw looks again for the anchor's lock (microseconds) before it gives up
+/// with an error. Only an anchor holds that lock, for microseconds, unless the owner or a
+/// superuser locks the sequence by hand; no claim waits on that forever.
+const ANCHOR_PATIENCE: i64 = 1_000_000;
 
 /// The token sequence and the timeline record.
 #[derive(Clone, Copy)]
@@ -100,6 +107,7 @@ fn anchor(token: i64, now: pg_sys::TimestampTz) -> i64 {
 /// holding it to the end of the transaction would protect nothing more, and would make
 /// every other claim that needs an anchor look again until then.
 fn draw_anchored(sequences: Sequences, timeline: u32) -> i64 {
+    let started = clock();
     loop {
         if recorded_timeline(sequences.history) == timeline {
             SETTLED.set(Some(timeline));
@@ -118,6 +126,15 @@ fn draw_anchored(sequences: Sequences, timeline: u32) -> i64 {
             }
             unlock_sequence(sequences.tokens);
             continue;
+        }
+        if clock() - started > ANCHOR_PATIENCE {
+            errors::lock_not_available(
+                "pg_once could not anchor its fencing tokens within 1 s: another session holds \
+                 the anchor's lock"
+                    .into(),
+                "Only pg_once's owner or a superuser can hold it (LOCK TABLE, or a maintenance \
+                 transaction left open): end that transaction, then call again.",
+            );
         }
         // SAFETY: a short sleep; then a cancel or timeout ends the loop.
         unsafe { pg_sys::pg_usleep(100) };
