@@ -358,36 +358,6 @@ async fn the_outcome_hook_sees_every_call() {
     assert_eq!(got, want);
 }
 
-/// X1: a call that joined another call's computation in this process stops waiting at
-/// its own `wait`, while the computation goes on for the first caller.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_coalesced_caller_keeps_its_own_wait() {
-    let setup = &setups()[0];
-    let client = setup.client("rust-own-wait", Options::default()).await;
-    let key = fresh("own-wait");
-    let slow = || async {
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        Ok::<_, std::io::Error>(1)
-    };
-    let first = client.get_or_compute::<i32, _, _, _>(&key, slow, CallOptions::default());
-    let second = async {
-        setup.until_running(&key).await;
-        let started = Instant::now();
-        let short = CallOptions {
-            wait: Some(Duration::from_millis(300)),
-            ..CallOptions::default()
-        };
-        let r = client
-            .get_or_compute::<i32, _, _, _>(&key, slow, short)
-            .await;
-        (r, started.elapsed())
-    };
-    let (first, (second, took)) = tokio::join!(first, second);
-    assert!(matches!(second, Err(Error::Timeout { .. })), "{second:?}");
-    assert!(took < Duration::from_millis(1000), "{took:?}");
-    assert_eq!(first.unwrap(), 1);
-}
-
 /// F2: a compute function's error is stored as `Type: message`, the form the Python and
 /// Node clients store, so that every caller elsewhere reads the same kind of text; the
 /// computing caller gets its own error back. (The unit test of `failure_text` has an
