@@ -17,8 +17,10 @@ that a caller sees the same advice from either. Nothing but this check keeps the
 Run by step 1 of scripts/test.sh.
 """
 
+import functools
 import pathlib
 import re
+import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -85,10 +87,15 @@ def resolves(files, path):
     return any(item_defined(files[p], name) for p in candidates)
 
 
+@functools.cache
+def tracked_files():
+    """The files of the tree, as git tracks them (not build output)."""
+    out = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True, text=True, check=True)
+    return out.stdout.splitlines()
+
+
 def file_exists(name):
-    return any(ROOT.rglob(name)) if "/" not in name else any(
-        p.as_posix().endswith("/" + name) for p in ROOT.glob("**/" + name.split("/")[-1])
-    )
+    return any(path == name or path.endswith("/" + name) for path in tracked_files())
 
 
 def sql_strings_after(sql, pattern):
