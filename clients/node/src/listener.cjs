@@ -73,6 +73,7 @@ class Listener {
   #client = null;
   #pid = null;
   #connecting = null;
+  #refused = null;
   #closed = false;
   /** key -> Set<Interest> */
   #interests = new Map();
@@ -154,6 +155,10 @@ class Listener {
   }
 
   #connect() {
+    // A configuration the LISTEN connection was refused for (N5: a transaction pooler)
+    // does not change while the process runs: every later call is refused at once, as
+    // Python's client refuses in its constructor, rather than probing for 2 s again.
+    if (this.#refused) return Promise.reject(this.#refused);
     this.#connecting ??= this.#connectWithRetry().finally(() => {
       this.#connecting = null;
     });
@@ -168,7 +173,10 @@ class Listener {
       try {
         return await this.#connectOnce();
       } catch (err) {
-        if (err instanceof ConfigurationError) throw err; // trying again will not help
+        if (err instanceof ConfigurationError) {
+          this.#refused = err; // trying again will not help
+          throw err;
+        }
         // A server that is restarting comes back; wrong credentials or a wrong host name
         // do not, but they fail fast anyway, so the same deadline serves both.
         if (Date.now() + delay > deadline) throw err;
