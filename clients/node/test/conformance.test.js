@@ -150,7 +150,9 @@ async function runScenario(setup, admin, scenario) {
   const running = new Map();
   // `listen: "pool"`: the LISTEN connection goes where the pool does (README).
   const listenDsn = scenario.listen === 'pool' ? setup.poolDsn : setup.listenDsn;
-  const clients = Array.from({ length: scenario.clients ?? 1 }, () => makeClient({ ...setup, listenDsn }));
+  // Each client's outcome hook events (docs/clients.md, O1), in order.
+  const outcomes = Array.from({ length: scenario.clients ?? 1 }, () => []);
+  const clients = outcomes.map((seen) => makeClient({ ...setup, listenDsn }, { onOutcome: (e) => seen.push(e) }));
   const computeOf = (spec = {}) => async () => {
     if (spec.counts) counters.set(spec.counts, (counters.get(spec.counts) ?? 0) + 1);
     if (spec.sleep_ms) await sleep(spec.sleep_ms);
@@ -175,7 +177,7 @@ async function runScenario(setup, admin, scenario) {
       default: throw new NotApplicable(`call ${step.call} is not run by the Node runner yet`);
     }
   };
-  const check = async (promise, expect = {}, started, within) => {
+  const check = async (promise, expect = {}, started, within, step = {}) => {
     let value;
     let error;
     try {
@@ -184,6 +186,12 @@ async function runScenario(setup, admin, scenario) {
       error = err;
     }
     if (within !== undefined) assert.ok(Date.now() - started <= within, `took ${Date.now() - started} ms, more than ${within}`);
+    if (expect.outcome) {
+      // The last event of that client for that key.
+      const key = keyed(step.key ?? '');
+      const last = outcomes[step.client ?? 0].filter((e) => e.key === key).at(-1);
+      assert.equal(last?.kind, expect.outcome, 'the outcome hook');
+    }
     if (expect.error) {
       assert.ok(error, `expected ${expect.error}, got the value ${JSON.stringify(value)}`);
       assert.equal(error.kind, expect.error, error.stack);
@@ -216,15 +224,24 @@ async function runScenario(setup, admin, scenario) {
         const promise = call(step);
         if (step.background) {
           promise.catch(() => {});
-          running.set(step.as, { promise, started });
+          running.set(step.as, { promise, started, call: step });
         } else {
-          await check(promise, step.expect, started, step.within_ms);
+          await check(promise, step.expect, started, step.within_ms, step);
         }
       } else if (step.await) {
-        const { promise, started } = running.get(step.await);
-        await check(promise, step.expect, started, step.within_ms);
+        const { promise, started, call } = running.get(step.await);
+        await check(promise, step.expect, started, step.within_ms, call);
       } else if (step.sleep_ms !== undefined) {
         await sleep(step.sleep_ms);
+      } else if (step.expect?.outcomes) {
+        const [number, kinds] = step.expect.outcomes;
+        assert.deepEqual(outcomes[number].map((e) => e.kind).sort(), [...kinds].sort(), `client ${number}'s outcomes`);
+        // `at_least_ms`: every call of that kind took at least that long.
+        for (const [kind, ms] of Object.entries(step.expect.at_least_ms ?? {})) {
+          for (const e of outcomes[number].filter((o) => o.kind === kind)) {
+            assert.ok(e.duration >= ms, `a ${kind} call took ${e.duration} ms`);
+          }
+        }
       } else if (step.expect?.counter) {
         const [name, n] = step.expect.counter;
         assert.equal(counters.get(name) ?? 0, n, `counter ${name}`);

@@ -186,6 +186,11 @@ class Scenario:
             number, kinds = expect["outcomes"]
             got = sorted(o.kind for o in self.outcomes[number])
             assert got == sorted(kinds), f"client {number}'s outcomes {got} != {sorted(kinds)}"
+            # `at_least_ms`: every call of that kind took at least that long.
+            for kind, ms in expect.get("at_least_ms", {}).items():
+                for o in self.outcomes[number]:
+                    if o.kind == kind:
+                        assert o.duration * 1000 >= ms, f"a {kind} call took {o.duration * 1000:.0f} ms"
         elif "counter" in expect:
             name, count = expect["counter"]
             assert self.counters.get(name, 0) == count, f"counter {name}: {self.counters.get(name, 0)} != {count}"

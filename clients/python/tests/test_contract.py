@@ -246,33 +246,6 @@ def test_a_failing_fail_key_never_replaces_the_callers_error(clients, key):
         client.get_or_compute(key, compute, lease=1)
 
 
-def test_outcomes_reach_the_hook(clients, key):
-    """O1: hit, claimed, waited, coalesced and failed, each with a duration."""
-    seen = []
-    a = clients(on_outcome=seen.append)
-    b = clients(on_outcome=seen.append)
-    done = threading.Event()
-
-    def slow():
-        time.sleep(0.4)
-        return 1
-    t = threading.Thread(target=lambda: (a.get_or_compute(key, slow), done.set()))
-    t.start()
-    time.sleep(0.1)
-    t2 = threading.Thread(target=lambda: a.get_or_compute(key, slow))
-    t2.start()
-    assert b.get_or_compute(key, slow) == 1
-    t.join(5)
-    t2.join(5)
-    assert a.get_or_compute(key, slow) == 1
-    with pytest.raises(RuntimeError):
-        a.get_or_compute(key + "/x", lambda: (_ for _ in ()).throw(RuntimeError("no")))
-    kinds = sorted(o.kind for o in seen)
-    assert kinds == ["claimed", "coalesced", "failed", "hit", "waited"], kinds
-    assert all(o.duration >= 0 for o in seen)
-    assert next(o for o in seen if o.kind == "claimed").duration >= 0.4
-
-
 def test_async_outcomes_and_cancellation_gives_the_claim_back(setup, key, admin):
     """X2: when the only caller of a computation is cancelled, the computation stops and
     its claim is released at once, not left to its lease."""

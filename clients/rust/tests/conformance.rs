@@ -112,7 +112,7 @@ struct Run<'a> {
     setup: &'a Setup,
     prefix: String,
     clients: Vec<Client>,
-    /// What each client's outcome hook saw: (key, kind), in order.
+    /// What each client's outcome hook saw: (key, kind, duration), in order.
     outcomes: Vec<Seen>,
     counters: HashMap<String, Arc<AtomicUsize>>,
     background: HashMap<String, Call>,
@@ -121,8 +121,8 @@ struct Run<'a> {
 
 type Outcome = Result<Value, Error>;
 
-/// What one client's outcome hook saw: (key, kind), in order.
-type Seen = Arc<Mutex<Vec<(String, &'static str)>>>;
+/// What one client's outcome hook saw: (key, kind, how long the call took), in order.
+type Seen = Arc<Mutex<Vec<(String, &'static str, Duration)>>>;
 
 /// A call under way: its task, when it started, which client made it, and its key.
 struct Call {
@@ -319,8 +319,8 @@ impl Run<'_> {
             let last = seen
                 .iter()
                 .rev()
-                .find(|(k, _)| k == call.1)
-                .map(|(_, kind)| *kind);
+                .find(|(k, _, _)| k == call.1)
+                .map(|(_, kind, _)| *kind);
             assert_eq!(last, Some(kind), "{what}: the outcome hook");
         }
         if let Some(ms) = expect.get("within_ms").and_then(Value::as_u64) {
@@ -451,12 +451,18 @@ impl Run<'_> {
             .and_then(Value::as_array)
             .map(Vec::as_slice)
         {
-            let mut got: Vec<&str> = self.outcomes[client.as_u64().unwrap() as usize]
+            let seen = self.outcomes[client.as_u64().unwrap() as usize]
                 .lock()
                 .unwrap()
-                .iter()
-                .map(|(_, kind)| *kind)
-                .collect();
+                .clone();
+            // `at_least_ms`: every call of that kind took at least that long.
+            for (kind, ms) in expect["at_least_ms"].as_object().into_iter().flatten() {
+                let floor = Duration::from_millis(ms.as_u64().expect("milliseconds"));
+                for (_, _, took) in seen.iter().filter(|(_, k, _)| k == kind) {
+                    assert!(*took >= floor, "{what}: a {kind} call took {took:?}");
+                }
+            }
+            let mut got: Vec<&str> = seen.iter().map(|(_, kind, _)| *kind).collect();
             let mut want: Vec<&str> = kinds
                 .as_array()
                 .unwrap()
@@ -510,9 +516,11 @@ async fn scenarios_pass_in_every_setup() {
                 let hook = {
                     let seen = seen.clone();
                     OutcomeHook::new(move |e| {
-                        seen.lock()
-                            .unwrap()
-                            .push((e.key.to_owned(), e.outcome.as_str()))
+                        seen.lock().unwrap().push((
+                            e.key.to_owned(),
+                            e.outcome.as_str(),
+                            e.duration,
+                        ))
                     })
                 };
                 let options = Options {

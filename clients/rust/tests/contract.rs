@@ -296,68 +296,6 @@ async fn a_dropped_leader_releases_its_claim() {
     }
 }
 
-/// O1: the outcome hook sees each call once, with how it was answered.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_outcome_hook_sees_every_call() {
-    use pg_once_client::{Outcome, OutcomeHook};
-    let setup = &setups()[0];
-    let seen: Arc<std::sync::Mutex<Vec<(Outcome, String)>>> = Arc::default();
-    let hook = {
-        let seen = seen.clone();
-        OutcomeHook::new(move |e| seen.lock().unwrap().push((e.outcome, e.key.to_owned())))
-    };
-    let options = || Options {
-        on_outcome: Some(hook.clone()),
-        ..Options::default()
-    };
-    let (a, b) = (
-        setup.client("rust-hook-a", options()).await,
-        setup.client("rust-hook-b", options()).await,
-    );
-    let key = fresh("hook");
-    let slow = || async {
-        tokio::time::sleep(Duration::from_millis(400)).await;
-        Ok::<_, std::io::Error>(1)
-    };
-    let (first, second) = (
-        a.get_or_compute::<i32, _, _, _>(&key, slow, CallOptions::default()),
-        async {
-            setup.until_running(&key).await;
-            tokio::join!(
-                a.get_or_compute::<i32, _, _, _>(&key, slow, CallOptions::default()),
-                b.get_or_compute::<i32, _, _, _>(&key, slow, CallOptions::default())
-            )
-        },
-    );
-    let (first, (coalesced, waited)) = tokio::join!(first, second);
-    assert_eq!(
-        (first.unwrap(), coalesced.unwrap(), waited.unwrap()),
-        (1, 1, 1)
-    );
-    a.get_or_compute::<i32, _, _, _>(&key, slow, CallOptions::default())
-        .await
-        .unwrap();
-    let failing = fresh("hook-failed");
-    let _ = a
-        .get_or_compute::<i32, _, _, _>(
-            &failing,
-            || async { Err(std::io::Error::other("no")) },
-            CallOptions::default(),
-        )
-        .await;
-    let mut got: Vec<Outcome> = seen.lock().unwrap().iter().map(|(o, _)| *o).collect();
-    got.sort_by_key(|o| o.as_str());
-    let mut want = vec![
-        Outcome::Claimed,
-        Outcome::Coalesced,
-        Outcome::Waited,
-        Outcome::Hit,
-        Outcome::Failed,
-    ];
-    want.sort_by_key(|o| o.as_str());
-    assert_eq!(got, want);
-}
-
 /// F2: a compute function's error is stored as `Type: message`, the form the Python and
 /// Node clients store, so that every caller elsewhere reads the same kind of text; the
 /// computing caller gets its own error back. (The unit test of `failure_text` has an
