@@ -12,6 +12,7 @@ DO $$
 DECLARE
     member record;
     kept text[] := current_setting('snapshot.columns')::text[];
+    sums text;
 BEGIN
     FOR member IN
         SELECT c.oid::regclass AS rel, c.relname, c.relkind
@@ -23,7 +24,20 @@ BEGIN
         -- A table or sequence the upgrade adds has none of the columns kept: nothing of
         -- it to keep.
         CONTINUE WHEN NOT EXISTS (SELECT FROM unnest(kept) k WHERE k LIKE member.relname || '.%');
-        IF member.relkind = 'S' THEN
+        IF member.relname = 'key_counts' THEN
+            -- Counts are kept per backend slot, and reap_stale, which the worker runs every
+            -- second, folds them into slot -1 at any moment: compare their sums per
+            -- namespace, which folding keeps (a fold between two snapshots failed a run).
+            SELECT string_agg(format('%L, sum(%I)', split_part(k, '.', 2), split_part(k, '.', 2)), ', ')
+              INTO sums
+              FROM unnest(kept) k
+             WHERE k LIKE 'key_counts.%' AND k NOT IN ('key_counts.slot', 'key_counts.namespace');
+            EXECUTE format(
+                'INSERT INTO snapshot_lines
+                 SELECT ''key_counts '' || jsonb_build_object(''namespace'', namespace, %s)::text
+                   FROM %s GROUP BY namespace',
+                sums, member.rel);
+        ELSIF member.relkind = 'S' THEN
             EXECUTE format('INSERT INTO snapshot_lines SELECT %L || '' '' || last_value || '' '' || is_called FROM %s',
                            member.relname, member.rel);
         ELSE
