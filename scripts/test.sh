@@ -166,9 +166,12 @@ step() { [[ " $STEPS " == *" $1 "* ]]; }
 # versions is in src/pg_compat.rs, whose calls step 2's tests make on every version
 # (src/tests/compat.rs those a claim does not); step 4's second run took 90 s a version and met nothing a version changes.
 # BOTH_SERVERS=1 runs both.
+# With one server (SERVERS), both steps run on it.
 server_step() {
     step "$1" || return 1
-    if [ "$PG_MAJOR" = 15 ] || [ -n "${BOTH_SERVERS:-}" ]; then return 0; fi
+    if [ "$PG_MAJOR" = 15 ] || [ -n "${BOTH_SERVERS:-}" ] || [ "$(wc -w <<<"$SERVERS")" = 1 ]; then
+        return 0
+    fi
     case $1/$2 in
         3/plain | 4/preloaded) return 0 ;;
         3/* | 4/*) return 1 ;;
