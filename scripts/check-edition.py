@@ -33,7 +33,7 @@ RUST_PATH = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*(?:::[A-Za-z_][A-Za-z0-9_]*)+)
 FILE_NAME = re.compile(r"\b((?:[a-z_]+/)*[a-z_]+\.(?:rs|sql))\b")
 EDITION_ONLY = {
     # once_internal.vouch: how the edition learns which role called it (the extension
-    # asks the server; docs/sql-edition.md, "Who is the caller").
+    # asks the server; docs/sql-edition.md, "Who is judged").
     "Call %s itself: pg_once judges the role it is called as.",
     # The once.max_*_size settings: the extension declares them as settings with units,
     # whose values PostgreSQL itself parses and refuses with this hint; the edition parses
