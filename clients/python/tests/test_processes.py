@@ -28,14 +28,18 @@ def test_many_processes_one_computation_per_key(setup, key):
     for k in keys:
         assert len({a["value"]["pid"] for a in answers if a["key"] == k}) == 1
     # Coalescing: the 10 callers of a key in a process make one claim_key at a time: a
-    # first look, a look when woken, and one more per recheck while they wait (at most one
-    # every RECHECK_SECONDS less its 20% jitter). How long they wait is the machine's to
-    # say (on a loaded one, the computing process may start seconds later), so the bound
-    # counts it; without coalescing each caller would look on its own, 5 per key at least.
+    # first look, a look when woken by the key's completion, one more per recheck while
+    # they wait (at most one every RECHECK_SECONDS less its 20% jitter), and one for a wake
+    # of every waiter (C3: the LISTEN connection reconnecting, or another transaction's
+    # announcement of many keys at once), which a loaded run of the suite against the SQL
+    # edition met: 8 looks for two keys waited 1.09 s each, where the bound had allowed 6.
+    # How long they wait is the machine's to say (on a loaded one, the computing process
+    # may start seconds later), so the bound counts it; without coalescing each caller
+    # would look on its own, 10 per key at least.
     shortest_recheck = 0.8 * RECHECK_SECONDS
     for r in reports:
         waited = {k: max(a["seconds"] for a in r["answers"] if a["key"] == k) for k in keys}
-        looks = sum(2 + int(w / shortest_recheck) for w in waited.values())
+        looks = sum(3 + int(w / shortest_recheck) for w in waited.values())
         assert r["claim_key"] <= looks, (r["claim_key"], waited)
 
 
