@@ -63,8 +63,10 @@ CREATE OR REPLACE FUNCTION once_internal.next_token() RETURNS bigint
     AS $$
 DECLARE
     lag constant bigint := 10000;  -- storage::tokens::LAG
-    token bigint := nextval('once_internal.token_seq');  -- first: it refuses on a standby
+    -- Every call that draws refuses a standby first (refuse_writes), where there is no
+    -- timeline to write on.
     timeline bigint := once_internal.insert_timeline();
+    token bigint;
     now_us bigint;
     started timestamptz := clock_timestamp();
 BEGIN
