@@ -173,6 +173,13 @@ pub fn pg_ctl(args: &[&str]) -> Result<()> {
     pg_ctl_on(&data, args)
 }
 
+/// Start the test cluster (PG_ONCE_DATA_DIR) again after a test stopped it, logging where
+/// scripts/lib.sh's cluster_start does.
+pub fn start_test_server() -> Result<()> {
+    let log = format!("{}/../server.log", std::env::var("PG_ONCE_DATA_DIR")?);
+    pg_ctl(&["start", "-l", &log])
+}
+
 /// pg_ctl as [`pg_ctl`] does, on another cluster's data directory (a standby's).
 pub fn pg_ctl_on(data: &str, args: &[&str]) -> Result<()> {
     let pg_ctl = format!("{}/pg_ctl", pg_bin());

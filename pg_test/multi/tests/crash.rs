@@ -2,7 +2,7 @@
 //! at a time, against a cluster it may kill (PG_ONCE_DATA_DIR names its data directory).
 
 use anyhow::{Context, Result};
-use pg_once_multi::{fresh_key, once, pg_ctl, spawn_claim};
+use pg_once_multi::{fresh_key, once, pg_ctl, spawn_claim, start_test_server};
 use serde_json::json;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -23,12 +23,6 @@ async fn connect_when_up() -> Result<Client> {
             other => return other,
         }
     }
-}
-
-/// Start the test server again after a test stopped it, logging where it did.
-fn start_again() -> Result<()> {
-    let log = format!("{}/../server.log", std::env::var("PG_ONCE_DATA_DIR")?);
-    pg_ctl(&["start", "-l", &log])
 }
 
 async fn state_of(client: &Client, key: &str) -> Result<(String, Option<serde_json::Value>)> {
@@ -129,7 +123,7 @@ async fn immediate_shutdown_mid_workload_loses_no_acknowledged_completion() -> R
     for t in tasks {
         let _ = t.await;
     }
-    start_again()?;
+    start_test_server()?;
 
     let client = connect_when_up().await?;
     let acknowledged = acknowledged.lock().unwrap().clone();
@@ -186,7 +180,7 @@ async fn a_token_whose_claim_a_crash_lost_is_never_handed_out_again() -> Result<
     }
     pg_ctl(&["stop", "-m", "immediate"])?;
     drop(open);
-    start_again()?;
+    start_test_server()?;
 
     let client = connect_when_up().await?;
     let highest = *lost.iter().max().expect("tokens were drawn");

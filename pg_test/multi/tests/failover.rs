@@ -12,7 +12,7 @@
 //! same number as the first one's.
 
 use anyhow::{Context, Result};
-use pg_once_multi::{claimed_token, fresh_key, once, pg_ctl, pg_ctl_on};
+use pg_once_multi::{claimed_token, fresh_key, once, pg_ctl, pg_ctl_on, start_test_server};
 use serde_json::json;
 use std::time::{Duration, Instant};
 use tokio_postgres::Client;
@@ -188,11 +188,7 @@ async fn a_zombie_of_a_lost_timeline_is_fenced_after_an_asynchronous_failover() 
         }
     }
     std::fs::remove_dir_all(&twin)?;
-    pg_ctl(&[
-        "start",
-        "-l",
-        &format!("{}/../server.log", env("PG_ONCE_DATA_DIR")?),
-    ])?;
+    start_test_server()?;
     connect_when(&primary_dsn, true).await?;
 
     let (drawn, new_owner, zombie_won, owner_won, stored, repeated, twin_drawn) = outcome?;
