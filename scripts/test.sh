@@ -164,9 +164,9 @@ step() { [[ " $STEPS " == *" $1 "* ]]; }
 # 17 and 18, step 3 on the plain server (its isolation specs need one with no worker) and
 # step 4 on the preloaded one (shared memory, the worker, a standby). What differs between
 # versions is in src/pg_compat.rs, whose calls step 2's tests make on every version
-# (src/tests/compat.rs those a claim does not); step 4's second run took 90 s a version and met nothing a version changes.
-# BOTH_SERVERS=1 runs both.
-# With one server (SERVERS), both steps run on it.
+# (src/tests/compat.rs those a claim does not); step 4's second run took 90 s a version
+# and met nothing a version changes. BOTH_SERVERS=1 runs both steps on both servers; with
+# one server (SERVERS), both run on it.
 server_step() {
     step "$1" || return 1
     if [ "$PG_MAJOR" = 15 ] || [ -n "${BOTH_SERVERS:-}" ] || [ "$(wc -w <<<"$SERVERS")" = 1 ]; then
