@@ -363,6 +363,12 @@ async fn recycle_pooled_server_connections() -> Result<()> {
     Ok(())
 }
 
+/// The pid in a claim's `owner`: "application_name (pid 1234)", or "pid 1234" without one.
+fn pid_of_owner(owner: &str) -> Option<String> {
+    let pid = owner.rsplit_once("pid ")?.1.trim_end_matches(')');
+    Some(pid.to_owned())
+}
+
 /// Backend pids serving a connection through PgBouncer, seen by asking it a few times.
 async fn server_pids(client: &Client) -> Result<Vec<String>> {
     let mut pids = Vec::new();
@@ -408,8 +414,18 @@ async fn an_owner_session_keeps_a_pooled_claim_until_its_process_goes() -> Resul
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The old server connections are closed, and their backends gone: until a backend has
-    // exited, its claims are still its own.
-    let before = before.join(",");
+    // exited, its claims are still its own. The backend that made the unnamed claim is
+    // awaited by name: other tests share the pool, so it need not be one of those sampled.
+    let claimer = theirs
+        .owner
+        .as_deref()
+        .and_then(pid_of_owner)
+        .expect("owner names a pid");
+    let before = before
+        .into_iter()
+        .chain([claimer])
+        .collect::<Vec<_>>()
+        .join(",");
     while value(
         &admin,
         &format!("SELECT count(*) FROM pg_stat_activity WHERE pid IN ({before})"),
