@@ -12,7 +12,8 @@
 #   multi        the multi-connection tests of pg_test/multi that need no more than a
 #                server (ARGUMENTS go to cargo test; the crash, standby and failover tests
 #                kill, stop or promote servers: scripts/test.sh runs those)
-#   python       the Python client's suite (pytest; ARGUMENTS go to pytest)
+#   python       the Python client's suite (pytest, four tests at a time, then the serial
+#                ones; ARGUMENTS go to pytest)
 #   node         the Node client's suite (node --test)
 #   rust         the Rust client's suite (cargo test)
 #
@@ -88,7 +89,13 @@ case $suite in
             python3 -m venv "$venv"
             "$venv/bin/pip" install --quiet --disable-pip-version-check "./clients/python[test]" "psycopg[binary]"
         fi
-        "$venv/bin/python" -m pytest -q -p no:cacheprovider clients/python/tests "$@" ;;
+        # Four at a time: the tests mostly wait (on leases, ttls, NOTIFY), so this takes a
+        # third of the time. The ones marked serial close or fail over servers under the
+        # others' feet, and run alone after them. Exit 5: the arguments selected no test
+        # of that half.
+        pytest() { "$venv/bin/python" -m pytest -q -p no:cacheprovider clients/python/tests "$@" || [ $? = 5 ]; }
+        pytest -n 4 -m "not serial" "$@"
+        pytest -m serial "$@" ;;
     node)
         [ -d clients/node/node_modules ] || (cd clients/node && npm ci --silent --no-audit --no-fund)
         log=${PG_ONCE_WORK:-/var/tmp/pg_once}/node-tests-$(conninfo_field "$PG_ONCE_DSN" port 5432).log

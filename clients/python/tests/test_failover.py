@@ -68,6 +68,7 @@ def one(dsn: str, sql: str, params=()):
         return conn.execute(sql, params).fetchone()
 
 
+@pytest.mark.serial    # both flavours kill and promote the one pair
 @pytest.mark.parametrize("flavour", ["sync", "async"])
 def test_a_client_follows_a_failover(flavour):
     dsn = WHERE[flavour]

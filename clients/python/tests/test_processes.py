@@ -8,6 +8,7 @@ import threading
 import time
 
 import psycopg
+import pytest
 from psycopg_pool import ConnectionPool
 
 from conftest import Child
@@ -84,6 +85,7 @@ def _terminate_pool_backends(setup, admin):
     return len(pids)
 
 
+@pytest.mark.serial    # terminates every test pool's server connections, not only its own
 def test_owner_whose_pooled_connections_are_closed_keeps_its_claim(setup, clients, key, admin):
     pool = ConnectionPool(setup.dsn, min_size=2, max_size=2, open=True, timeout=5,
                           kwargs={"autocommit": True, "prepare_threshold": None,
@@ -132,9 +134,9 @@ def test_listener_reconnects_with_a_new_owner_pid(clients, key, admin):
     assert client.get_or_compute(key, lambda: "after reconnect") == "after reconnect"
 
 
+@pytest.mark.serial    # RECONNECT recycles every client's server connections
 def test_owner_keeps_its_claim_across_pgbouncer_reconnect(setup, clients, key):
     if setup.name != "bouncer":
-        import pytest
         pytest.skip("PgBouncer's admin console")
     admin_dsn = psycopg.conninfo.make_conninfo(setup.dsn, dbname="pgbouncer")
     with psycopg.connect(admin_dsn, autocommit=True, cursor_factory=psycopg.ClientCursor) as console:
