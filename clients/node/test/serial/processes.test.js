@@ -1,9 +1,11 @@
 // Across processes: child processes as other pods, killed owners, recycled connections.
+// In test/serial: it closes every test pool's server connections, so it runs alone, after the
+// other files (which run four at a time: package.json's test script).
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
   setups, makeClient, closeClient, freshKey, sleep, child, recyclePooledConnections,
-} from './helpers.js';
+} from '../helpers.js';
 
 for (const setup of setups) {
   describe(`processes (${setup.name})`, () => {
