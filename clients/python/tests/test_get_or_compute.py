@@ -59,7 +59,7 @@ def test_second_process_waits_and_reads_the_result(clients, key):
 
     def slow():
         started.set()
-        time.sleep(0.8)
+        time.sleep(1.6)
         return [1, 2, 3]
 
     t = threading.Thread(target=lambda: owner.get_or_compute(key, slow, ttl=timedelta(minutes=1)))
@@ -67,11 +67,15 @@ def test_second_process_waits_and_reads_the_result(clients, key):
     started.wait(5)
     t0 = time.monotonic()
     assert other.get_or_compute(key, lambda: pytest.fail("computed twice")) == [1, 2, 3]
-    # Woken by the notification, not by the 1 s recheck or a lease.
-    assert time.monotonic() - t0 < 1.5
+    # Woken by the notification, not by a lease (30 s).
+    assert time.monotonic() - t0 < 5
     t.join()
-    # The waiter held no connection while waiting: a couple of claim_key calls at most.
-    assert other.calls["claim_key"] <= 3
+    # The waiter held no connection while waiting, and did not poll: it asked once, again
+    # at each recheck (every 0.8 to 1.2 s: one or two in 1.6 s), and once more when
+    # notified. A busy answer (another transaction holds once.entries: autovacuum
+    # truncating it, create_namespace in a test running beside this one) is asked again
+    # after 20 ms, and may add one. Polling (50 ms, doubling) would have asked 7 times.
+    assert other.calls["claim_key"] <= 5
 
 
 def test_cached_decorator(clients, key):
