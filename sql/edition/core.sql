@@ -187,9 +187,98 @@ BEGIN
 END
 $$;
 
+-- What one look at a key decides (decision::decide), the same table in PL/pgSQL: both
+-- are held to src/protocol/claim_decisions.json (pg_test/multi/tests/claim_decision.rs).
+-- `state` NULL: no row visible. The facts that cost something to observe (`owner`:
+-- 'alive' or why it is gone; the early-refresh draw; another transaction holding the row)
+-- are passed as NULL until the decision asks for one: it then answers 'ask:' and the
+-- fact's name, and the caller observes it and asks again, as the Observe trait does.
+-- It and claim_answer pin no search_path: their callers (claim_attempt, once.get) pin it,
+-- and a SET here made every cache hit about 20% slower (two or three calls a look).
+CREATE OR REPLACE FUNCTION once_internal.claim_decision(
+    state once.key_state, fresh boolean, servable_stale boolean, retry_later boolean,
+    fingerprint_differs boolean, standby boolean, serve_stale boolean,
+    owner text, early_refresh_drawn boolean, held_elsewhere boolean) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+DECLARE
+    stale boolean := serve_stale AND servable_stale;
+BEGIN
+    IF state IS NULL THEN
+        IF held_elsewhere IS NULL THEN
+            RETURN 'ask:held_elsewhere';
+        END IF;
+        RETURN CASE WHEN held_elsewhere THEN 'busy' ELSE 'insert' END;
+    END IF;
+    IF fingerprint_differs AND (state = 'running' OR fresh OR servable_stale) THEN
+        RETURN 'mismatch';
+    END IF;
+    IF fresh THEN
+        IF state = 'done' AND NOT standby THEN
+            IF early_refresh_drawn IS NULL THEN
+                RETURN 'ask:early_refresh_drawn';
+            ELSIF early_refresh_drawn THEN
+                IF held_elsewhere IS NULL THEN
+                    RETURN 'ask:held_elsewhere';
+                ELSIF NOT held_elsewhere THEN
+                    RETURN 'early_refresh';
+                END IF;
+            END IF;
+        END IF;
+        RETURN 'hit';
+    END IF;
+    IF state = 'failed' AND retry_later THEN
+        RETURN CASE WHEN stale THEN 'stale' ELSE 'failed' END;
+    ELSIF state = 'running' THEN
+        IF NOT standby AND owner IS NULL THEN
+            RETURN 'ask:owner';
+        ELSIF standby OR owner = 'alive' THEN
+            RETURN CASE WHEN stale THEN 'stale_refreshing' ELSE 'wait' END;
+        END IF;
+    ELSIF state = 'queued' AND stale THEN
+        RETURN 'stale';
+    END IF;
+    IF stale AND standby THEN
+        RETURN 'stale';
+    ELSIF held_elsewhere IS NULL THEN
+        RETURN 'ask:held_elsewhere';
+    ELSIF held_elsewhere THEN
+        RETURN CASE WHEN stale THEN 'stale' ELSE 'busy' END;  -- decision::when_held
+    END IF;
+    RETURN CASE WHEN servable_stale THEN 'take_keep' ELSE 'take' END;
+END
+$$;
+
+-- claim_key's answer for what a look decided (claim::attempt's arms): `answer` is a
+-- decision of claim_decision that answers at once, or 'claimed' (the claim `c` was taken)
+-- or 'refreshing' (taken keeping `e`'s result: `refresh`, or `claimed` with the result to
+-- a caller without serve_stale). No answer but a claim carries a token.
+CREATE OR REPLACE FUNCTION once_internal.claim_answer(
+    answer text, e once.entries, c once.claim, owner text, serve_stale boolean) RETURNS once.claim
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    RETURN CASE answer
+    WHEN 'busy' THEN ROW('wait', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::once.claim
+    WHEN 'mismatch' THEN ROW('mismatch', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::once.claim
+    WHEN 'hit' THEN ROW('hit', NULL, e.result, NULL, NULL, NULL, e.attempts, NULL, e.expires_at)::once.claim
+    WHEN 'failed' THEN ROW('failed', NULL, NULL, e.error, NULL, NULL, e.attempts, e.retry_at, NULL)::once.claim
+    WHEN 'wait' THEN ROW('wait', NULL, NULL, NULL, e.owner, e.lease_expires_at, e.attempts, NULL, NULL)::once.claim
+    WHEN 'stale' THEN ROW('stale', NULL, e.result, e.error, NULL, NULL, e.attempts, NULL, e.expires_at)::once.claim
+    WHEN 'stale_refreshing' THEN
+        ROW('stale', NULL, e.result, e.error, e.owner, e.lease_expires_at, e.attempts, NULL, e.expires_at)::once.claim
+    WHEN 'claimed' THEN ROW('claimed', c.token, NULL, NULL, owner, c.lease_expires_at, c.attempts, NULL, NULL)::once.claim
+    WHEN 'refreshing' THEN
+        ROW(CASE WHEN serve_stale THEN 'refresh' ELSE 'claimed' END, c.token, e.result, NULL,
+            owner, c.lease_expires_at, c.attempts, NULL, e.expires_at)::once.claim
+    END;
+END
+$$;
+
 -- One look at the key, claiming it if it may be claimed (claim::attempt): never waits for
 -- the owner, and for another transaction's lock at most `budget` (lock_timeout, in a
--- subtransaction: a lost race leaves no lock).
+-- subtransaction: a lost race leaves no lock). claim_decision decides; this observes what
+-- it asks and carries the decision out.
 CREATE OR REPLACE FUNCTION once_internal.claim_attempt(
     key text, lease interval, owner_pid integer, owner_started timestamptz,
     lease_only boolean, budget interval, serve_stale boolean, fingerprint bytea) RETURNS once.claim
@@ -216,148 +305,117 @@ DECLARE
     e once.entries;
     c once.claim;
     old_timeout text := current_setting('lock_timeout');
-    stale_ok boolean;
+    -- What the look saw (decision::Seen), and the facts claim_decision asked for.
+    found_row boolean;
+    fresh boolean;
+    servable_stale boolean;
+    retry_later boolean;
+    differs boolean;
+    standby boolean;
+    owner_seen text;
+    drawn boolean;
+    held boolean;
+    decision text;
+    answer text;
 BEGIN
     PERFORM set_config('lock_timeout', greatest(extract(epoch FROM budget) * 1000, 1)::bigint::text, true);
+    <<look>>
     LOOP
         SELECT * INTO e FROM once.entries WHERE once.entries.key_hash = param.key_hash;
-        IF NOT FOUND THEN
-            PERFORM once_internal.refuse_writes('claim_key');
-            BEGIN
-                {{sql:insert_claim}}
-                INTO c.token, c.lease_expires_at, c.attempts;
-            EXCEPTION WHEN lock_not_available THEN
-                -- Another transaction is inserting the key and has not committed.
-                PERFORM set_config('lock_timeout', old_timeout, true);
-                RETURN ROW('wait', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::once.claim;
-            END;
-            IF c.token IS NULL THEN
-                CONTINUE;  -- someone else inserted it first: look again
-            END IF;
-            PERFORM set_config('lock_timeout', old_timeout, true);
-            -- namespace::recheck_key: the insert waited for a create_namespace that
-            -- committed meanwhile; if the key is now another role's, the error undoes it.
-            PERFORM once_internal.require_key(param.key, 'claim_key');
-            RETURN ROW('claimed', c.token, NULL, NULL, param.owner, c.lease_expires_at, c.attempts, NULL, NULL)::once.claim;
-        END IF;
-        -- claim::mismatches: the key's current attempt, claimed for another request,
-        -- still counts (it runs, or its result is served, fresh or stale): nothing is
-        -- changed, and nothing of the key is told.
-        IF e.fingerprint IS NOT NULL AND param.fingerprint IS NOT NULL
-           AND e.fingerprint <> param.fingerprint
-           AND (e.state = 'running'
-                OR (e.result IS NOT NULL
-                    AND (e.expires_at IS NULL OR e.expires_at > clock_timestamp()
-                         OR e.stale_until > clock_timestamp()))) THEN
-            PERFORM set_config('lock_timeout', old_timeout, true);
-            RETURN ROW('mismatch', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::once.claim;
-        END IF;
-        -- Entry::fresh: a result not past its expiry, also while the key is recomputed.
-        IF e.result IS NOT NULL AND (e.expires_at IS NULL OR e.expires_at > clock_timestamp()) THEN
-            -- A done key may draw an early refresh; losing the race for it (or meeting
-            -- another transaction's lock) is a hit.
-            IF NOT pg_is_in_recovery() AND once_internal.draws_early_refresh(e) THEN
+        found_row := FOUND;
+        -- Entry::fresh, Entry::servable_stale, Entry::retry_later, Seen::of.
+        fresh := e.result IS NOT NULL AND (e.expires_at IS NULL OR e.expires_at > clock_timestamp());
+        servable_stale := e.result IS NOT NULL AND NOT fresh AND e.stale_until IS NOT NULL
+                          AND e.stale_until > clock_timestamp();
+        retry_later := e.state = 'failed' AND e.retry_at IS NOT NULL AND e.retry_at > clock_timestamp();
+        differs := e.fingerprint IS NOT NULL AND param.fingerprint IS NOT NULL
+                   AND e.fingerprint <> param.fingerprint;
+        standby := pg_is_in_recovery();
+        owner_seen := NULL;
+        drawn := NULL;
+        held := NULL;
+        answer := NULL;
+        <<decide>>
+        LOOP
+            decision := once_internal.claim_decision(
+                CASE WHEN found_row THEN e.state END, fresh, servable_stale, retry_later, differs,
+                standby, serve_stale, owner_seen, drawn, held);
+            CASE decision
+            WHEN 'ask:owner' THEN
+                -- claim::Look::owner, with the same rule as rules/owner_gone.sql.
+                owner_seen := CASE
+                    WHEN e.lease_expires_at <= clock_timestamp() THEN 'lease expired'
+                    WHEN NOT e.lease_only AND NOT once_internal.backend_alive(e.owner_pid, e.owner_started)
+                        THEN 'backend exited'
+                    ELSE 'alive' END;
+            WHEN 'ask:early_refresh_drawn' THEN
+                drawn := once_internal.draws_early_refresh(e);
+            WHEN 'ask:held_elsewhere' THEN
+                -- SQL cannot read a row's header (entry::held_elsewhere): the write finds
+                -- out, through lock_timeout, and the decision is asked again with true.
+                -- But a stale answer never waits, not even for that: where one may be
+                -- served, the row is locked with SKIP LOCKED first. (It had waited up to
+                -- 1 ms on the lock, which a loaded machine stretched, and which
+                -- pg_isolation_regress saw as the claim blocked.)
+                held := false;
+                IF found_row AND serve_stale AND servable_stale THEN
+                    PERFORM 1 FROM once.entries WHERE once.entries.key_hash = param.key_hash
+                        FOR UPDATE SKIP LOCKED;
+                    IF NOT FOUND THEN
+                        IF NOT EXISTS (SELECT 1 FROM once.entries
+                                       WHERE once.entries.key_hash = param.key_hash) THEN
+                            CONTINUE look;  -- gone since it was read: look again
+                        END IF;
+                        held := true;
+                    END IF;
+                END IF;
+            WHEN 'insert' THEN
+                PERFORM once_internal.refuse_writes('claim_key');
+                BEGIN
+                    {{sql:insert_claim}}
+                    INTO c.token, c.lease_expires_at, c.attempts;
+                EXCEPTION WHEN lock_not_available THEN
+                    held := true;  -- another transaction is inserting it, uncommitted
+                    CONTINUE decide;
+                END;
+                IF c.token IS NULL THEN
+                    CONTINUE look;  -- someone else inserted it first: look again
+                END IF;
+                -- namespace::recheck_key: the insert waited for a create_namespace that
+                -- committed meanwhile; if the key is now another role's, the error undoes it.
+                PERFORM once_internal.require_key(param.key, 'claim_key');
+                answer := 'claimed';
+            WHEN 'early_refresh', 'take', 'take_keep' THEN
+                PERFORM once_internal.refuse_writes('claim_key');
                 seen_token := e.token;
                 seen_state := e.state::text;
-                keep_result := true;
+                keep_result := decision <> 'take';
+                gone_reason := CASE WHEN owner_seen <> 'alive' THEN owner_seen END;
                 c := NULL;
                 BEGIN
                     {{sql:take_claim}}
                     INTO c.token, c.lease_expires_at, c.attempts;
                 EXCEPTION WHEN lock_not_available THEN
-                    c := NULL;
+                    held := true;
+                    CONTINUE decide;
                 END;
                 IF c.token IS NOT NULL THEN
-                    PERFORM set_config('lock_timeout', old_timeout, true);
-                    RETURN ROW(CASE WHEN serve_stale THEN 'refresh' ELSE 'claimed' END, c.token, e.result, NULL,
-                               param.owner, c.lease_expires_at, c.attempts, NULL, e.expires_at)::once.claim;
+                    answer := CASE WHEN keep_result THEN 'refreshing' ELSE 'claimed' END;
+                ELSIF decision = 'early_refresh' THEN
+                    answer := 'hit';  -- lost the race for it: a hit
+                ELSE
+                    CONTINUE look;  -- the key changed between our read and our write
                 END IF;
-            END IF;
-            PERFORM set_config('lock_timeout', old_timeout, true);
-            -- No token: it may be a running refresh's, and only a claim carries one.
-            RETURN ROW('hit', NULL, e.result, NULL, NULL, NULL, e.attempts, NULL, e.expires_at)::once.claim;
-        END IF;
-        -- Entry::servable_stale, and StaleRule::serves_stale.
-        stale_ok := serve_stale AND e.result IS NOT NULL AND e.stale_until IS NOT NULL
-                    AND e.stale_until > clock_timestamp();
-        gone_reason := NULL;
-        IF e.state = 'failed' AND e.retry_at > clock_timestamp() THEN
-            PERFORM set_config('lock_timeout', old_timeout, true);
-            IF stale_ok THEN
-                RETURN ROW('stale', NULL, e.result, e.error, NULL, NULL, e.attempts, NULL, e.expires_at)::once.claim;
-            END IF;
-            RETURN ROW('failed', NULL, NULL, e.error, NULL, NULL, e.attempts, e.retry_at, NULL)::once.claim;
-        ELSIF e.state = 'running' THEN
-            -- claim::running_owner_status, with the same rule as rules/owner_gone.sql; on a
-            -- standby its owner is a backend of the primary: only the primary can judge it.
-            IF pg_is_in_recovery() THEN
-                gone_reason := NULL;
-            ELSIF e.lease_expires_at <= clock_timestamp() THEN
-                gone_reason := 'lease expired';
-            ELSIF NOT e.lease_only AND NOT once_internal.backend_alive(e.owner_pid, e.owner_started) THEN
-                gone_reason := 'backend exited';
-            END IF;
-            IF gone_reason IS NULL THEN
-                PERFORM set_config('lock_timeout', old_timeout, true);
-                IF stale_ok THEN
-                    RETURN ROW('stale', NULL, e.result, e.error, e.owner, e.lease_expires_at, e.attempts, NULL, e.expires_at)::once.claim;
-                END IF;
-                RETURN ROW('wait', NULL, NULL, NULL, e.owner, e.lease_expires_at, e.attempts, NULL, NULL)::once.claim;
-            END IF;
-        ELSIF e.state = 'queued' AND stale_ok THEN
-            PERFORM set_config('lock_timeout', old_timeout, true);
-            RETURN ROW('stale', NULL, e.result, e.error, NULL, NULL, e.attempts, NULL, e.expires_at)::once.claim;
-        END IF;
-        -- A result in its stale window is served while it cannot be refreshed: on a
-        -- standby nothing is claimed.
-        IF stale_ok AND pg_is_in_recovery() THEN
-            PERFORM set_config('lock_timeout', old_timeout, true);
-            RETURN ROW('stale', NULL, e.result, e.error, NULL, NULL, e.attempts, NULL, e.expires_at)::once.claim;
-        END IF;
-        PERFORM once_internal.refuse_writes('claim_key');
-        seen_token := e.token;
-        seen_state := e.state::text;
-        keep_result := e.result IS NOT NULL AND e.stale_until IS NOT NULL AND e.stale_until > clock_timestamp();
-        -- A stale answer never waits, not even for another transaction's lock: where one
-        -- may be served, the row is locked with SKIP LOCKED first (entry::held_elsewhere,
-        -- which reads the row's header; SQL cannot), and a row another transaction holds is
-        -- answered stale at once. It had waited up to 1 ms on the lock, which a loaded
-        -- machine stretched, and which pg_isolation_regress saw as the claim blocked.
-        IF stale_ok THEN
-            PERFORM 1 FROM once.entries WHERE once.entries.key_hash = param.key_hash
-                FOR UPDATE SKIP LOCKED;
-            IF NOT FOUND THEN
-                IF EXISTS (SELECT 1 FROM once.entries WHERE once.entries.key_hash = param.key_hash) THEN
-                    PERFORM set_config('lock_timeout', old_timeout, true);
-                    RETURN ROW('stale', NULL, e.result, e.error, NULL, NULL, e.attempts, NULL, e.expires_at)::once.claim;
-                END IF;
-                CONTINUE;  -- gone since it was read: look again
-            END IF;
-        END IF;
-        c := NULL;
-        BEGIN
-            {{sql:take_claim}}
-            INTO c.token, c.lease_expires_at, c.attempts;
-        EXCEPTION WHEN lock_not_available THEN
-            PERFORM set_config('lock_timeout', old_timeout, true);
-            IF stale_ok THEN
-                RETURN ROW('stale', NULL, e.result, e.error, NULL, NULL, e.attempts, NULL, e.expires_at)::once.claim;
-            END IF;
-            RETURN ROW('wait', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::once.claim;
-        END;
-        IF c.token IS NOT NULL THEN
-            PERFORM set_config('lock_timeout', old_timeout, true);
-            IF keep_result THEN  -- StaleRule::refreshing
-                RETURN ROW(CASE WHEN serve_stale THEN 'refresh' ELSE 'claimed' END, c.token, e.result, NULL,
-                           param.owner, c.lease_expires_at, c.attempts, NULL, e.expires_at)::once.claim;
-            END IF;
-            RETURN ROW('claimed', c.token, NULL, NULL, param.owner, c.lease_expires_at, c.attempts, NULL, NULL)::once.claim;
-        END IF;
-        -- The key changed between our read and our write: look again.
+            ELSE
+                answer := decision;
+            END CASE;
+            EXIT decide WHEN answer IS NOT NULL;
+        END LOOP;
+        PERFORM set_config('lock_timeout', old_timeout, true);
+        RETURN once_internal.claim_answer(answer, e, c, param.owner, serve_stale);
     END LOOP;
 END
 $$;
-
 -- Who a claim_key or claim_next call claims for (api::claim_owner, liveness::Owner::from_arg):
 -- this session (owner_pid NULL or its own pid), another backend (an owner session), or
 -- nobody but the lease (0). On a standby nothing is claimed and a pid names a backend of
@@ -541,13 +599,24 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     e once.entries;
+    drawn boolean;
+    decision text;
 BEGIN
     PERFORM once_internal.usable_key(key, 'get');
     SELECT * INTO e FROM once.entries WHERE once.entries.key_hash = once.key_hash(get.key);
     IF e.result IS NULL OR e.expires_at <= clock_timestamp() THEN
         RETURN NULL;
     END IF;
-    IF once_internal.draws_early_refresh(e) THEN
+    -- A fresh result: what claim_key's look decides, but for the claim. Another
+    -- transaction's hold on the row cannot be seen from SQL: taken as none here (the
+    -- claim_key that takes the owed refresh finds it).
+    LOOP
+        decision := once_internal.claim_decision(e.state, true, false, false, false,
+                                                 pg_is_in_recovery(), false, NULL, drawn, false);
+        EXIT WHEN decision <> 'ask:early_refresh_drawn';
+        drawn := once_internal.draws_early_refresh(e);
+    END LOOP;
+    IF decision = 'early_refresh' THEN
         PERFORM set_config('once_internal.owed_early_refresh', e.token::text, false);
         RETURN NULL;
     END IF;

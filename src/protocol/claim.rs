@@ -19,13 +19,14 @@
 //! a claim: resolve (its owner's writes), rerun (refresh_key, invalidate_key), reap.
 
 use crate::key::Key;
+use crate::protocol::decision::{self, decide, Caller, Decision, Observe, OwnerStatus, Seen};
 use crate::protocol::freshness;
 use crate::protocol::namespace;
 use crate::protocol::rules::*;
 use crate::protocol::standby;
 use crate::runtime::liveness::{Me, Owner, OwnerWatch};
 use crate::runtime::shmem::{self, Counter};
-use crate::storage::entry::{self, Entry, KeyState};
+use crate::storage::entry::{self, Entry};
 use crate::storage::jsonb::Jsonb;
 use crate::storage::statements::{self, params, Param, Statement};
 use crate::storage::subxact::{self, Blocked, LockBudget};
@@ -102,8 +103,9 @@ static TAKE_CLAIM: Statement = statement!("take_claim");
 /// waits for another transaction's lock at most `budget`. `serve_stale`: the caller takes
 /// the answers `refresh` and `stale`; otherwise it is answered as before they existed (a
 /// refresh as `claimed`, a stale result as the state of the key says: `wait`, `failed`,
-/// or a claim). What it changes is decided in one place, StaleRule. `fingerprint`: the
-/// caller's request, stored with a claim it takes and compared with the key's (`mismatches`).
+/// or a claim). `fingerprint`: the caller's request, stored with a claim it takes and
+/// compared with the key's. What a look decides is protocol::decision's; this carries it
+/// out.
 pub fn attempt(
     key: &Key,
     lease: Interval,
@@ -113,20 +115,23 @@ pub fn attempt(
     serve_stale: bool,
     fingerprint: Option<&[u8]>,
 ) -> Claim {
-    let rule = StaleRule { serve_stale };
     loop {
         check_for_interrupts!();
         let entry = match entry::read(key) {
             Ok(entry) => entry,
             Err(Blocked) => return busy(None),
         };
+        let caller = Caller {
+            standby: standby::active(),
+            serve_stale,
+        };
+        let seen = entry.as_ref().map(|e| Seen::of(e, fingerprint));
+        let mut look = Look::new(key, entry.as_ref(), Some(&mut *watch));
+        let decision = decide(seen.as_ref(), caller, &mut look);
+        let pending = look.pending.take();
         let Some(entry) = entry else {
-            // Absent to us, but maybe claimed by a transaction that has not committed:
-            // inserting would wait for it, so report it as held instead.
-            match entry::uncommitted(key) {
-                Ok(None) => {}
-                Ok(Some(pending)) => return busy(Some(&pending)),
-                Err(Blocked) => return busy(None),
+            if decision != Decision::Insert {
+                return busy(pending.as_ref());
             }
             match insert_claim(key, lease, owner, budget, fingerprint) {
                 Ok(Some(taken)) => return Claim::Claimed { taken, kept: None },
@@ -134,69 +139,44 @@ pub fn attempt(
                 Err(Blocked) => return busy(None),
             }
         };
-        if mismatches(&entry, fingerprint) {
-            return Claim::Mismatch;
-        }
-        if entry.fresh() {
-            // A fresh result, also while the key is recomputed (a refresh, an early one, a
-            // queued key enqueued with refresh): it is served until the new one lands. A
-            // done key may draw an early refresh; losing the race for it is a hit.
-            if draws_early_refresh(&entry) {
-                let early = take_claim(key, &entry, lease, owner, None, budget, true, fingerprint);
-                if let Ok(Some(taken)) = early {
-                    return rule.refreshing(taken, entry);
+        let seen = seen.expect("a row was seen");
+        return match decision {
+            Decision::Insert => unreachable!("a row was seen"),
+            Decision::Busy => busy(None),
+            Decision::Mismatch => Claim::Mismatch,
+            Decision::Hit => hit(entry),
+            Decision::EarlyRefresh => {
+                // Losing the race for it, or meeting another transaction's lock, is a hit.
+                match take_claim(key, &entry, lease, owner, None, budget, true, fingerprint) {
+                    Ok(Some(taken)) => refreshing(taken, entry, serve_stale),
+                    _ => hit(entry),
                 }
             }
-            shmem::count(Counter::Hits);
-            return Claim::Hit {
-                result: entry.result.expect("fresh means a result"),
-                expires_at: entry.expires_at,
+            Decision::Failed => Claim::Failed {
+                error: entry.error,
+                retry_at: entry.retry_at,
                 attempts: entry.attempts,
-            };
-        }
-        let gone_reason = match entry.state {
-            KeyState::Failed if entry.retry_later() => {
-                return rule.unavailable(entry, Unavailable::Failed);
-            }
-            // On a standby its owner is a backend of the primary: only the primary can
-            // judge it.
-            KeyState::Running if standby::active() => {
-                return rule.unavailable(entry, Unavailable::Owned);
-            }
-            KeyState::Running => match running_owner_status(&entry, watch) {
-                OwnerStatus::Alive => return rule.unavailable(entry, Unavailable::Owned),
-                OwnerStatus::Gone(why) => Some(why),
             },
-            // A queue's worker will recompute it.
-            KeyState::Queued if rule.serves_stale(&entry) => return stale_result(entry, false),
-            _ => None, // expired result, failure due for retry, or queued
+            Decision::Wait => Claim::Wait {
+                owner: entry.owner,
+                lease_expires_at: entry.lease_expires_at,
+                attempts: Some(entry.attempts),
+                uncommitted: false,
+            },
+            Decision::Stale { refreshing } => stale_result(entry, refreshing),
+            Decision::Take { keep, gone } => {
+                let taken = take_claim(key, &entry, lease, owner, gone, budget, keep, fingerprint);
+                match taken {
+                    Ok(Some(taken)) if keep => refreshing(taken, entry, serve_stale),
+                    Ok(Some(taken)) => Claim::Claimed { taken, kept: None },
+                    Ok(None) => continue, // the key changed between our read and our write
+                    Err(Blocked) => match decision::when_held(&seen, caller) {
+                        Decision::Stale { refreshing } => stale_result(entry, refreshing),
+                        _ => busy(None),
+                    },
+                }
+            }
         };
-        // A result in its stale window is served while it cannot be refreshed: on a
-        // standby (nothing is claimed there), or while another transaction is changing
-        // the row (the write would wait for it: a stale answer never waits).
-        if rule.serves_stale(&entry) && standby::active() {
-            return stale_result(entry, false);
-        }
-        if entry::held_elsewhere(&entry) {
-            return rule.unavailable(entry, Unavailable::Busy);
-        }
-        let keep = entry.servable_stale();
-        let taken = take_claim(
-            key,
-            &entry,
-            lease,
-            owner,
-            gone_reason,
-            budget,
-            keep,
-            fingerprint,
-        );
-        match taken {
-            Ok(Some(taken)) if keep => return rule.refreshing(taken, entry),
-            Ok(Some(taken)) => return Claim::Claimed { taken, kept: None },
-            Ok(None) => {} // the key changed between our read and our write: look again
-            Err(Blocked) => return rule.unavailable(entry, Unavailable::Busy),
-        }
     }
 }
 
@@ -212,101 +192,124 @@ pub fn get(key: &Key) -> Option<Jsonb> {
     if !entry.fresh() {
         return None;
     }
-    if draws_early_refresh(&entry) {
-        freshness::owe_early_refresh(&entry);
-        return None;
-    }
-    shmem::count(Counter::Hits);
-    entry.result
-}
-
-/// Does this read of a fresh result take an early refresh? Only a done key may (not one
-/// already being recomputed), never on a standby, and not while another transaction
-/// writes the row (the claim could not be taken).
-fn draws_early_refresh(entry: &Entry) -> bool {
-    entry.state == KeyState::Done
-        && !standby::active()
-        && freshness::draws_early_refresh(entry)
-        && !entry::held_elsewhere(entry)
-}
-
-/// Is the caller's request (`fingerprint`) not the one `entry`'s current attempt was
-/// claimed for, while that attempt still counts? It counts while the key runs (its owner
-/// alive or not: a takeover is a retry of the same request) and while its result is
-/// served (fresh, or in its stale window). A key without a fingerprint, or a caller
-/// without one, never mismatches: absent fingerprints behave as before they existed. Once
-/// the attempt no longer counts (failed, result expired, released, invalidated) a claim
-/// takes the key and stores its own fingerprint; a failure still served until retry_at
-/// is answered `failed` to every caller, as before.
-fn mismatches(entry: &Entry, fingerprint: Option<&[u8]>) -> bool {
-    let (Some(theirs), Some(mine)) = (entry.fingerprint.as_deref(), fingerprint) else {
-        return false;
+    let caller = Caller {
+        standby: standby::active(),
+        serve_stale: false,
     };
-    theirs != mine && (entry.state == KeyState::Running || entry.fresh() || entry.servable_stale())
-}
-
-/// Why a key past its ttl cannot be handed to this caller now.
-enum Unavailable {
-    /// Its failure is served until retry_at.
-    Failed,
-    /// Its (live) owner is computing it.
-    Owned,
-    /// Another transaction is changing the row: the write would wait for it.
-    Busy,
-}
-
-/// What a key that is past its ttl, or being refreshed, answers: the one place where
-/// `serve_stale` (claim_key's argument) changes an answer.
-#[derive(Clone, Copy)]
-struct StaleRule {
-    serve_stale: bool,
-}
-
-impl StaleRule {
-    /// The caller is answered `entry`'s result as stale rather than wait, fail or claim:
-    /// it is in its stale window, and the caller takes stale answers.
-    fn serves_stale(self, entry: &Entry) -> bool {
-        self.serve_stale && entry.servable_stale()
-    }
-
-    /// The answer for a key the caller cannot have now: its stale result if it serves
-    /// one, else what `why` says.
-    fn unavailable(self, entry: Entry, why: Unavailable) -> Claim {
-        if self.serves_stale(&entry) {
-            // Only a live owner refreshes it: the others answer no owner.
-            return stale_result(entry, matches!(why, Unavailable::Owned));
+    let seen = Seen::of(&entry, None);
+    // A fresh result: its owner is never judged, so the look needs no watch.
+    match decide(Some(&seen), caller, &mut Look::new(key, Some(&entry), None)) {
+        Decision::Hit => hit(entry).into_result(),
+        Decision::EarlyRefresh => {
+            freshness::owe_early_refresh(&entry);
+            None
         }
-        match why {
-            Unavailable::Failed => Claim::Failed {
-                error: entry.error,
-                retry_at: entry.retry_at,
-                attempts: entry.attempts,
-            },
-            Unavailable::Owned => Claim::Wait {
-                owner: entry.owner,
-                lease_expires_at: entry.lease_expires_at,
-                attempts: Some(entry.attempts),
-                uncommitted: false,
-            },
-            Unavailable::Busy => busy(None),
+        _ => None,
+    }
+}
+
+/// The fresh result of `entry`, counted as a hit.
+fn hit(entry: Entry) -> Claim {
+    shmem::count(Counter::Hits);
+    Claim::Hit {
+        result: entry.result.expect("fresh means a result"),
+        expires_at: entry.expires_at,
+        attempts: entry.attempts,
+    }
+}
+
+impl Claim {
+    fn into_result(self) -> Option<Jsonb> {
+        match self {
+            Claim::Hit { result, .. } => Some(result),
+            _ => None,
         }
     }
+}
 
-    /// A claim that kept `entry`'s result: answered `refresh` to a caller that takes stale
-    /// answers, `claimed` (with the result) to one that does not.
-    fn refreshing(self, taken: Taken, entry: Entry) -> Claim {
-        shmem::count(Counter::Refreshes);
-        let kept = Kept {
-            result: entry.result.expect("a refresh keeps a result"),
-            expires_at: entry.expires_at,
-        };
-        if self.serve_stale {
-            Claim::Refresh { taken, kept }
+/// The facts protocol::decision asks of a look at `key`, observed when asked.
+struct Look<'a> {
+    key: &'a Key<'a>,
+    entry: Option<&'a Entry>,
+    watch: Option<&'a mut OwnerWatch>,
+    /// For an absent key: the uncommitted version another transaction is inserting, if it
+    /// could be read (what `busy` answers).
+    pending: Option<Entry>,
+}
+
+impl<'a> Look<'a> {
+    fn new(key: &'a Key<'a>, entry: Option<&'a Entry>, watch: Option<&'a mut OwnerWatch>) -> Self {
+        Look {
+            key,
+            entry,
+            watch,
+            pending: None,
+        }
+    }
+
+    fn entry(&self) -> &'a Entry {
+        self.entry.expect("asked only about a row that was seen")
+    }
+}
+
+impl Observe for Look<'_> {
+    fn owner(&mut self) -> OwnerStatus {
+        let entry = self.entry();
+        if entry.lease_expired() {
+            return OwnerStatus::Gone("lease expired");
+        }
+        if entry.lease_only {
+            return OwnerStatus::Alive;
+        }
+        let pid = entry.owner_pid.expect("running has an owner pid");
+        let started = entry
+            .owner_started
+            .expect("running has an owner start")
+            .into_inner();
+        let watch = self
+            .watch
+            .as_mut()
+            .expect("a look that judges owners has a watch");
+        if watch.alive(pid, started) {
+            OwnerStatus::Alive
         } else {
-            Claim::Claimed {
-                taken,
-                kept: Some(kept),
-            }
+            OwnerStatus::Gone("backend exited")
+        }
+    }
+
+    fn early_refresh_drawn(&mut self) -> bool {
+        freshness::draws_early_refresh(self.entry())
+    }
+
+    fn held_elsewhere(&mut self) -> bool {
+        match self.entry {
+            Some(entry) => entry::held_elsewhere(entry),
+            None => match entry::uncommitted(self.key) {
+                Ok(None) => false,
+                Ok(Some(pending)) => {
+                    self.pending = Some(pending);
+                    true
+                }
+                Err(Blocked) => true,
+            },
+        }
+    }
+}
+
+/// A claim that kept `entry`'s result: answered `refresh` to a caller that takes stale
+/// answers, `claimed` (with the result) to one that does not.
+fn refreshing(taken: Taken, entry: Entry, serve_stale: bool) -> Claim {
+    shmem::count(Counter::Refreshes);
+    let kept = Kept {
+        result: entry.result.expect("a refresh keeps a result"),
+        expires_at: entry.expires_at,
+    };
+    if serve_stale {
+        Claim::Refresh { taken, kept }
+    } else {
+        Claim::Claimed {
+            taken,
+            kept: Some(kept),
         }
     }
 }
@@ -332,30 +335,6 @@ fn busy(pending: Option<&Entry>) -> Claim {
         lease_expires_at: pending.and_then(|e| e.lease_expires_at),
         attempts: pending.map(|e| e.attempts),
         uncommitted: true,
-    }
-}
-
-enum OwnerStatus {
-    Alive,
-    Gone(&'static str),
-}
-
-fn running_owner_status(entry: &Entry, watch: &mut OwnerWatch) -> OwnerStatus {
-    if entry.lease_expired() {
-        return OwnerStatus::Gone("lease expired");
-    }
-    if entry.lease_only {
-        return OwnerStatus::Alive;
-    }
-    let pid = entry.owner_pid.expect("running has an owner pid");
-    let started = entry
-        .owner_started
-        .expect("running has an owner start")
-        .into_inner();
-    if watch.alive(pid, started) {
-        OwnerStatus::Alive
-    } else {
-        OwnerStatus::Gone("backend exited")
     }
 }
 

@@ -3,7 +3,7 @@
 //! the background workers (reap); calls storage and runtime. On a hot standby only reads
 //! are served (standby).
 //!
-//! A key's life, one file a stage: `claim` (taking it), `resolve` (what its owner does
+//! A key's life, one file a stage: `claim` (taking it, as `decision` decides), `resolve` (what its owner does
 //! with the claim), `rerun` (refresh and invalidate), `reap` (claims whose owner is
 //! gone, expired results, old history); `queue` (queue mode), `waiting` (calls with
 //! `wait`). `rules` holds what several statements share.
@@ -11,6 +11,7 @@
 pub mod cached;
 pub mod claim;
 pub mod counts;
+pub mod decision;
 pub mod freshness;
 pub mod namespace;
 pub mod queue;
