@@ -42,7 +42,7 @@ pub enum Claim {
     },
     /// The caller owns the key now. `kept`: the result of a claim that keeps it (a
     /// refresh), answered with outcome `claimed` to a caller that does not take stale
-    /// answers (StaleRule).
+    /// answers (protocol::decision).
     Claimed { taken: Taken, kept: Option<Kept> },
     /// A claim that keeps the previous result, served to others while it is recomputed:
     /// a result in its stale window, a fresh one that drew an early refresh, or one whose
@@ -77,7 +77,7 @@ pub enum Claim {
     },
     /// The key's current attempt was claimed with another fingerprint and still counts (it
     /// runs, or its result is served): this caller's request is not the one the key
-    /// stands for. Nothing was changed (see `mismatches`).
+    /// stands for. Nothing was changed (see `decision::Seen::mismatches`).
     Mismatch,
 }
 
