@@ -51,26 +51,36 @@ BEGIN
 END
 $$;
 
--- An interval argument between low (exclusive when strict) and high; NULL refused
--- unless nullable. `what` names it in the message as args.rs does.
-CREATE OR REPLACE FUNCTION once_internal.usable_interval(
-    value interval, name text, hint text, strict boolean, high interval, high_text text,
-    nullable boolean DEFAULT false) RETURNS interval
+-- An earlier edition's usable_interval, which took its rule as arguments.
+DROP FUNCTION IF EXISTS once_internal.usable_interval(interval, text, text, boolean, interval, text, boolean);
+
+-- An interval argument checked by its rule (args::interval): src/api/argument_rules.json,
+-- which scripts/sql_edition.py writes in where `interval_rules` stands below, one WHEN a
+-- rule, as the extension reads it: one table for both editions.
+CREATE OR REPLACE FUNCTION once_internal.usable_interval(value interval, name text) RETURNS interval
     LANGUAGE plpgsql IMMUTABLE
-    SET search_path = pg_catalog, pg_temp, pg_temp
+    SET search_path = pg_catalog, pg_temp
     AS $$
+DECLARE
+    nullable boolean;
+    positive boolean;
+    most text;
+    hint text;
 BEGIN
+    CASE name
+        {{interval_rules}}
+    END CASE;
     IF value IS NULL THEN
         IF nullable THEN RETURN NULL; END IF;
         RAISE EXCEPTION '% must not be NULL', name USING ERRCODE = 'null_value_not_allowed', HINT = hint;
-    ELSIF strict AND value <= '0' THEN
+    ELSIF positive AND value <= '0' THEN
         RAISE EXCEPTION '% must be positive%, got %', name, CASE WHEN nullable THEN ' or NULL' ELSE '' END, value
             USING ERRCODE = 'invalid_parameter_value', HINT = hint;
-    ELSIF NOT strict AND value < '0' THEN
+    ELSIF value < '0' THEN
         RAISE EXCEPTION '% must not be negative, got %', name, value
             USING ERRCODE = 'invalid_parameter_value', HINT = hint;
-    ELSIF value > high THEN
-        RAISE EXCEPTION '% must be at most %, got %', name, high_text, value
+    ELSIF value > most::interval THEN
+        RAISE EXCEPTION '% must be at most %, got %', name, most, value
             USING ERRCODE = 'invalid_parameter_value', HINT = hint;
     END IF;
     RETURN value;
@@ -119,12 +129,8 @@ CREATE OR REPLACE FUNCTION once_internal.check_policy(
     SET search_path = pg_catalog, pg_temp
     AS $$
 BEGIN
-    PERFORM once_internal.usable_interval(ttl, 'ttl',
-        'Use NULL to keep the result until it is invalidated, or a positive interval such as ''1 hour''.',
-        true, '100 years', '100 years', true);
-    PERFORM once_internal.usable_interval(stale, 'stale',
-        'Use how long the result may still be served while it is recomputed, e.g. stale => ''1 minute''; NULL: not at all.',
-        true, '100 years', '100 years', true);
+    PERFORM once_internal.usable_interval(ttl, 'ttl');
+    PERFORM once_internal.usable_interval(stale, 'stale');
     beta := nullif(beta, 0);
     IF beta IS NOT NULL AND NOT (beta > 0 AND beta <= 100) THEN
         RAISE EXCEPTION 'beta must be between 0 and 100, got %', beta USING ERRCODE = 'invalid_parameter_value',
@@ -507,12 +513,8 @@ DECLARE
     seen_token bigint;
 BEGIN
     PERFORM once_internal.usable_key(key, 'claim_key');
-    PERFORM once_internal.usable_interval(lease, 'lease',
-        'Use a lease a little longer than the time between two heartbeats, e.g. ''30 seconds'', and extend it with once.heartbeat_key.',
-        true, '1 day', '1 day');
-    PERFORM once_internal.usable_interval(wait, 'wait',
-        'Use ''0'' to return at once, or how long the caller can afford to wait, e.g. ''20 seconds''.',
-        false, '1 day', '1 day');
+    PERFORM once_internal.usable_interval(lease, 'lease');
+    PERFORM once_internal.usable_interval(wait, 'wait');
     IF serve_stale IS NULL THEN
         RAISE EXCEPTION 'serve_stale must not be NULL' USING ERRCODE = 'null_value_not_allowed',
             HINT = 'Pass true to be answered refresh and stale (see Freshness), false for the four outcomes of pg_once 0.1.';
@@ -702,9 +704,7 @@ BEGIN
     END IF;
     PERFORM once_internal.within_limit(octet_length(error), 'error', 'once.max_error_size', 16,
         'Record the error''s first lines and keep the whole of it in your logs, or ask an administrator to raise once.max_error_size.');
-    PERFORM once_internal.usable_interval(retry_after, 'retry_after',
-        'Use ''0'' to let the next caller retry at once, or a delay such as ''30 seconds'' to share the failure meanwhile.',
-        false, '1 year', '1 year');
+    PERFORM once_internal.usable_interval(retry_after, 'retry_after');
     {{sql:fail}};
     RETURN FOUND;
 END
@@ -786,9 +786,7 @@ AS $$
 DECLARE
     key_hash bytea := once.key_hash(once_internal.usable_key(heartbeat_key.key, 'heartbeat_key'));
     token bigint := once_internal.usable_token(heartbeat_key.token);
-    lease interval := once_internal.usable_interval(heartbeat_key.lease, 'lease',
-        'Use a lease a little longer than the time between two heartbeats, e.g. ''30 seconds'', and extend it with once.heartbeat_key.',
-        true, '1 day', '1 day');
+    lease interval := once_internal.usable_interval(heartbeat_key.lease, 'lease');
     holder oid := once_internal.token_holder();
     extended timestamptz;
 BEGIN
@@ -861,9 +859,7 @@ AS $$
 <<param>>
 DECLARE
     key_hash bytea := once.key_hash(once_internal.usable_key(refresh_key.key, 'refresh_key'));
-    stale interval := once_internal.usable_interval(refresh_key.stale, 'stale',
-        'Use how long the result may still be served while it is recomputed, e.g. stale => ''1 minute''; NULL: not at all.',
-        true, '100 years', '100 years', true);
+    stale interval := once_internal.usable_interval(refresh_key.stale, 'stale');
     what text;
     queue text;
 BEGIN

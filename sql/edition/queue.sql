@@ -478,9 +478,7 @@ DECLARE
     got integer;
 BEGIN
     PERFORM once_internal.require_queue(queue, 'claim_next');
-    PERFORM once_internal.usable_interval(lease, 'lease',
-        'Use a lease a little longer than the time between two heartbeats, e.g. ''30 seconds'', and extend it with once.heartbeat_key.',
-        true, '1 day', '1 day');
+    PERFORM once_internal.usable_interval(lease, 'lease');
     IF octet_length(worker) > 256 THEN
         RAISE EXCEPTION 'worker name is % bytes long; the limit is 256 bytes', octet_length(worker)
             USING ERRCODE = 'string_data_right_truncation',
@@ -491,9 +489,7 @@ BEGIN
     ELSIF n NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'n must be between 1 and 1000, got %', n USING ERRCODE = 'invalid_parameter_value', HINT = batch_hint;
     END IF;
-    PERFORM once_internal.usable_interval(wait, 'wait',
-        'Use ''0'' to return at once, or how long the caller can afford to wait, e.g. ''20 seconds''.',
-        false, '1 day', '1 day');
+    PERFORM once_internal.usable_interval(wait, 'wait');
     SELECT o.pid, o.started, o.lease_only INTO pid, started, only_lease
       FROM once_internal.claim_owner(owner_pid) o;
     IF wait > '0' AND current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN

@@ -61,20 +61,10 @@ pub fn token(token: Option<i64>) -> i64 {
     }
 }
 
-/// How long a claim stays valid without a heartbeat: more than zero, at most one day.
+/// How long a claim stays valid without a heartbeat (its rule: more than zero, at most
+/// one day).
 pub fn lease(lease: Option<Interval>) -> Interval {
-    let hint = "Use a lease a little longer than the time between two heartbeats, e.g. '30 seconds', and extend it with once.heartbeat_key.";
-    let Some(lease) = lease else {
-        errors::null_argument("lease", hint)
-    };
-    let micros = lease.as_micros();
-    if micros <= 0 {
-        errors::invalid_argument(format!("lease must be positive, got {lease}"), hint);
-    }
-    if micros > DAY {
-        errors::invalid_argument(format!("lease must be at most 1 day, got {lease}"), hint);
-    }
-    lease
+    interval("lease", lease).expect("the rule refuses NULL")
 }
 
 /// The most bytes a fingerprint may have: 64, a SHA-512 digest, the largest digest a
@@ -103,47 +93,112 @@ pub fn fingerprint(fingerprint: Option<&[u8]>) -> Option<&[u8]> {
     Some(fingerprint)
 }
 
-/// How long claim_key may block: zero (do not wait) up to one day.
+/// How long claim_key may block, in microseconds (its rule: zero, do not wait, up to one
+/// day).
 pub fn wait(wait: Option<Interval>) -> i128 {
-    let hint =
-        "Use '0' to return at once, or how long the caller can afford to wait, e.g. '20 seconds'.";
-    let Some(wait) = wait else {
-        errors::null_argument("wait", hint)
-    };
-    let micros = wait.as_micros();
-    if micros < 0 {
-        errors::invalid_argument(format!("wait must not be negative, got {wait}"), hint);
-    }
-    if micros > DAY {
-        errors::invalid_argument(format!("wait must be at most 1 day, got {wait}"), hint);
-    }
-    micros
+    interval("wait", wait)
+        .expect("the rule refuses NULL")
+        .as_micros()
 }
 
-/// How long a result is served: NULL (forever) or more than zero, at most 100 years.
+/// How long a result is served (its rule: NULL, forever, or more than zero, at most 100
+/// years).
 pub fn ttl(ttl: Option<Interval>) -> Option<Interval> {
-    positive_or_null(
-        "ttl",
-        ttl,
-        "Use NULL to keep the result until it is invalidated, or a positive interval such as '1 hour'.",
-    )
+    interval("ttl", ttl)
 }
 
-/// An interval argument that is NULL, or more than zero and at most 100 years (a result's
-/// lifetimes: ttl, stale).
-fn positive_or_null(name: &str, value: Option<Interval>, hint: &str) -> Option<Interval> {
-    let value = value?;
+/// The rules of interval arguments: src/api/argument_rules.json, which the SQL edition's
+/// once_internal.usable_interval is written from too (scripts/sql_edition.py).
+#[derive(serde::Deserialize)]
+struct ArgumentRules {
+    intervals: Vec<IntervalRule>,
+}
+
+#[derive(serde::Deserialize)]
+struct IntervalRule {
+    name: String,
+    null: Null,
+    least: Least,
+    /// The longest: a number of days or years, e.g. "1 day", "100 years".
+    most: String,
+    hint: String,
+}
+
+/// Whether NULL is refused (22004) or allowed (no value: the call's meaning of none).
+#[derive(serde::Deserialize, PartialEq)]
+#[serde(rename_all = "lowercase")]
+enum Null {
+    Refused,
+    Allowed,
+}
+
+/// The least an interval may be: more than zero, or zero.
+#[derive(serde::Deserialize, PartialEq)]
+#[serde(rename_all = "lowercase")]
+enum Least {
+    Positive,
+    Zero,
+}
+
+impl IntervalRule {
+    /// `most` in microseconds, compared as PostgreSQL compares intervals (a year is 360
+    /// days there).
+    fn most_micros(&self) -> i128 {
+        let (count, unit) = self.most.split_once(' ').expect("most is \"N unit\"");
+        let count: i128 = count.parse().expect("most starts with a number");
+        count
+            * match unit.trim_end_matches('s') {
+                "day" => DAY,
+                "year" => YEAR,
+                other => panic!("argument_rules.json: no unit {other:?}"),
+            }
+    }
+}
+
+fn interval_rule(name: &str) -> &'static IntervalRule {
+    static RULES: std::sync::OnceLock<ArgumentRules> = std::sync::OnceLock::new();
+    RULES
+        .get_or_init(|| {
+            serde_json::from_str(include_str!("argument_rules.json"))
+                .expect("argument_rules.json parses")
+        })
+        .intervals
+        .iter()
+        .find(|rule| rule.name == name)
+        .unwrap_or_else(|| panic!("argument_rules.json has no interval {name:?}"))
+}
+
+/// The interval argument `name`, checked by its rule of argument_rules.json.
+fn interval(name: &str, value: Option<Interval>) -> Option<Interval> {
+    let rule = interval_rule(name);
+    let Some(value) = value else {
+        if rule.null == Null::Allowed {
+            return None;
+        }
+        errors::null_argument(name, &rule.hint)
+    };
     let micros = value.as_micros();
-    if micros <= 0 {
+    if rule.least == Least::Positive && micros <= 0 {
+        let or_null = if rule.null == Null::Allowed {
+            " or NULL"
+        } else {
+            ""
+        };
         errors::invalid_argument(
-            format!("{name} must be positive or NULL, got {value}"),
-            hint,
+            format!("{name} must be positive{or_null}, got {value}"),
+            &rule.hint,
         );
     }
-    if micros > 100 * YEAR {
+    if micros < 0 {
         errors::invalid_argument(
-            format!("{name} must be at most 100 years, got {value}"),
-            hint,
+            format!("{name} must not be negative, got {value}"),
+            &rule.hint,
+        );
+    }
+    if micros > rule.most_micros() {
+        errors::invalid_argument(
+            format!("{name} must be at most {}, got {value}", rule.most),
+            &rule.hint,
         );
     }
     Some(value)
@@ -199,14 +254,10 @@ pub fn policy(
     }
 }
 
-/// How long a result may be served as stale (refresh_key): NULL (not at all) or more than
-/// zero, at most 100 years.
+/// How long a result may be served as stale (refresh_key; its rule: NULL, not at all, or
+/// more than zero, at most 100 years).
 pub fn stale(stale: Option<Interval>) -> Option<Interval> {
-    positive_or_null(
-        "stale",
-        stale,
-        "Use how long the result may still be served while it is recomputed, e.g. stale => '1 minute'; NULL: not at all.",
-    )
+    interval("stale", stale)
 }
 
 /// A result no larger than once.max_result_size; `size` in bytes.
@@ -269,26 +320,10 @@ fn within_limit(size: usize, what: &str, name: &str, setting: &GucSetting<i32>, 
     }
 }
 
-/// How long a failure is served to callers before the key may be retried: 0 up to 1 year.
+/// How long a failure is served to callers before the key may be retried (its rule: 0 up
+/// to 1 year).
 pub fn retry_after(retry_after: Option<Interval>) -> Interval {
-    let hint = "Use '0' to let the next caller retry at once, or a delay such as '30 seconds' to share the failure meanwhile.";
-    let Some(retry_after) = retry_after else {
-        errors::null_argument("retry_after", hint)
-    };
-    let micros = retry_after.as_micros();
-    if micros < 0 {
-        errors::invalid_argument(
-            format!("retry_after must not be negative, got {retry_after}"),
-            hint,
-        );
-    }
-    if micros > YEAR {
-        errors::invalid_argument(
-            format!("retry_after must be at most 1 year, got {retry_after}"),
-            hint,
-        );
-    }
-    retry_after
+    interval("retry_after", retry_after).expect("the rule refuses NULL")
 }
 
 /// A value that must be present (the result of complete_key, the error of fail_key).
@@ -454,5 +489,19 @@ pub fn notify_payload(notify: Option<&str>) -> Payload {
             format!("notify must be 'digest' or 'key', got '{other}'"),
             hint,
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every interval the extension checks has a rule that reads (a unit it knows, enums it
+    /// knows), so that no call finds out at its first bad argument.
+    #[test]
+    fn every_interval_rule_reads() {
+        for name in ["lease", "wait", "ttl", "stale", "retry_after"] {
+            assert!(super::interval_rule(name).most_micros() > 0, "{name}");
+        }
+        assert_eq!(super::interval_rule("lease").most_micros(), super::DAY);
+        assert_eq!(super::interval_rule("ttl").most_micros(), 100 * super::YEAR);
     }
 }

@@ -1,0 +1,94 @@
+//! The rules of interval arguments (src/api/argument_rules.json), in both editions: each
+//! call refuses what its argument's rule refuses, with the rule's SQLSTATE, message and
+//! hint, the extension's args.rs and the SQL edition's usable_interval alike, both read
+//! from that one table.
+
+use anyhow::{ensure, Context, Result};
+use pg_once_multi::{admin, fresh_key};
+use serde_json::Value;
+
+const RULES: &str = include_str!("../../../src/api/argument_rules.json");
+
+/// A call that takes the interval argument `name`, with `{}` where its value goes.
+fn call_taking(name: &str, key: &str) -> String {
+    match name {
+        "lease" => format!("SELECT * FROM once.claim_key('{key}', lease => {{}})"),
+        "wait" => format!("SELECT * FROM once.claim_key('{key}', wait => {{}})"),
+        "ttl" => format!("SELECT once.complete_key('{key}', 1, '1', ttl => {{}})"),
+        "stale" => format!("SELECT once.refresh_key('{key}', stale => {{}})"),
+        "retry_after" => format!("SELECT once.fail_key('{key}', 1, 'e', retry_after => {{}})"),
+        other => panic!("no call taking {other}: add one here"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_interval_argument_is_refused_as_its_rule_says() -> Result<()> {
+    let client = admin().await?;
+    let rules: Value = serde_json::from_str(RULES)?;
+    let rules = rules["intervals"].as_array().context("intervals")?;
+    ensure!(rules.len() >= 5, "{} rules", rules.len());
+    let mut wrong = Vec::new();
+    for rule in rules {
+        let name = rule["name"].as_str().context("name")?;
+        let hint = rule["hint"].as_str().context("hint")?;
+        let most = rule["most"].as_str().context("most")?;
+        let nullable = rule["null"] == "allowed";
+        let positive = rule["least"] == "positive";
+        let call = call_taking(name, &fresh_key("argument-rules"));
+        // (value, the SQLSTATE its rule raises or "" for none, the message's start)
+        let mut cases: Vec<(String, &str, String)> = vec![
+            (
+                "'-1 second'".into(),
+                "22023",
+                if positive {
+                    let or_null = if nullable { " or NULL" } else { "" };
+                    format!("{name} must be positive{or_null}, got ")
+                } else {
+                    format!("{name} must not be negative, got ")
+                },
+            ),
+            (
+                "'0'".into(),
+                if positive { "22023" } else { "" },
+                format!("{name} must be positive"),
+            ),
+            (
+                format!("'{most}'::interval + '1 second'"),
+                "22023",
+                format!("{name} must be at most {most}, got "),
+            ),
+        ];
+        if !nullable {
+            cases.push(("NULL".into(), "22004", format!("{name} must not be NULL")));
+        }
+        for (value, code, message) in cases {
+            let sql = call.replace("{}", &value);
+            match client.simple_query(&sql).await {
+                Err(e) => {
+                    let db = e.as_db_error().context("a server error")?;
+                    if code.is_empty() && db.message().starts_with(&message) {
+                        wrong.push(format!(
+                            "{sql}: refused ({}), which its rule allows",
+                            db.message()
+                        ));
+                    } else if !code.is_empty()
+                        && (db.code().code() != code
+                            || !db.message().starts_with(&message)
+                            || db.hint() != Some(hint))
+                    {
+                        wrong.push(format!(
+                            "{sql}: {} {} (hint {:?}); the rule says {code} {message}...",
+                            db.code().code(),
+                            db.message(),
+                            db.hint()
+                        ));
+                    }
+                }
+                Ok(_) if !code.is_empty() => wrong.push(format!("{sql}: accepted")),
+                Ok(_) => {}
+            }
+        }
+    }
+    ensure!(wrong.is_empty(), "{}", wrong.join("\n"));
+    Ok(())
+}
