@@ -85,10 +85,10 @@ case $suite in
             --test attacks --test sweep --test counts --test argument_rules "$@" ;;
     python)
         venv=${PG_ONCE_PY_VENV:-${PG_ONCE_WORK:-/var/tmp/pg_once}/py-venv}
-        if [ ! -x "$venv/bin/python" ]; then
-            python3 -m venv "$venv"
+        [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+        # A virtualenv made before the test extra had pytest-xdist gets it too.
+        "$venv/bin/python" -c "import pg_once, xdist" 2>/dev/null ||
             "$venv/bin/pip" install --quiet --disable-pip-version-check "./clients/python[test]" "psycopg[binary]"
-        fi
         # Four at a time: the tests mostly wait (on leases, ttls, NOTIFY), so this takes a
         # third of the time. The ones marked serial close or fail over servers under the
         # others' feet, and run alone after them. Exit 5: the arguments selected no test
