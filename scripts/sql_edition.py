@@ -5,8 +5,9 @@ servers that load no C library. Run through scripts/sql-edition.sh DIR.
 The script is assembled, never written by hand as a whole, so that the rules exist once:
 - the tables, types, indexes and their COMMENTs are taken from sql/schema.sql, made
   re-runnable (IF NOT EXISTS), so that the edition's tables are the extension's;
-- the rules of interval arguments are src/api/argument_rules.json's, written in where
-  `{{interval_rules}}` stands (once_internal.usable_interval), as args.rs reads them;
+- the rules of interval and integer arguments are src/api/argument_rules.json's, written
+  in where `{{interval_rules}}` and `{{integer_rules}}` stand (once_internal.usable_interval,
+  usable_integer), as args.rs reads them;
 - the control flow is sql/edition/*.sql (PL/pgSQL), where `{{sql:NAME}}` stands for the
   statement src/protocol/sql/NAME.sql, spliced with its rules by the extension's own
   splicer (the pg_once_splice crate in splice/, run as `splice-statements`: comment lines
@@ -65,15 +66,26 @@ def interval_rules():
             f"    hint := {quoted(r['hint'])};" for r in rules]
 
 
+def integer_rules():
+    """src/api/argument_rules.json's integer rules as the WHEN arms of
+    once_internal.usable_integer's CASE (args.rs reads the same file)."""
+    rules = json.loads((ROOT / "src/api/argument_rules.json").read_text())["integers"]
+    quoted = lambda text: "'" + text.replace("'", "''") + "'"
+    number = lambda n: "NULL" if n is None else str(int(n))
+    return [f"WHEN {quoted(r['name'])} THEN nullable := {str(r['null'] == 'allowed').lower()}; "
+            f"low := {number(r['least'])}; high := {number(r['most'])};\n"
+            f"    hint := {quoted(r['hint'])};" for r in rules]
+
+
 def expand(text):
     def one(m):
         indent = m.group(1)
         return indent + statement(m.group(2)).replace("\n", "\n" + indent)
 
     def rules(m):
-        indent = m.group(1)
-        return "\n".join(indent + arm.replace("\n", "\n" + indent) for arm in interval_rules())
-    text = re.sub(r"^([ \t]*)\{\{interval_rules\}\}", rules, text, flags=re.M)
+        indent, arms = m.group(1), {"interval": interval_rules, "integer": integer_rules}[m.group(2)]()
+        return "\n".join(indent + arm.replace("\n", "\n" + indent) for arm in arms)
+    text = re.sub(r"^([ \t]*)\{\{(interval|integer)_rules\}\}", rules, text, flags=re.M)
     return re.sub(r"^([ \t]*)\{\{sql:([a-z_]+)\}\}", one, text, flags=re.M)
 
 

@@ -35,21 +35,37 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION once_internal.usable_token(token bigint) RETURNS bigint
+-- An integer argument checked by its rule (args::integer): src/api/argument_rules.json's
+-- integers, written in where `integer_rules` stands, as for usable_interval.
+CREATE OR REPLACE FUNCTION once_internal.usable_integer(value bigint, name text) RETURNS bigint
     LANGUAGE plpgsql IMMUTABLE
     SET search_path = pg_catalog, pg_temp
     AS $$
+DECLARE
+    nullable boolean;
+    low bigint;
+    high bigint;
+    hint text;
 BEGIN
-    IF token IS NULL THEN
-        RAISE EXCEPTION 'token must not be NULL' USING ERRCODE = 'null_value_not_allowed',
-            HINT = 'Pass the token that claim_key returned with outcome ''claimed''.';
-    ELSIF token <= 0 THEN
-        RAISE EXCEPTION 'token must be positive, got %', token USING ERRCODE = 'invalid_parameter_value',
-            HINT = 'Pass the token that claim_key returned with outcome ''claimed''.';
+    CASE name
+        {{integer_rules}}
+    END CASE;
+    IF value IS NULL THEN
+        IF nullable THEN RETURN NULL; END IF;
+        RAISE EXCEPTION '% must not be NULL', name USING ERRCODE = 'null_value_not_allowed', HINT = hint;
+    ELSIF high IS NOT NULL AND value NOT BETWEEN low AND high THEN
+        RAISE EXCEPTION '% must be between % and %, got %', name, low, high, value
+            USING ERRCODE = 'invalid_parameter_value', HINT = hint;
+    ELSIF high IS NULL AND value < low THEN
+        RAISE EXCEPTION '% must be positive, got %', name, value
+            USING ERRCODE = 'invalid_parameter_value', HINT = hint;
     END IF;
-    RETURN token;
+    RETURN value;
 END
 $$;
+
+-- An earlier edition's usable_token(token), now usable_integer(token, 'token').
+DROP FUNCTION IF EXISTS once_internal.usable_token(bigint);
 
 -- An earlier edition's usable_interval, which took its rule as arguments.
 DROP FUNCTION IF EXISTS once_internal.usable_interval(interval, text, text, boolean, interval, text, boolean);
@@ -645,7 +661,7 @@ AS $$
 DECLARE
     key_hash bytea := once.key_hash(once_internal.usable_key(complete_key.key, 'complete_key'));
     key text := complete_key.key;
-    token bigint := once_internal.usable_token(complete_key.token);
+    token bigint := once_internal.usable_integer(complete_key.token, 'token');
     result jsonb := complete_key.result;
     ttl interval := complete_key.ttl;
     stale interval := complete_key.stale;
@@ -692,7 +708,7 @@ AS $$
 <<param>>
 DECLARE
     key_hash bytea := once.key_hash(once_internal.usable_key(fail_key.key, 'fail_key'));
-    token bigint := once_internal.usable_token(fail_key.token);
+    token bigint := once_internal.usable_integer(fail_key.token, 'token');
     error text := fail_key.error;
     retry_after interval := fail_key.retry_after;
     holder oid := once_internal.token_holder();
@@ -765,7 +781,7 @@ BEGIN
     FOREACH k IN ARRAY keys LOOP
         PERFORM once_internal.usable_key(k, 'complete_keys');
     END LOOP;
-    PERFORM once_internal.usable_token(t) FROM unnest(tokens) t;
+    PERFORM once_internal.usable_integer(t, 'token') FROM unnest(tokens) t;
     PERFORM once_internal.check_policy(ttl, stale, beta, jitter);
     key_hashes := ARRAY(SELECT once.key_hash(k) FROM unnest(keys) k);
     RETURN QUERY
@@ -785,7 +801,7 @@ AS $$
 <<param>>
 DECLARE
     key_hash bytea := once.key_hash(once_internal.usable_key(heartbeat_key.key, 'heartbeat_key'));
-    token bigint := once_internal.usable_token(heartbeat_key.token);
+    token bigint := once_internal.usable_integer(heartbeat_key.token, 'token');
     lease interval := once_internal.usable_interval(heartbeat_key.lease, 'lease');
     holder oid := once_internal.token_holder();
     extended timestamptz;
@@ -808,7 +824,7 @@ AS $$
 <<param>>
 DECLARE
     key_hash bytea := once.key_hash(once_internal.usable_key(release_key.key, 'release_key'));
-    token bigint := once_internal.usable_token(release_key.token);
+    token bigint := once_internal.usable_integer(release_key.token, 'token');
     holder oid := once_internal.token_holder();
     done integer;
 BEGIN

@@ -87,20 +87,8 @@ BEGIN
 END
 $$;
 
--- args::max_attempts: NULL, or 1 to 1000.
-CREATE OR REPLACE FUNCTION once_internal.usable_max_attempts(n integer) RETURNS integer
-    LANGUAGE plpgsql IMMUTABLE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-BEGIN
-    IF n NOT BETWEEN 1 AND 1000 THEN
-        RAISE EXCEPTION 'max_attempts must be between 1 and 1000, got %', n
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Pass how many times a key may be tried before it stays failed, e.g. 5.';
-    END IF;
-    RETURN n;
-END
-$$;
+-- An earlier edition's usable_max_attempts(n), now usable_integer(n, 'max_attempts').
+DROP FUNCTION IF EXISTS once_internal.usable_max_attempts(integer);
 
 -- enqueue_key's and enqueue_keys' priority, run_at and refresh (args::required, args::run_at).
 CREATE OR REPLACE FUNCTION once_internal.check_enqueue(
@@ -160,7 +148,7 @@ BEGIN
     ELSIF name !~ '^[A-Za-z0-9_.:-]{1,63}$' THEN
         RAISE EXCEPTION 'invalid queue name "%"', name USING ERRCODE = 'invalid_parameter_value', HINT = name_hint;
     END IF;
-    PERFORM once_internal.usable_max_attempts(max_attempts);
+    PERFORM once_internal.usable_integer(max_attempts, 'max_attempts');
     IF max_attempts IS NULL THEN
         RAISE EXCEPTION 'max_attempts must not be NULL' USING ERRCODE = 'null_value_not_allowed',
             HINT = 'Pass how many times a key may be tried before it stays failed, e.g. 5.';
@@ -272,7 +260,7 @@ DECLARE
 BEGIN
     PERFORM once_internal.payload_size(payload, 'payload');
     queue_namespace := once_internal.require_queue(queue, 'enqueue_key');
-    PERFORM once_internal.usable_max_attempts(max_attempts);
+    PERFORM once_internal.usable_integer(max_attempts, 'max_attempts');
     PERFORM once_internal.check_enqueue(priority, run_at, refresh,
         'Pass true to recompute a key that has a fresh result, else false.');
     PERFORM once_internal.refuse_writes('enqueue_key');
@@ -378,7 +366,7 @@ BEGIN
     END IF;
     PERFORM once_internal.check_enqueue(priority, run_at, refresh,
         'Pass true to recompute keys that have a fresh result, else false.');
-    PERFORM once_internal.usable_max_attempts(max_attempts);
+    PERFORM once_internal.usable_integer(max_attempts, 'max_attempts');
     FOR i IN 1 .. n LOOP
         PERFORM once_internal.usable_key(keys[i], 'enqueue_keys');
     END LOOP;
@@ -468,7 +456,6 @@ LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    batch_hint constant text := 'Pass how many keys this worker can take at once, e.g. 1 or 10.';
     pid integer;
     started timestamptz;
     only_lease boolean;
@@ -484,11 +471,7 @@ BEGIN
             USING ERRCODE = 'string_data_right_truncation',
                   HINT = 'Name the worker briefly, e.g. its host and process: ''thumbnailer-7f9c:1234''.';
     END IF;
-    IF n IS NULL THEN
-        RAISE EXCEPTION 'n must not be NULL' USING ERRCODE = 'null_value_not_allowed', HINT = batch_hint;
-    ELSIF n NOT BETWEEN 1 AND 1000 THEN
-        RAISE EXCEPTION 'n must be between 1 and 1000, got %', n USING ERRCODE = 'invalid_parameter_value', HINT = batch_hint;
-    END IF;
+    PERFORM once_internal.usable_integer(n, 'n');
     PERFORM once_internal.usable_interval(wait, 'wait');
     SELECT o.pid, o.started, o.lease_only INTO pid, started, only_lease
       FROM once_internal.claim_owner(owner_pid) o;

@@ -46,19 +46,9 @@ pub fn named_key<'a>(key: Option<&'a str>, name: &str) -> &'a str {
     text
 }
 
-/// A fencing token handed out by claim_key or claim_next: positive, never NULL.
+/// A fencing token handed out by claim_key or claim_next (its rule: positive, never NULL).
 pub fn token(token: Option<i64>) -> i64 {
-    match token {
-        None => errors::null_argument(
-            "token",
-            "Pass the token that claim_key returned with outcome 'claimed'.",
-        ),
-        Some(t) if t <= 0 => errors::invalid_argument(
-            format!("token must be positive, got {t}"),
-            "Pass the token that claim_key returned with outcome 'claimed'.",
-        ),
-        Some(t) => t,
-    }
+    integer("token", token).expect("the rule refuses NULL")
 }
 
 /// How long a claim stays valid without a heartbeat (its rule: more than zero, at most
@@ -112,6 +102,17 @@ pub fn ttl(ttl: Option<Interval>) -> Option<Interval> {
 #[derive(serde::Deserialize)]
 struct ArgumentRules {
     intervals: Vec<IntervalRule>,
+    integers: Vec<IntegerRule>,
+}
+
+#[derive(serde::Deserialize)]
+struct IntegerRule {
+    name: String,
+    null: Null,
+    least: i64,
+    /// None: no bound above, and `least` is 1 ("must be positive").
+    most: Option<i64>,
+    hint: String,
 }
 
 #[derive(serde::Deserialize)]
@@ -155,17 +156,52 @@ impl IntervalRule {
     }
 }
 
-fn interval_rule(name: &str) -> &'static IntervalRule {
+fn rules() -> &'static ArgumentRules {
     static RULES: std::sync::OnceLock<ArgumentRules> = std::sync::OnceLock::new();
-    RULES
-        .get_or_init(|| {
-            serde_json::from_str(include_str!("argument_rules.json"))
-                .expect("argument_rules.json parses")
-        })
+    RULES.get_or_init(|| {
+        serde_json::from_str(include_str!("argument_rules.json"))
+            .expect("argument_rules.json parses")
+    })
+}
+
+fn interval_rule(name: &str) -> &'static IntervalRule {
+    rules()
         .intervals
         .iter()
         .find(|rule| rule.name == name)
         .unwrap_or_else(|| panic!("argument_rules.json has no interval {name:?}"))
+}
+
+fn integer_rule(name: &str) -> &'static IntegerRule {
+    rules()
+        .integers
+        .iter()
+        .find(|rule| rule.name == name)
+        .unwrap_or_else(|| panic!("argument_rules.json has no integer {name:?}"))
+}
+
+/// The integer argument `name`, checked by its rule of argument_rules.json.
+fn integer(name: &str, value: Option<i64>) -> Option<i64> {
+    let rule = integer_rule(name);
+    let Some(value) = value else {
+        if rule.null == Null::Allowed {
+            return None;
+        }
+        errors::null_argument(name, &rule.hint)
+    };
+    match rule.most {
+        Some(most) if !(rule.least..=most).contains(&value) => errors::invalid_argument(
+            format!(
+                "{name} must be between {} and {most}, got {value}",
+                rule.least
+            ),
+            &rule.hint,
+        ),
+        None if value < rule.least => {
+            errors::invalid_argument(format!("{name} must be positive, got {value}"), &rule.hint)
+        }
+        _ => Some(value),
+    }
 }
 
 /// The interval argument `name`, checked by its rule of argument_rules.json.
@@ -359,28 +395,14 @@ pub fn new_queue_name(name: Option<&str>) -> &str {
     name
 }
 
-/// How many times a queued key may be claimed: 1 to 1000.
+/// How many times a queued key may be claimed (its rule: NULL, the queue's, or 1 to 1000).
 pub fn max_attempts(max_attempts: Option<i32>) -> Option<i32> {
-    let n = max_attempts?;
-    if !(1..=1000).contains(&n) {
-        errors::invalid_argument(
-            format!("max_attempts must be between 1 and 1000, got {n}"),
-            "Pass how many times a key may be tried before it stays failed, e.g. 5.",
-        );
-    }
-    Some(n)
+    integer("max_attempts", max_attempts.map(i64::from)).map(|n| n as i32)
 }
 
-/// How many keys one claim_next call may take: 1 to 1000.
+/// How many keys one claim_next call may take (its rule: 1 to 1000).
 pub fn batch_size(n: Option<i32>) -> i32 {
-    let hint = "Pass how many keys this worker can take at once, e.g. 1 or 10.";
-    let Some(n) = n else {
-        errors::null_argument("n", hint)
-    };
-    if !(1..=1000).contains(&n) {
-        errors::invalid_argument(format!("n must be between 1 and 1000, got {n}"), hint);
-    }
-    n
+    integer("n", n.map(i64::from)).expect("the rule refuses NULL") as i32
 }
 
 /// How many keys one enqueue_keys call may enqueue: at most 1000, as claim_next's `n`, so
@@ -503,5 +525,10 @@ mod tests {
         }
         assert_eq!(super::interval_rule("lease").most_micros(), super::DAY);
         assert_eq!(super::interval_rule("ttl").most_micros(), 100 * super::YEAR);
+        for name in ["token", "max_attempts", "n"] {
+            let rule = super::integer_rule(name);
+            // Without a bound above the message says "positive": only right from 1.
+            assert!(rule.most.is_some() || rule.least == 1, "{name}");
+        }
     }
 }

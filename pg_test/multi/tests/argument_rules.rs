@@ -1,7 +1,7 @@
-//! The rules of interval arguments (src/api/argument_rules.json), in both editions: each
-//! call refuses what its argument's rule refuses, with the rule's SQLSTATE, message and
-//! hint, the extension's args.rs and the SQL edition's usable_interval alike, both read
-//! from that one table.
+//! The rules of interval and integer arguments (src/api/argument_rules.json), in both
+//! editions: each call refuses what its argument's rule refuses, with the rule's SQLSTATE,
+//! message and hint, the extension's args.rs and the SQL edition's usable_interval and
+//! usable_integer alike, both read from that one table.
 
 use anyhow::{ensure, Context, Result};
 use pg_once_multi::{admin, fresh_key};
@@ -17,6 +17,11 @@ fn call_taking(name: &str, key: &str) -> String {
         "ttl" => format!("SELECT once.complete_key('{key}', 1, '1', ttl => {{}})"),
         "stale" => format!("SELECT once.refresh_key('{key}', stale => {{}})"),
         "retry_after" => format!("SELECT once.fail_key('{key}', 1, 'e', retry_after => {{}})"),
+        "token" => format!("SELECT once.release_key('{key}', {{}})"),
+        "max_attempts" => {
+            format!("SELECT once.enqueue_key('{key}', NULL, 'default', max_attempts => {{}})")
+        }
+        "n" => "SELECT * FROM once.claim_next('default', n => {})".to_owned(),
         other => panic!("no call taking {other}: add one here"),
     }
 }
@@ -86,6 +91,55 @@ async fn every_interval_argument_is_refused_as_its_rule_says() -> Result<()> {
                 }
                 Ok(_) if !code.is_empty() => wrong.push(format!("{sql}: accepted")),
                 Ok(_) => {}
+            }
+        }
+    }
+    ensure!(wrong.is_empty(), "{}", wrong.join("\n"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_integer_argument_is_refused_as_its_rule_says() -> Result<()> {
+    let client = admin().await?;
+    let rules: Value = serde_json::from_str(RULES)?;
+    let rules = rules["integers"].as_array().context("integers")?;
+    ensure!(rules.len() >= 3, "{} rules", rules.len());
+    let mut wrong = Vec::new();
+    for rule in rules {
+        let name = rule["name"].as_str().context("name")?;
+        let hint = rule["hint"].as_str().context("hint")?;
+        let least = rule["least"].as_i64().context("least")?;
+        let most = rule["most"].as_i64();
+        let call = call_taking(name, &fresh_key("argument-rules"));
+        let range = |v: i64| match most {
+            Some(most) => format!("{name} must be between {least} and {most}, got {v}"),
+            None => format!("{name} must be positive, got {v}"),
+        };
+        let mut cases = vec![(format!("{}", least - 1), "22023", range(least - 1))];
+        if let Some(most) = most {
+            cases.push((format!("{}", most + 1), "22023", range(most + 1)));
+        }
+        if rule["null"] != "allowed" {
+            cases.push(("NULL".into(), "22004", format!("{name} must not be NULL")));
+        }
+        for (value, code, message) in cases {
+            let sql = call.replace("{}", &value);
+            match client.simple_query(&sql).await {
+                Ok(_) => wrong.push(format!("{sql}: accepted")),
+                Err(e) => {
+                    let db = e.as_db_error().context("a server error")?;
+                    if db.code().code() != code
+                        || db.message() != message
+                        || db.hint() != Some(hint)
+                    {
+                        wrong.push(format!(
+                            "{sql}: {} {} (hint {:?}); the rule says {code} {message}",
+                            db.code().code(),
+                            db.message(),
+                            db.hint()
+                        ));
+                    }
+                }
             }
         }
     }
