@@ -16,6 +16,14 @@
 #                ones; ARGUMENTS go to pytest)
 #   node         the Node client's suite (node --test)
 #   rust         the Rust client's suite (cargo test)
+#   soak         the invariant soak (tools' soak: random operations, killed connections,
+#                every invariant checked); ARGUMENTS go to it, e.g. --seconds 20
+#   http         the HTTP scenarios: every idempotency middleware's example service under
+#                its real server, two instances each (clients/conformance/http; python's
+#                virtualenv, with the services' requirements)
+#   dashboard    pg-once-ui's unit tests, then the dashboard in Chromium (Playwright for
+#                Python, driving /usr/bin/chromium or PG_ONCE_CHROMIUM; port PG_ONCE_UI_PORT
+#                and the three after it; PG_ONCE_TLS_DSN adds its TLS test)
 #
 # The server: PG_ONCE_DSN, a libpq key=value string of a superuser's connection (default:
 # "host=127.0.0.1 port=5432 user=postgres dbname=postgres"), with pg_once installed
@@ -29,7 +37,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PG_ONCE_DSN=${PG_ONCE_DSN:-host=127.0.0.1 port=5432 user=postgres dbname=postgres}
-suite=${1:?"usage: $0 regress|isolation|multi|python|node|rust [ARGUMENTS...]"}
+suite=${1:?"usage: $0 regress|isolation|multi|python|node|rust|soak|http|dashboard [ARGUMENTS...]"}
 shift
 
 # conninfo_field DSN KEY [DEFAULT]: one field of a key=value connection string (values
@@ -109,7 +117,29 @@ case $suite in
         grep -E '^# (pass|fail)' "$log" ;;
     rust)
         cargo test -p pg_once_client --features http --quiet "$@" ;;
+    soak)
+        cargo run --quiet -p pg_once_tools --bin soak -- "$@" | tail -25 ;;
+    http)
+        venv=${PG_ONCE_PY_VENV:-${PG_ONCE_WORK:-/var/tmp/pg_once}/py-venv}
+        [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+        "$venv/bin/python" -c "import pg_once, uvicorn, gunicorn" 2>/dev/null ||
+            "$venv/bin/pip" install --quiet --disable-pip-version-check "./clients/python[test]" \
+                "psycopg[binary]" -r clients/conformance/http/requirements.txt
+        "$venv/bin/python" -m pytest -q -p no:cacheprovider clients/conformance/http "$@" ;;
+    dashboard)
+        cargo test --quiet -p pg_once_ui          # its unit tests
+        cargo build --quiet -p pg_once_ui         # the binary the browser tests run
+        venv=${PG_ONCE_WORK:-/var/tmp/pg_once}/ui-venv
+        [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+        # Playwright drives /usr/bin/chromium: no `playwright install` of its own browsers.
+        "$venv/bin/pip" install --quiet --disable-pip-version-check 'playwright>=1.40,<2' 'pytest>=7,<9'
+        target=$(cargo metadata --format-version 1 --no-deps |
+            python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+        # PG_ONCE_UI_SCREENSHOTS=docs/dashboard rewrites the screenshots.
+        PG_ONCE_PSQL=${PG_ONCE_PSQL:-$(command -v psql || echo "${PG_BINDIR:-$("${PG_CONFIG:-pg_config}" --bindir)}/psql")} \
+            PG_ONCE_UI_BIN=$target/debug/pg-once-ui \
+            "$venv/bin/python" -m pytest -q -p no:cacheprovider ui/tests "$@" ;;
     *)
-        echo "$0: no suite $suite (regress, isolation, multi, python, node, rust)" >&2
+        echo "$0: no suite $suite (regress, isolation, multi, python, node, rust, soak, http, dashboard)" >&2
         exit 2 ;;
 esac

@@ -311,7 +311,7 @@ run_server_tests() {
 
     if step 5; then
         say "5/9 invariant soak, $name server, $soak_seconds s"
-        cargo run --quiet -p pg_once_tools --bin soak -- --seconds "$soak_seconds" | tail -25
+        ./scripts/suite.sh soak --seconds "$soak_seconds"
     fi
 
     # The client suites run against the preloaded server (direct, through PgBouncer, over
@@ -369,7 +369,7 @@ run_server_tests() {
             # differs between server versions.
             say "6/9 idempotent HTTP requests, $name server: every middleware's example service"
             PG_ONCE_DSN="host=127.0.0.1 port=$port user=postgres dbname=postgres" \
-                "$py_venv/bin/python" -m pytest -q -p no:cacheprovider clients/conformance/http
+                PG_ONCE_PY_VENV=$py_venv ./scripts/suite.sh http
         fi
     fi
 
@@ -391,18 +391,7 @@ run_server_tests() {
             # TLS as in step 6 (which made it, unless it did not run): role once_tls only
             # over TLS verified against a private CA.
             [ -n "${PG_ONCE_TLS_DSN:-}" ] || cluster_tls "$name" "$port" once_tls
-            cargo test --quiet -p pg_once_ui          # its unit tests
-            cargo build --quiet -p pg_once_ui         # the binary the browser tests run
-            local ui_venv=$PG_ONCE_WORK/ui-venv target
-            [ -x "$ui_venv/bin/python" ] || python3 -m venv "$ui_venv"
-            # Playwright drives /usr/bin/chromium: no `playwright install` of its own browsers.
-            "$ui_venv/bin/pip" install --quiet --disable-pip-version-check 'playwright>=1.40,<2' 'pytest>=7,<9'
-            target=$(cargo metadata --format-version 1 --no-deps |
-                python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
-            # PG_ONCE_UI_SCREENSHOTS=docs/dashboard (from the caller) rewrites the screenshots.
-            PG_ONCE_PSQL=$PG_BIN/psql PG_ONCE_UI_BIN=$target/debug/pg-once-ui \
-                PG_ONCE_UI_PORT=$(port_of "$name-ui") \
-                "$ui_venv/bin/python" -m pytest -q -p no:cacheprovider ui/tests
+            PG_ONCE_PSQL=$PG_BIN/psql PG_ONCE_UI_PORT=$(port_of "$name-ui") ./scripts/suite.sh dashboard
         fi
     fi
     pgbouncer_stop "$name-bouncer"
