@@ -109,7 +109,7 @@ for (const setup of setups) {
         let attempts = 0;
         const boom = async () => {
           attempts += 1;
-          await sleep(300);
+          await sleep(COMPUTE_MS);
           throw new Error('upstream returned 503');
         };
         let answer = await timed(reader.getOrCompute(key, boom, { ttl: 60, stale: 60, retryAfter: 0 }));
@@ -123,7 +123,7 @@ for (const setup of setups) {
         // visible to the query above.
         await waitUntil(() => errors.some((e) => /refreshing .* failed/.test(e.message)), 5_000, 'the failure reaches onError');
         // Still the old value, at once; this caller draws the next refresh, which succeeds.
-        answer = await timed(later.getOrCompute(key, async () => { await sleep(300); return 'v2'; }, { ttl: 60, stale: 60 }));
+        answer = await timed(later.getOrCompute(key, async () => { await sleep(COMPUTE_MS); return 'v2'; }, { ttl: 60, stale: 60 }));
         assert.equal(answer.value, 'v1');
         assert.ok(answer.ms < AT_ONCE_MS);
         await waitUntil(() => stored(key, 'v2'), 10_000, 'the second refresh stored v2');
@@ -158,18 +158,19 @@ for (const setup of setups) {
         const starts = [];
         const compute = async () => {
           starts.push(Date.now());
-          await sleep(400); // the delta pg_once measures (claim to completion)
+          await sleep(COMPUTE_MS); // the delta pg_once measures (claim to completion)
           return starts.length;
         };
-        const options = { ttl: 3, beta: 10 };
+        const options = { ttl: 15, beta: 10 };
         assert.equal(await client.getOrCompute(key, compute, options), 1);
         const expiry = Date.now() + options.ttl * 1000;
         // XFetch: a hit at t refreshes with probability exp(-(expiry - t) / (beta * delta)),
-        // here at least exp(-3 / 4) = 0.47 a call: about 40 calls leave no room for chance.
-        while (starts.length < 2 && Date.now() < expiry - 800) {
+        // here at least exp(-15 / 20) = 0.47 a call: dozens of calls leave no room for chance.
+        // Stop early enough for the refresh to land before expiry.
+        while (starts.length < 2 && Date.now() < expiry - COMPUTE_MS - 1500) {
           const answer = await timed(client.getOrCompute(key, compute, options));
           assert.equal(answer.value, 1);
-          assert.ok(answer.ms < 300, 'a caller waited for the early refresh');
+          assert.ok(answer.ms < AT_ONCE_MS, `a caller waited ${answer.ms} ms for the early refresh`);
           await sleep(50);
         }
         assert.equal(starts.length, 2, 'no early refresh before expiry');
@@ -225,15 +226,15 @@ for (const setup of setups) {
       let computed = 0;
       const page = filler.cached(async () => {
         computed += 1;
-        await sleep(300 * (computed - 1));
+        await sleep(COMPUTE_MS * (computed - 1));
         return computed;
       }, { key: () => key, ttl: 0.5, stale: 60 });
       assert.equal(await page(), 1);
       await sleep(700);
       const answer = await timed(page());
       assert.equal(answer.value, 1); // stale, at once; the refresh runs in the background
-      assert.ok(answer.ms < 250);
-      await waitUntil(async () => (await page()) === 2, 5000, 'the background refresh replaced the value');
+      assert.ok(answer.ms < AT_ONCE_MS, `answered after ${answer.ms} ms`);
+      await waitUntil(async () => (await page()) === 2, COMPUTE_MS + 8000, 'the background refresh replaced the value');
     });
 
     test('freshness options are checked before anything is claimed', LIMIT, async () => {
