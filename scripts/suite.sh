@@ -90,7 +90,7 @@ case $suite in
     multi)
         cargo test -p pg_once_multi --quiet --test protocol --test wakeups --test queue \
             --test pooling --test namespaces --test freshness --test announcements \
-            --test attacks --test sweep --test counts --test argument_rules "$@" ;;
+            --test attacks --test sweep --test counts --test argument_rules --test held_rows "$@" ;;
     python)
         venv=${PG_ONCE_PY_VENV:-${PG_ONCE_WORK:-/var/tmp/pg_once}/py-venv}
         [ -x "$venv/bin/python" ] || python3 -m venv "$venv"

@@ -579,7 +579,7 @@ else
         PG_ONCE_SUPERUSER_DSN="host=127.0.0.1 port=$PORT user=postgres dbname=attacks" \
         PG_ONCE_EDITION_SCRIPT="$OUT/pg_once_sql.sql" \
         cargo test -p pg_once_multi --quiet --test attacks --test sweep --test token_draws \
-            --test claim_decision --test argument_rules)
+            --test claim_decision --test argument_rules --test held_rows)
     say "SQL edition: an asynchronous failover (pg_test/multi failover.rs)"
     # The extension's test of tokens on a new timeline (test.sh step 4), against the
     # edition's next_token: a standby that misses the last WAL is promoted, and the

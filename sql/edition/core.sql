@@ -413,6 +413,13 @@ BEGIN
                 seen_state := e.state::text;
                 keep_result := decision <> 'take';
                 gone_reason := CASE WHEN owner_seen <> 'alive' THEN owner_seen END;
+                -- An early refresh is one the caller can do without (losing it is a hit):
+                -- it never waits for another transaction's lock on the row, as the
+                -- extension, which reads the row's header, never does. 1 ms, lock_timeout's
+                -- least.
+                IF decision = 'early_refresh' THEN
+                    PERFORM set_config('lock_timeout', '1', true);
+                END IF;
                 c := NULL;
                 BEGIN
                     {{sql:take_claim}}
