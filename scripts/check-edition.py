@@ -41,7 +41,7 @@ EDITION_ONLY = {
     'Valid units are "kB", "MB", "GB" and "TB".',
 }
 ITEM = r"(?:pub(?:\([a-z]+\))?\s+)?(?:const\s+|unsafe\s+|async\s+)*(?:fn|const|static|struct|enum|trait|type|mod)\s+{}\b"
-# Variants of an enum are items too (`StaleRule::refreshing` names a method, but
+# Variants of an enum are items too (`Seen::mismatches` names a method, but
 # `Outcome::Claimed` would name a variant).
 VARIANT = r"^\s*{}\b\s*[({{,]"
 

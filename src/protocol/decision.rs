@@ -60,7 +60,7 @@ pub struct Caller {
     pub serve_stale: bool,
 }
 
-/// Whether a running key's owner is still there (claim::running_owner_status).
+/// Whether a running key's owner is still there (what claim::Look::owner observes).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum OwnerStatus {
     Alive,
@@ -282,6 +282,11 @@ mod tests {
         for v in &vectors {
             let decision = decide(v.seen.as_ref(), v.caller, &mut Given(v));
             assert_eq!(decision.label(), v.decision, "{}", v.name);
+            // A takeover records why its owner is gone: the reason the look observed.
+            if let Decision::Take { gone, .. } = decision {
+                let observed = v.owner.as_deref().filter(|o| *o != "alive");
+                assert_eq!(gone, observed, "{}", v.name);
+            }
         }
     }
 }
