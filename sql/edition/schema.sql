@@ -194,6 +194,21 @@ DECLARE
 BEGIN
     GET DIAGNOSTICS stack = PG_CONTEXT;
     frames := string_to_array(stack, E'\n');
+    -- The wrapper's call is a simple expression, which shows no frame of its own; after a
+    -- subtransaction that aborted in the same statement (an error a PL/pgSQL block caught)
+    -- PL/pgSQL evaluates it through the executor, which adds one. Skipped only when it is
+    -- the wrapper's own text whole (scripts/sql_edition.py writes it): one line, so no
+    -- forged frame can follow it, and then the frame after it must still be the wrapper.
+    IF starts_with(coalesce(frames[3], ''), 'SQL expression "') THEN
+        IF frames[3] IN (SELECT format('SQL expression "once_internal.%s(%s)%s"', p.proname,
+                                       array_to_string(ARRAY['current_user'] || ARRAY(
+                                           SELECT '$' || i FROM generate_series(1, p.pronargs) i), ', '),
+                                       suffix)
+                           FROM pg_proc p, (VALUES (''), (' IS NULL')) v(suffix)
+                          WHERE p.oid = wrapper) THEN
+            frames := frames[1:2] || frames[4:];
+        END IF;
+    END IF;
     IF NOT starts_with(coalesce(frames[3], ''),
                        split_part(frames[1], 'once_internal.vouch(name,regprocedure)', 1)
                        || wrapper::text || ' ') THEN
