@@ -146,8 +146,11 @@ pub fn attempt(
             Decision::Mismatch => Claim::Mismatch,
             Decision::Hit => hit(entry),
             Decision::EarlyRefresh => {
-                // Losing the race for it, or meeting another transaction's lock, is a hit.
-                match take_claim(key, &entry, lease, owner, None, budget, true, fingerprint) {
+                // Losing the race for it, or meeting another transaction's lock, is a hit:
+                // a refresh the caller can do without never waits for a lock (1 ms, as the
+                // SQL edition's lock_timeout), whatever its `wait`.
+                let at_once = LockBudget(1);
+                match take_claim(key, &entry, lease, owner, None, at_once, true, fingerprint) {
                     Ok(Some(taken)) => refreshing(taken, entry, serve_stale),
                     _ => hit(entry),
                 }
