@@ -14,7 +14,7 @@
 #                kill, stop or promote servers: scripts/test.sh runs those)
 #   python       the Python client's suite (pytest, four tests at a time, then the serial
 #                ones; ARGUMENTS go to pytest)
-#   node         the Node client's suite (node --test)
+#   node         the Node client's suite (node --test, four files at a time: PG_ONCE_NODE_FILES)
 #   rust         the Rust client's suite (cargo test)
 #   soak         the invariant soak (tools' soak: random operations, killed connections,
 #                every invariant checked); ARGUMENTS go to it, e.g. --seconds 20
@@ -97,12 +97,12 @@ case $suite in
         # A virtualenv made before the test extra had pytest-xdist gets it too.
         "$venv/bin/python" -c "import pg_once, xdist" 2>/dev/null ||
             "$venv/bin/pip" install --quiet --disable-pip-version-check "./clients/python[test]" "psycopg[binary]"
-        # Four at a time: the tests mostly wait (on leases, ttls, NOTIFY), so this takes a
-        # third of the time. The ones marked serial close or fail over servers under the
+        # Four at a time (PG_ONCE_PY_WORKERS): the tests mostly wait (on leases, ttls,
+        # NOTIFY), so this takes a third of the time. The ones marked serial close or fail over servers under the
         # others' feet, and run alone after them. Exit 5: the arguments selected no test
         # of that half.
         pytest() { "$venv/bin/python" -m pytest -q -p no:cacheprovider clients/python/tests "$@" || [ $? = 5 ]; }
-        pytest -n 4 -m "not serial" "$@"
+        pytest -n "${PG_ONCE_PY_WORKERS:-4}" -m "not serial" "$@"
         pytest -m serial "$@" ;;
     node)
         [ -d clients/node/node_modules ] || (cd clients/node && npm ci --silent --no-audit --no-fund)
