@@ -165,30 +165,34 @@ fn rules() -> &'static ArgumentRules {
 }
 
 fn interval_rule(name: &str) -> &'static IntervalRule {
-    rules()
-        .intervals
-        .iter()
-        .find(|rule| rule.name == name)
-        .unwrap_or_else(|| panic!("argument_rules.json has no interval {name:?}"))
+    named(&rules().intervals, name, |rule| &rule.name)
 }
 
 fn integer_rule(name: &str) -> &'static IntegerRule {
-    rules()
-        .integers
+    named(&rules().integers, name, |rule| &rule.name)
+}
+
+/// The rule of argument `name` among `rules` (a missing one is this crate's bug).
+fn named<'a, R>(rules: &'a [R], name: &str, name_of: impl Fn(&R) -> &str) -> &'a R {
+    rules
         .iter()
-        .find(|rule| rule.name == name)
-        .unwrap_or_else(|| panic!("argument_rules.json has no integer {name:?}"))
+        .find(|rule| name_of(rule) == name)
+        .unwrap_or_else(|| panic!("argument_rules.json has no rule for {name:?}"))
+}
+
+/// `value`, or None where the rule allows NULL; a NULL the rule refuses is 22004.
+fn present<T>(name: &str, value: Option<T>, null: &Null, hint: &str) -> Option<T> {
+    match value {
+        None if *null == Null::Allowed => None,
+        None => errors::null_argument(name, hint),
+        value => value,
+    }
 }
 
 /// The integer argument `name`, checked by its rule of argument_rules.json.
 fn integer(name: &str, value: Option<i64>) -> Option<i64> {
     let rule = integer_rule(name);
-    let Some(value) = value else {
-        if rule.null == Null::Allowed {
-            return None;
-        }
-        errors::null_argument(name, &rule.hint)
-    };
+    let value = present(name, value, &rule.null, &rule.hint)?;
     match rule.most {
         Some(most) if !(rule.least..=most).contains(&value) => errors::invalid_argument(
             format!(
@@ -207,12 +211,7 @@ fn integer(name: &str, value: Option<i64>) -> Option<i64> {
 /// The interval argument `name`, checked by its rule of argument_rules.json.
 fn interval(name: &str, value: Option<Interval>) -> Option<Interval> {
     let rule = interval_rule(name);
-    let Some(value) = value else {
-        if rule.null == Null::Allowed {
-            return None;
-        }
-        errors::null_argument(name, &rule.hint)
-    };
+    let value = present(name, value, &rule.null, &rule.hint)?;
     let micros = value.as_micros();
     if rule.least == Least::Positive && micros <= 0 {
         let or_null = if rule.null == Null::Allowed {
