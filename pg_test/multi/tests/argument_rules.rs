@@ -9,7 +9,7 @@ use serde_json::Value;
 
 const RULES: &str = include_str!("../../../src/api/argument_rules.json");
 
-/// A call that takes the interval argument `name`, with `{}` where its value goes.
+/// A call that takes the argument `name`, with `{}` where its value goes.
 fn call_taking(name: &str, key: &str) -> String {
     match name {
         "lease" => format!("SELECT * FROM once.claim_key('{key}', lease => {{}})"),
