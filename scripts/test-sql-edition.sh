@@ -576,9 +576,9 @@ if [ "${PG_ONCE_EDITION_ATTACKS:-1}" = 0 ]; then
 else
     cluster_psql "$NAME" "$PORT" -q -c "CREATE DATABASE attacks OWNER admin"
     (cd "$REPO_ROOT" &&
-        PG_ONCE_DSN="host=127.0.0.1 port=$PORT user=admin dbname=attacks" \
-        PG_ONCE_SUPERUSER_DSN="host=127.0.0.1 port=$PORT user=postgres dbname=attacks" \
-        PG_ONCE_EDITION_SCRIPT="$OUT/pg_once_sql.sql" \
+        export PG_ONCE_DSN="host=127.0.0.1 port=$PORT user=admin dbname=attacks" \
+            PG_ONCE_SUPERUSER_DSN="host=127.0.0.1 port=$PORT user=postgres dbname=attacks" \
+            PG_ONCE_EDITION_SCRIPT="$OUT/pg_once_sql.sql" &&
         cargo test -p pg_once_multi --quiet --test attacks --test sweep --test token_draws \
             --test claim_decision --test argument_rules --test held_rows &&
         cargo test -p pg_once_multi --quiet --test protocol a_claim_without_wait_looks_again)
