@@ -98,9 +98,9 @@ case $suite in
         "$venv/bin/python" -c "import pg_once, xdist" 2>/dev/null ||
             "$venv/bin/pip" install --quiet --disable-pip-version-check "./clients/python[test]" "psycopg[binary]"
         # Four at a time (PG_ONCE_PY_WORKERS): the tests mostly wait (on leases, ttls,
-        # NOTIFY), so this takes a third of the time. The ones marked serial close or fail over servers under the
-        # others' feet, and run alone after them. Exit 5: the arguments selected no test
-        # of that half.
+        # NOTIFY), so this takes a third of the time. The ones marked serial close or fail
+        # over servers under the others' feet, and run alone after them. Exit 5: the
+        # arguments selected no test of that half.
         pytest() { "$venv/bin/python" -m pytest -q -p no:cacheprovider clients/python/tests "$@" || [ $? = 5 ]; }
         pytest -n "${PG_ONCE_PY_WORKERS:-4}" -m "not serial" "$@"
         pytest -m serial "$@" ;;
