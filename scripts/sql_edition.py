@@ -56,25 +56,32 @@ def statement(name):
     return re.sub(r"\$([a-z_][a-z0-9_]*)", r"param.\1", spliced()[name])
 
 
+@functools.cache
+def argument_rules():
+    """src/api/argument_rules.json, which args.rs reads too."""
+    return json.loads((ROOT / "src/api/argument_rules.json").read_text())
+
+
+def rule_arm(rule, bounds):
+    """One WHEN arm of usable_interval's or usable_integer's CASE: `rule`, its `bounds`
+    assigned as the function names them."""
+    literal = sql_edition_tle.sql_literal
+    return (f"WHEN {literal(rule['name'])} THEN nullable := {str(rule['null'] == 'allowed').lower()}; "
+            f"{bounds}\n    hint := {literal(rule['hint'])};")
+
+
 def interval_rules():
-    """src/api/argument_rules.json's interval rules as the WHEN arms of
-    once_internal.usable_interval's CASE (the extension reads the same file: args.rs)."""
-    rules = json.loads((ROOT / "src/api/argument_rules.json").read_text())["intervals"]
-    quoted = lambda text: "'" + text.replace("'", "''") + "'"
-    return [f"WHEN {quoted(r['name'])} THEN nullable := {str(r['null'] == 'allowed').lower()}; "
-            f"positive := {str(r['least'] == 'positive').lower()}; most := {quoted(r['most'])};\n"
-            f"    hint := {quoted(r['hint'])};" for r in rules]
+    """The interval rules, as once_internal.usable_interval's CASE arms."""
+    return [rule_arm(r, f"positive := {str(r['least'] == 'positive').lower()}; "
+                        f"most := {sql_edition_tle.sql_literal(r['most'])};")
+            for r in argument_rules()["intervals"]]
 
 
 def integer_rules():
-    """src/api/argument_rules.json's integer rules as the WHEN arms of
-    once_internal.usable_integer's CASE (args.rs reads the same file)."""
-    rules = json.loads((ROOT / "src/api/argument_rules.json").read_text())["integers"]
-    quoted = lambda text: "'" + text.replace("'", "''") + "'"
+    """The integer rules, as once_internal.usable_integer's CASE arms."""
     number = lambda n: "NULL" if n is None else str(int(n))
-    return [f"WHEN {quoted(r['name'])} THEN nullable := {str(r['null'] == 'allowed').lower()}; "
-            f"low := {number(r['least'])}; high := {number(r['most'])};\n"
-            f"    hint := {quoted(r['hint'])};" for r in rules]
+    return [rule_arm(r, f"low := {number(r['least'])}; high := {number(r['most'])};")
+            for r in argument_rules()["integers"]]
 
 
 def expand(text):
