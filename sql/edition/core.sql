@@ -580,14 +580,15 @@ BEGIN
     -- caller would wait for an announcement that may never come. A key another
     -- transaction is inserting is answered at once, as the extension does.
     IF wait = '0' THEN
-        h := once.key_hash(claim_key.key);
         deadline := clock_timestamp() + interval '100 milliseconds';
         LOOP
             c := once_internal.claim_attempt(key, lease, pid, started, only_lease, '0', serve_stale,
                                              fingerprint);
             EXIT WHEN c.outcome <> 'wait' OR c.owner IS NOT NULL OR clock_timestamp() >= deadline
-                   OR pg_is_in_recovery()
-                   OR NOT EXISTS (SELECT 1 FROM once.entries e WHERE e.key_hash = h);
+                   OR pg_is_in_recovery();
+            -- Hashed only here, off the path of every answer given at once.
+            h := coalesce(h, once.key_hash(claim_key.key));
+            EXIT WHEN NOT EXISTS (SELECT 1 FROM once.entries e WHERE e.key_hash = h);
             PERFORM pg_sleep(0.01);  -- wait::SHORT_POLL_MICROS
         END LOOP;
         RETURN c;
