@@ -15,8 +15,9 @@
 # 5. every isolation spec (pg_test/isolation), against the extension's expected output;
 # 6. the extension's attack suite (pg_test/multi: attacks.rs, sweep.rs) against it, and
 #    its claim decision against the extension's vectors (claim_decision.rs), its interval
-#    arguments against the rules both editions read (argument_rules.rs), and protocol.rs's
-#    claim with wait => 0 that looks again while a lock passes.
+#    arguments against the rules both editions read (argument_rules.rs), and the claims
+#    with wait => 0 that look again while a row's lock (protocol.rs) or the table's
+#    (table_locks.rs) passes.
 # PG_ONCE_PG_BIN, PG_ONCE_WORK and PG_ONCE_TEST_PORT as for test.sh; test.sh step 3 runs
 # it on 15. The installation may hold the extension's library (test.sh installs it for
 # the other steps): this server never preloads it, and a non-superuser can declare no C
@@ -581,7 +582,8 @@ else
             PG_ONCE_EDITION_SCRIPT="$OUT/pg_once_sql.sql" &&
         cargo test -p pg_once_multi --quiet --test attacks --test sweep --test token_draws \
             --test claim_decision --test argument_rules --test held_rows &&
-        cargo test -p pg_once_multi --quiet --test protocol a_claim_without_wait_looks_again)
+        cargo test -p pg_once_multi --quiet --test protocol --test table_locks \
+            a_claim_without_wait_looks_again)
     say "SQL edition: an asynchronous failover (pg_test/multi failover.rs)"
     # The extension's test of tokens on a new timeline (test.sh step 4), against the
     # edition's next_token: a standby that misses the last WAL is promoted, and the

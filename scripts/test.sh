@@ -284,6 +284,8 @@ run_server_tests() {
             cargo test -p pg_once_multi --quiet --test crash --test tokens -- --test-threads=1
         # Sets the sequence back, as a restore does (docs/concepts.md, "Fencing tokens").
         cargo test -p pg_once_multi --quiet --test token_draws
+        # Locks once.entries, which blocks every other test's writes: alone.
+        cargo test -p pg_once_multi --quiet --test table_locks
         # An asynchronous failover with a zombie of the lost WAL: on one version (the
         # token's timeline comes from one call of the server, pg_compat for 14), on the
         # preloaded server, with a standby the test stops, promotes and throws away.

@@ -327,6 +327,8 @@ DECLARE
     e once.entries;
     c once.claim;
     old_timeout text := current_setting('lock_timeout');
+    lock_context text;
+    table_waited boolean := false;
     -- What the look saw (decision::Seen), and the facts claim_decision asked for.
     found_row boolean;
     fresh boolean;
@@ -382,7 +384,22 @@ BEGIN
                     {{sql:insert_claim}}
                     INTO c.token, c.lease_expires_at, c.attempts;
                 EXCEPTION WHEN lock_not_available THEN
-                    held := true;  -- another transaction is inserting it, uncommitted
+                    -- A wait for another transaction's row names the row, "(block,item)",
+                    -- in a context line of its own, above the statement's, in every
+                    -- language: another transaction is inserting the key, uncommitted, and
+                    -- is answered at once, as the extension (which reads the row's header)
+                    -- does. Any other lock is the table's (its extension by a concurrent
+                    -- insert, a LOCK TABLE): it passes in moments, and with wait => 0 the
+                    -- insert is tried once more for up to 100 ms (PASSING_LOCK_MICROS), as
+                    -- the extension's first look waits.
+                    GET STACKED DIAGNOSTICS lock_context = PG_EXCEPTION_CONTEXT;
+                    IF split_part(lock_context, E'\n', 1) !~ '^[^"]*\(\d+,\d+\)'
+                       AND budget = '0' AND NOT table_waited THEN
+                        table_waited := true;
+                        PERFORM set_config('lock_timeout', '100', true);
+                        CONTINUE look;
+                    END IF;
+                    held := true;
                     CONTINUE decide;
                 END;
                 IF c.token IS NULL THEN
