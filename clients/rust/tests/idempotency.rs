@@ -641,6 +641,7 @@ async fn two_callers_keys_never_meet() {
                 .headers_mut()
                 .insert("authorization", HeaderValue::from_static(who));
             let got = app.send(request).await;
+            assert_eq!(got.status, 201, "[{}] {who}", setup.name);
             assert!(!got.replayed(), "[{}] {who}", setup.name);
         }
         assert_eq!(app.runs(), 2);
