@@ -460,6 +460,8 @@ class OnceClient {
    * arrives later goes back to the pool.
    */
   async #retry(text, values, deadline, failed) {
+    // A pause that a loaded machine stretched past the deadline starts no attempt (R2).
+    if (Date.now() >= deadline) throw failed;
     const pending = this.#pool.connect();
     let client;
     try {

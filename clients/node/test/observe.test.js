@@ -31,8 +31,12 @@ for (const setup of setups.slice(0, 1)) {
       ]);
       await client.getOrCompute(key, () => 3);
       const elsewhere = freshKey('hook-waited');
-      const computing = other.getOrCompute(elsewhere, async () => { await sleep(300); return 1; });
-      await sleep(100);
+      // Another process claims it (its computation has started, so the claim is
+      // committed) and computes for a second, far longer than a claim takes: waited.
+      let started;
+      const claimed = new Promise((resolve) => { started = resolve; });
+      const computing = other.getOrCompute(elsewhere, async () => { started(); await sleep(1000); return 1; });
+      await claimed;
       await client.getOrCompute(elsewhere, () => 2);
       await computing;
       const fresh = freshKey('hook-stale');

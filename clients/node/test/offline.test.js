@@ -97,12 +97,21 @@ describe('retries', () => {
   });
 });
 
+// How late a call may end past its budget on a loaded machine: the scheduler, nothing
+// that grows with the budget.
+const SLACK_MS = 2000;
+
 describe('retry budget (R2)', () => {
-  // A pool whose every query fails as a lost connection does.
+  // A pool whose every query fails as a lost connection does. `sent`: when each attempt
+  // started; `secondAtOnce`: the second attempt came before the event loop turned once
+  // after the first (no pause between them, whatever the machine's load).
   const failingPool = () => {
-    const pool = { options: {}, sent: [], on() {} };
+    const pool = { options: {}, sent: [], secondAtOnce: null, on() {} };
+    let turned = false;
     pool.query = async () => {
       pool.sent.push(Date.now());
+      if (pool.sent.length === 1) setImmediate(() => { turned = true; });
+      if (pool.sent.length === 2) pool.secondAtOnce = !turned;
       throw Object.assign(new Error('Connection terminated unexpectedly'), {});
     };
     // Retries take a connection themselves, to bound their wait for it (R2).
@@ -112,13 +121,13 @@ describe('retry budget (R2)', () => {
 
   test('a statement is retried for connectTimeout, not 4 attempts, and not past it', async () => {
     const pool = failingPool();
-    const client = new OnceClient({ pool, listen: false, connectTimeout: 0.6, onError: () => {} });
+    const client = new OnceClient({ pool, listen: false, connectTimeout: 2, onError: () => {} });
     const started = Date.now();
     await assert.rejects(client.invalidate('k'), /Connection terminated/);
     const took = Date.now() - started;
     assert.ok(pool.sent.length > 4, `${pool.sent.length} attempts`);
-    assert.ok(took <= 600 + 300, `${took} ms`); // the budget, and a loaded machine's slack
-    assert.ok(pool.sent[1] - pool.sent[0] < 40, 'the second attempt goes at once');
+    assert.ok(took <= 2000 + SLACK_MS, `${took} ms`);
+    assert.equal(pool.secondAtOnce, true, 'the second attempt goes at once');
   });
 
   test("a claim is retried until the caller's wait, no longer", async () => {
@@ -130,9 +139,10 @@ describe('retry budget (R2)', () => {
       ? { rows: [{ installed: true, owner_session: true, claim_owner: true, claim_next_wait: true, freshness: true, fingerprint: true }] }
       : query(text, values));
     const started = Date.now();
-    await assert.rejects(client.getOrCompute('k', () => 1, { wait: 0.4 }), /Connection terminated/);
+    await assert.rejects(client.getOrCompute('k', () => 1, { wait: 1.5 }), /Connection terminated/);
     const took = Date.now() - started;
-    assert.ok(pool.sent.length > 2 && took <= 400 + 300, `${pool.sent.length} attempts in ${took} ms`);
+    assert.ok(pool.sent.length > 2, `${pool.sent.length} attempts`);
+    assert.ok(took <= 1500 + SLACK_MS, `${took} ms`);
   });
 });
 
@@ -162,7 +172,7 @@ describe("a retry's wait for a pooled connection (R2)", () => {
     const started = Date.now();
     await assert.rejects(client.getOrCompute('k', () => 1, { wait: 0.3 }), /Connection terminated/);
     const took = Date.now() - started;
-    assert.ok(took <= 300 + 500, `${took} ms`);
+    assert.ok(took <= 300 + SLACK_MS, `${took} ms`); // not the 3 s the connection takes
     assert.equal(released, 0); // the late connection goes back to the pool when it comes
   });
 });
