@@ -440,13 +440,8 @@ else
     say "SQL edition: the Python client's suite (sync), as the owner"
     suite_started=$SECONDS
     py_log=$PG_ONCE_WORK/$NAME-python.log
-    # One test at a time (Node: one file), as before the suites ran side by side: four
-    # at a time beside a CPU hog, a new key's first request once answered 409 here. The
-    # edition's claim_key with wait => 0 answers wait when the insert of a new key waits
-    # more than 1 ms for a lock, where the extension waits up to 100 ms (CONTRIBUTING,
-    # "What the two editions share").
     if ! (cd "$REPO_ROOT" && "${direct_only[@]}" PG_ONCE_DSN="$dsn" PG_ONCE_FLAVOURS=sync \
-            PG_ONCE_PY_WORKERS=0 PG_ONCE_PY_VENV="$py_venv" ./scripts/suite.sh python -rs >"$py_log" 2>&1); then
+            PG_ONCE_PY_VENV="$py_venv" ./scripts/suite.sh python -rs >"$py_log" 2>&1); then
         cat "$py_log" >&2
         exit 1
     fi
@@ -454,7 +449,7 @@ else
     say "SQL edition: the Python suite took $((SECONDS - suite_started)) s"
     say "SQL edition: the Node client's suite, as the owner"
     suite_started=$SECONDS
-    (cd "$REPO_ROOT" && "${direct_only[@]}" PG_ONCE_DSN="$dsn" PG_ONCE_NODE_FILES=1 ./scripts/suite.sh node)
+    (cd "$REPO_ROOT" && "${direct_only[@]}" PG_ONCE_DSN="$dsn" ./scripts/suite.sh node)
     say "SQL edition: the Node suite took $((SECONDS - suite_started)) s"
     say "SQL edition: the Rust client's suite, as the owner"
     suite_started=$SECONDS
