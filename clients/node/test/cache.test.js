@@ -2,7 +2,7 @@
 import { describe, test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  setups, makeClient, closeClient, countingPool, freshKey, sleep, admin, DSN,
+  setups, makeClient, closeClient, countingPool, freshKey, sleep, announced, admin, DSN,
 } from './helpers.js';
 import {
   OnceClient, OnceFailed, OnceTimeout, OnceError, NotSerializable,
@@ -209,8 +209,9 @@ for (const setup of setups) {
       const key = freshKey('timeout');
       const other = makeClient(setup);
       try {
-        const slow = client.getOrCompute(key, async () => { await sleep(1500); return 1; });
-        await sleep(100);
+        const { started, compute } = announced(async () => { await sleep(1500); return 1; });
+        const slow = client.getOrCompute(key, compute);
+        await started;
         await assert.rejects(other.getOrCompute(key, () => 2, { wait: 0.5 }), (err) => {
           assert.ok(err instanceof OnceTimeout);
           assert.ok(err.message.includes(key));

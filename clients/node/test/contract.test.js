@@ -3,7 +3,7 @@ import { describe, test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
 import {
-  setups, makeClient, closeClient, freshKey, sleep, admin, BOUNCER_DSN, DSN,
+  setups, makeClient, closeClient, freshKey, sleep, announced, admin, BOUNCER_DSN, DSN,
 } from './helpers.js';
 import {
   ClaimLost, NotSerializable, OnceFailed, ResultRefused,
@@ -58,8 +58,9 @@ for (const setup of setups) {
     test('a value JSON cannot round-trip: NotSerializable for the computer, the same failure for a waiter, computed once', async () => {
       const key = freshKey('notjson');
       let computed = 0;
-      const computing = client.getOrCompute(key, async () => { computed += 1; await sleep(300); return { at: new Date() }; });
-      await sleep(100);
+      const { started, compute } = announced(async () => { computed += 1; await sleep(300); return { at: new Date() }; });
+      const computing = client.getOrCompute(key, compute);
+      await started;
       const waiting = other.getOrCompute(key, () => { computed += 1; return 'recomputed'; });
       await Promise.all([ // both at once: either may settle first
         assert.rejects(computing, (err) => err instanceof NotSerializable && /a Date at \$\.at/.test(err.message)),
@@ -72,8 +73,9 @@ for (const setup of setups) {
       const key = freshKey('toolarge');
       let computed = 0;
       const big = 'x'.repeat(17 * 1024 * 1024);
-      const computing = client.getOrCompute(key, async () => { computed += 1; await sleep(300); return big; });
-      await sleep(100);
+      const { started, compute } = announced(async () => { computed += 1; await sleep(300); return big; });
+      const computing = client.getOrCompute(key, compute);
+      await started;
       const waiting = other.getOrCompute(key, () => { computed += 1; return 'small'; });
       await Promise.all([
         assert.rejects(computing, (err) => err instanceof ResultRefused && err.code === '54000'),

@@ -39,6 +39,17 @@ export const standbyFirstSetups = [
 if (!DSN) console.warn('PG_ONCE_DSN is not set: the tests that need a server are skipped');
 
 export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/**
+ * `fn` as a computation that says when it has started: `started` resolves then, when its
+ * call's claim is taken and committed. A test that needs another caller to find the key
+ * running waits for it, where a sleep could be too short on a loaded machine.
+ */
+export function announced(fn) {
+  let resolve;
+  const started = new Promise((r) => { resolve = r; });
+  return { started, compute: async (...args) => { resolve(); return fn(...args); } };
+}
 export const freshKey = (name) => `node-test/${name}/${randomUUID()}`;
 
 /** A pg.Pool whose claim_key calls are counted per key (pool.claims.get(key)). */

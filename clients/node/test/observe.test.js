@@ -5,7 +5,7 @@ import { context, trace } from '@opentelemetry/api';
 import { AsyncLocalStorageContextManager } from '@opentelemetry/context-async-hooks';
 import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } from '@opentelemetry/sdk-trace-base';
 import {
-  setups, makeClient, closeClient, freshKey, sleep,
+  setups, makeClient, closeClient, freshKey, sleep, announced,
 } from './helpers.js';
 
 const exporter = new InMemorySpanExporter();
@@ -33,10 +33,9 @@ for (const setup of setups.slice(0, 1)) {
       const elsewhere = freshKey('hook-waited');
       // Another process claims it (its computation has started, so the claim is
       // committed) and computes for a second, far longer than a claim takes: waited.
-      let started;
-      const claimed = new Promise((resolve) => { started = resolve; });
-      const computing = other.getOrCompute(elsewhere, async () => { started(); await sleep(1000); return 1; });
-      await claimed;
+      const { started, compute } = announced(async () => { await sleep(1000); return 1; });
+      const computing = other.getOrCompute(elsewhere, compute);
+      await started;
       await client.getOrCompute(elsewhere, () => 2);
       await computing;
       const fresh = freshKey('hook-stale');
