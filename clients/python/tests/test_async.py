@@ -51,12 +51,17 @@ def test_async_single_client_one_claim_per_key(setup, key):
 def test_async_errors(setup, key):
     async def main():
         async with setup.async_client() as client, setup.async_client() as other:
+            started = asyncio.Event()
+
             async def boom():
+                started.set()
                 await asyncio.sleep(0.3)
                 raise ValueError("nope")
 
             owner = asyncio.ensure_future(client.get_or_compute(key, boom, retry_after=1))
-            await asyncio.sleep(0.1)
+            # Its claim is taken (and committed) once its computation starts: a sleep
+            # instead may end before the claim on a loaded machine.
+            await started.wait()
             with pytest.raises(OnceFailed, match="nope"):
                 await other.get_or_compute(key, boom)
             with pytest.raises(ValueError):
