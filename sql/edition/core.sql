@@ -82,6 +82,8 @@ DECLARE
     positive boolean;
     most text;
     hint text;
+    months numeric;
+    days numeric;
 BEGIN
     CASE name
         {{interval_rules}}
@@ -89,7 +91,18 @@ BEGIN
     IF value IS NULL THEN
         IF nullable THEN RETURN NULL; END IF;
         RAISE EXCEPTION '% must not be NULL', name USING ERRCODE = 'null_value_not_allowed', HINT = hint;
-    ELSIF positive AND value <= '0' THEN
+    END IF;
+    -- args::mixes_signs: months with days or time of the other sign.
+    months := extract(year FROM value) * 12 + extract(month FROM value);
+    IF months <> 0 THEN
+        days := extract(day FROM value);
+        IF sign(days) = -sign(months)
+           OR sign(extract(epoch FROM value - make_interval(months => months::integer, days => days::integer))) = -sign(months) THEN
+            RAISE EXCEPTION '% must not mix months with days or time of the other sign, got %', name, value
+                USING ERRCODE = 'invalid_parameter_value', HINT = hint;
+        END IF;
+    END IF;
+    IF positive AND value <= '0' THEN
         RAISE EXCEPTION '% must be positive%, got %', name, CASE WHEN nullable THEN ' or NULL' ELSE '' END, value
             USING ERRCODE = 'invalid_parameter_value', HINT = hint;
     ELSIF value < '0' THEN

@@ -212,6 +212,12 @@ fn integer(name: &str, value: Option<i64>) -> Option<i64> {
 fn interval(name: &str, value: Option<Interval>) -> Option<Interval> {
     let rule = interval_rule(name);
     let value = present(name, value, &rule.null, &rule.hint)?;
+    if mixes_signs(&value) {
+        errors::invalid_argument(
+            format!("{name} must not mix months with days or time of the other sign, got {value}"),
+            &rule.hint,
+        );
+    }
     let micros = value.as_micros();
     if rule.least == Least::Positive && micros <= 0 {
         let or_null = if rule.null == Null::Allowed {
@@ -237,6 +243,16 @@ fn interval(name: &str, value: Option<Interval>) -> Option<Interval> {
         );
     }
     Some(value)
+}
+
+/// Whether `value` has months and days or time of the other sign ('-1 mon 31 days'): its
+/// length then depends on the date it is added to (from March 1 that one spans 3 days,
+/// from February 1 none), while it is compared as 1 day (a month as 30 days), so no bound
+/// would hold.
+fn mixes_signs(value: &Interval) -> bool {
+    let months = i64::from(value.months().signum());
+    months != 0
+        && (i64::from(value.days().signum()) == -months || value.micros().signum() == -months)
 }
 
 /// How a result stays servable (complete_key, complete_keys, cached): a ttl as `ttl`

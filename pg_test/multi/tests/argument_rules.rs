@@ -63,6 +63,15 @@ async fn every_interval_argument_is_refused_as_its_rule_says() -> Result<()> {
                 format!("{name} must be at most {most}, got "),
             ),
         ];
+        // Compared as 1 day and as 29 days 23:59:59, each spans a length that depends on
+        // the date it is added to.
+        for mixed in ["'-1 mon 31 days'", "'1 mon -1 second'"] {
+            cases.push((
+                mixed.into(),
+                "22023",
+                format!("{name} must not mix months with days or time of the other sign, got "),
+            ));
+        }
         if !nullable {
             cases.push(("NULL".into(), "22004", format!("{name} must not be NULL")));
         }
