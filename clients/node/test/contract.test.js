@@ -6,7 +6,7 @@ import {
   setups, makeClient, closeClient, freshKey, sleep, announced, admin, BOUNCER_DSN, DSN,
 } from './helpers.js';
 import {
-  ClaimLost, NotSerializable, OnceFailed, ResultRefused,
+  ClaimLost, NotSerializable, OnceFailed,
 } from '../src/index.mjs';
 
 const dateSerializer = {
@@ -65,21 +65,6 @@ for (const setup of setups) {
       await Promise.all([ // both at once: either may settle first
         assert.rejects(computing, (err) => err instanceof NotSerializable && /a Date at \$\.at/.test(err.message)),
         assert.rejects(waiting, (err) => err instanceof OnceFailed && /NotSerializable/.test(err.error)),
-      ]);
-      assert.equal(computed, 1);
-    });
-
-    test('a result the server refuses (54000): ResultRefused, and the waiters share the failure', async () => {
-      const key = freshKey('toolarge');
-      let computed = 0;
-      const big = 'x'.repeat(17 * 1024 * 1024);
-      const { started, compute } = announced(async () => { computed += 1; await sleep(300); return big; });
-      const computing = client.getOrCompute(key, compute);
-      await started;
-      const waiting = other.getOrCompute(key, () => { computed += 1; return 'small'; });
-      await Promise.all([
-        assert.rejects(computing, (err) => err instanceof ResultRefused && err.code === '54000'),
-        assert.rejects(waiting, (err) => err instanceof OnceFailed && /^54000: /.test(err.error)),
       ]);
       assert.equal(computed, 1);
     });

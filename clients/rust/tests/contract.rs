@@ -71,58 +71,6 @@ async fn an_empty_notification_wakes_every_waiter() {
     }
 }
 
-/// F3: a result the server refuses (54000, larger than once.max_result_size) fails the
-/// key with the refusal: a caller waiting in another process gets `Failed` with the
-/// SQLSTATE and message instead of computing it again, and the computing caller gets the
-/// server's error. (Direct only: 17 MB once is enough.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refused_result_is_shared_not_recomputed() {
-    let setup = &setups()[0];
-    let key = fresh("too-large");
-    let (a, b) = (
-        setup.client("rust-refused-a", Options::default()).await,
-        setup.client("rust-refused-b", Options::default()).await,
-    );
-    let computing = {
-        let key = key.clone();
-        tokio::spawn(async move {
-            a.get_or_compute(
-                &key,
-                || async {
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    Ok::<_, std::io::Error>("x".repeat(17 << 20))
-                },
-                CallOptions::default(),
-            )
-            .await
-        })
-    };
-    setup.until_running(&key).await;
-    let runs = Arc::new(AtomicUsize::new(0));
-    let counted = runs.clone();
-    let waited = b
-        .get_or_compute(
-            &key,
-            move || async move {
-                counted.fetch_add(1, Ordering::SeqCst);
-                Ok::<_, std::io::Error>("small".to_string())
-            },
-            CallOptions::default(),
-        )
-        .await;
-    match waited {
-        Err(Error::Failed { message, .. }) => assert!(message.starts_with("54000: "), "{message}"),
-        other => panic!("the waiter got {other:?}"),
-    }
-    assert_eq!(
-        runs.load(Ordering::SeqCst),
-        0,
-        "the waiter computed the key again"
-    );
-    let own = computing.await.unwrap().unwrap_err();
-    assert_eq!(own.sqlstate(), Some("54000"), "{own}");
-}
-
 /// R3: a claim made just as the LISTEN connection died (its pid refused with 22023) is
 /// asked again with the new connection's pid, not returned to the caller.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
