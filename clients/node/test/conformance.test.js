@@ -147,15 +147,25 @@ async function runScenario(setup, admin, scenario) {
   const keyed = (k) => `${prefix}${k}`;
   const sqlText = (s) => s.replace(/\{key:((?:[^}"]|"[^"]*")*)\}/g, (_, k) => keyed(k).replace(/'/g, "''"));
   const counters = new Map();
+  const count = (name) => counters.set(name, (counters.get(name) ?? 0) + 1);
   const running = new Map();
+  // Each background call's AbortController, for a `cancel` step.
+  const cancellers = new Map();
   // `listen: "pool"`: the LISTEN connection goes where the pool does (README).
   const listenDsn = scenario.listen === 'pool' ? setup.poolDsn : setup.listenDsn;
   // Each client's outcome hook events (docs/clients.md, O1), in order.
   const outcomes = Array.from({ length: scenario.clients ?? 1 }, () => []);
   const clients = outcomes.map((seen) => makeClient({ ...setup, listenDsn }, { onOutcome: (e) => seen.push(e) }));
-  const computeOf = (spec = {}) => async () => {
-    if (spec.counts) counters.set(spec.counts, (counters.get(spec.counts) ?? 0) + 1);
-    if (spec.sleep_ms) await sleep(spec.sleep_ms);
+  const computeOf = (spec = {}) => async ({ signal } = {}) => {
+    if (spec.counts) count(spec.counts);
+    // `counts_stop`: counted when the call's cancellation stops the computation.
+    if (spec.counts_stop) signal?.addEventListener('abort', () => count(spec.counts_stop));
+    if (spec.sleep_ms) {
+      await new Promise((resolve) => {
+        const timer = setTimeout(resolve, spec.sleep_ms);
+        signal?.addEventListener('abort', () => { clearTimeout(timer); resolve(); });
+      });
+    }
     if (spec.raises !== undefined) throw new Error(spec.raises);
     return fromVector(spec.returns ?? null);
   };
@@ -166,7 +176,15 @@ async function runScenario(setup, admin, scenario) {
     const wrapper = () => client.cached(computeOf(step.compute), { name: keyed(step.name), ...optionsOf(step.options) });
     switch (step.call) {
       case 'ready': return client.ready().then(() => true);
-      case 'get_or_compute': return client.getOrCompute(keyed(step.key), computeOf(step.compute), optionsOf(step.options));
+      case 'get_or_compute': {
+        const options = optionsOf(step.options);
+        if (step.background) {
+          const controller = new AbortController();
+          cancellers.set(step.as, controller);
+          options.signal = controller.signal;
+        }
+        return client.getOrCompute(keyed(step.key), computeOf(step.compute), options);
+      }
       case 'cached': return wrapper()(...fromVector(step.args));
       case 'invalidate': return step.name ? wrapper().invalidate(...fromVector(step.args)) : client.invalidate(keyed(step.key));
       case 'refresh': return step.name ? wrapper().refresh(...fromVector(step.args)) : client.refresh(keyed(step.key), optionsOf(step.options));
@@ -228,6 +246,9 @@ async function runScenario(setup, admin, scenario) {
         } else {
           await check(promise, step.expect, started, step.within_ms, step);
         }
+      } else if (step.cancel) {
+        // The call rejects with the abort's reason: the error kind Cancelled.
+        cancellers.get(step.cancel).abort(Object.assign(new Error('cancelled by the scenario'), { kind: 'Cancelled' }));
       } else if (step.await) {
         const { promise, started, call } = running.get(step.await);
         await check(promise, step.expect, started, step.within_ms, call);

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 import psycopg
+import pytest
 
 from pg_once import (AsyncClient, ClaimLost, Client, ConfigurationError, NotSerializable,
                      OnceFailed, OnceTimeout)
@@ -84,6 +85,7 @@ ERRORS = {
     "Failed": OnceFailed, "Timeout": OnceTimeout, "ClaimLost": ClaimLost,
     "NotSerializable": NotSerializable, "Configuration": ConfigurationError,
     "Invalid": (ValueError, TypeError), "Refused": psycopg.Error,
+    "Cancelled": asyncio.CancelledError,
 }
 
 
@@ -114,7 +116,13 @@ class Scenario:
 
         if self.flavor == "async":
             async def acompute(*_args):
-                await asyncio.sleep(spec.get("sleep_ms", 0) / 1000)
+                try:
+                    await asyncio.sleep(spec.get("sleep_ms", 0) / 1000)
+                except asyncio.CancelledError:
+                    # `counts_stop`: counted when the call's cancellation stops it.
+                    if "counts_stop" in spec:
+                        self.counters[spec["counts_stop"]] = self.counters.get(spec["counts_stop"], 0) + 1
+                    raise
                 return effect()
             return acompute
 
@@ -126,6 +134,8 @@ class Scenario:
     # -- running ------------------------------------------------------------------------------
 
     async def run(self) -> None:
+        if self.flavor == "sync" and any("cancel" in step for step in self.case["steps"]):
+            pytest.skip("the sync client's calls cannot be cancelled (docs/clients.md, X2)")
         n = self.case.get("clients", 1)
         self.outcomes: List[list] = [[] for _ in range(n)]   # each client's Outcome events
         # `listen: "pool"`: the LISTEN connection goes where the pool does (README).
@@ -170,9 +180,14 @@ class Scenario:
             await asyncio.sleep(step["sleep_ms"] / 1000)
         elif "sql" in step:
             await self.sql(step["sql"], expect)
+        elif "cancel" in step:
+            self.running[step["cancel"]][1].cancel()
         elif "await" in step:
             started, task = self.running.pop(step["await"])
-            outcome = await task
+            try:
+                outcome = await task
+            except asyncio.CancelledError:   # a `cancel` step's: the error kind Cancelled
+                outcome = None, asyncio.CancelledError(), None
             self.check(outcome, expect, step, started)
         elif "call" in step:
             started = time.monotonic()

@@ -19,7 +19,7 @@ from pg_once import AsyncClient, Client, NotSerializable
 from pg_once import _common as C
 from pg_once._sync import _compat
 from pg_once._sync import client as sync_client
-from conftest import DIRECT, make_setup, state
+from conftest import DIRECT, make_setup
 
 SESSION_BOUNCER = os.environ.get("PG_ONCE_SESSION_BOUNCER_DSN")
 
@@ -244,35 +244,6 @@ def test_a_failing_fail_key_never_replaces_the_callers_error(clients, key):
         raise KeyError("the caller's own")
     with pytest.raises(KeyError, match="the caller's own"):
         client.get_or_compute(key, compute, lease=1)
-
-
-def test_async_outcomes_and_cancellation_gives_the_claim_back(setup, key, admin):
-    """X2: when the only caller of a computation is cancelled, the computation stops and
-    its claim is released at once, not left to its lease."""
-    seen = []
-
-    async def main():
-        async with setup.async_client(on_outcome=seen.append) as client:
-            started = asyncio.Event()
-
-            async def compute():
-                started.set()
-                await asyncio.sleep(30)
-            call = asyncio.create_task(client.get_or_compute(key, compute, lease=60))
-            await started.wait()
-            assert state(admin, key) == "running"
-            call.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await call
-            await asyncio.sleep(0.3)
-            assert state(admin, key) != "running"
-            assert await client.get_or_compute(key, _one) == 1
-    asyncio.run(main())
-    assert [o.kind for o in seen] == ["failed", "claimed"]
-
-
-async def _one():
-    return 1
 
 
 def test_a_timeout_of_one_waiter_does_not_cancel_the_others(setup, key):

@@ -107,6 +107,18 @@ fn call_options(options: &Value) -> CallOptions {
     o
 }
 
+/// `counts_stop`: counts when dropped, as a computation is when its call's cancellation
+/// stops it (X2); forgotten when the computation ends by itself.
+struct CountsIfDropped(Option<Arc<AtomicUsize>>);
+
+impl Drop for CountsIfDropped {
+    fn drop(&mut self) {
+        if let Some(c) = &self.0 {
+            c.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
 /// One run of a case: its clients, keys, counters and background calls.
 struct Run<'a> {
     setup: &'a Setup,
@@ -170,6 +182,7 @@ impl Run<'_> {
         Skip,
     > {
         let counter = spec["counts"].as_str().map(|c| self.counter(c));
+        let stopped = spec["counts_stop"].as_str().map(|c| self.counter(c));
         let sleep = Duration::from_millis(spec["sleep_ms"].as_u64().unwrap_or(0));
         let returns = match spec.get("returns") {
             Some(v) => Some(value(v)?),
@@ -182,7 +195,9 @@ impl Run<'_> {
                     if let Some(c) = counter {
                         c.fetch_add(1, Ordering::SeqCst);
                     }
+                    let unfinished = CountsIfDropped(stopped);
                     tokio::time::sleep(sleep).await;
+                    std::mem::forget(unfinished);
                     match raises {
                         Some(message) => Err(std::io::Error::other(message)),
                         None => Ok(returns.unwrap_or(Value::Null)),
@@ -359,6 +374,7 @@ impl Run<'_> {
                 "Configuration" => matches!(e, Error::Configuration(_)),
                 "Invalid" => matches!(e, Error::InvalidOption(_)),
                 "Refused" => matches!(e, Error::Db(_)) && !e.is_connection_error(),
+                "Cancelled" => false, // a call that ended by itself
                 other => panic!("{what}: unknown error kind {other}"),
             };
             assert!(matches, "{what}: expected {kind}, got {e:?}");
@@ -377,7 +393,15 @@ impl Run<'_> {
 
     /// Wait for a call to end and check it against `expect`.
     async fn finish(&self, what: &str, call: Call, expect: &Value) {
-        let outcome = call.handle.await.unwrap();
+        let outcome = match call.handle.await {
+            Ok(outcome) => outcome,
+            // A `cancel` step's: its future was dropped (X2), the error kind Cancelled.
+            Err(e) if e.is_cancelled() => {
+                assert_eq!(expect["error"], "Cancelled", "{what}: cancelled");
+                return;
+            }
+            Err(e) => panic!("{what}: {e}"),
+        };
         self.check(
             what,
             (call.client, &call.key),
@@ -423,6 +447,8 @@ impl Run<'_> {
                     .await
                     .unwrap_or_else(|e| panic!("{what}: {sql}: {e}")),
             }
+        } else if let Some(name) = step.get("cancel").and_then(Value::as_str) {
+            self.background[name].handle.abort();
         } else if let Some(name) = step.get("await").and_then(Value::as_str) {
             let call = self
                 .background

@@ -189,61 +189,6 @@ async fn cached_named_uses_the_shared_default_key() {
     }
 }
 
-/// X2: when the only caller of a computation stops waiting (its future is dropped, here
-/// by a timeout of its own), the computation is abandoned and its claim released at once:
-/// the key is not left running for the rest of a 30 s computation.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dropped_leader_releases_its_claim() {
-    for setup in setups() {
-        let client = setup.client("rust-dropped", Options::default()).await;
-        let key = fresh("dropped");
-        let call = client.get_or_compute(
-            &key,
-            || async {
-                tokio::time::sleep(Duration::from_secs(30)).await;
-                Ok::<_, std::io::Error>(1)
-            },
-            CallOptions::default(),
-        );
-        let given_up = tokio::time::timeout(Duration::from_millis(500), async {
-            tokio::join!(call, setup.until_running(&key)).0
-        })
-        .await;
-        assert!(given_up.is_err(), "[{}] {given_up:?}", setup.name);
-        let admin = setup.admin().await;
-        let deadline = Instant::now() + Duration::from_secs(3);
-        loop {
-            let running: bool = admin
-                .query_one(
-                    "SELECT EXISTS (SELECT FROM once.entries WHERE key = $1 AND state = 'running')",
-                    &[&key],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            if !running {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "[{}] the claim was kept",
-                setup.name
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        // Another caller computes it at once.
-        let v: i32 = client
-            .get_or_compute(
-                &key,
-                || async { Ok::<_, std::io::Error>(2) },
-                CallOptions::default(),
-            )
-            .await
-            .unwrap();
-        assert_eq!(v, 2, "[{}]", setup.name);
-    }
-}
-
 /// F2: a compute function's error is stored as `Type: message`, the form the Python and
 /// Node clients store, so that every caller elsewhere reads the same kind of text; the
 /// computing caller gets its own error back. (The unit test of `failure_text` has an
