@@ -14,22 +14,6 @@ const dateSerializer = {
   deserialize: (t) => JSON.parse(t, (k, x) => (x && typeof x === 'object' && '$date' in x ? new Date(x.$date) : x)),
 };
 
-/**
- * A call with a signal whose compute takes `ms` (lease 30 s) and returns `value`:
- * `cancel(reason)` aborts the caller's signal; `computeAborted()` says whether compute's
- * own signal aborted.
- */
-function cancellableCall(client, key, ms, value) {
-  const ac = new AbortController();
-  let aborted = false;
-  const call = client.getOrCompute(key, async ({ signal }) => {
-    signal.addEventListener('abort', () => { aborted = true; });
-    await sleep(ms);
-    return value;
-  }, { signal: ac.signal, lease: 30 });
-  return { call, cancel: (reason) => ac.abort(reason), computeAborted: () => aborted };
-}
-
 for (const setup of setups) {
   describe(`contract (${setup.name})`, () => {
     let client;
@@ -98,29 +82,6 @@ for (const setup of setups) {
       assert.equal(client.pool.claims.get(key), asked + 1, 'asked again within a second, not after the 20 s recheck');
       assert.equal(await waiting, 1);
       await computing;
-    });
-
-    // Its own wait: the conformance scenario of cancellation.json (X1); its own signal here.
-    test('a follower in this process that is aborted leaves the leader\'s computation alone', async () => {
-      const key = freshKey('ownwait');
-      const leader = client.getOrCompute(key, async () => { await sleep(1500); return 'v'; }, { wait: 30 });
-      await sleep(50);
-      const ac = new AbortController();
-      const follower = client.getOrCompute(key, () => 'x', { signal: ac.signal });
-      ac.abort(new Error('mine'));
-      await assert.rejects(follower, /mine/);
-      assert.equal(await leader, 'v');
-    });
-
-    test('a cancelled caller leaves the computation to the callers still waiting for it', async () => {
-      const key = freshKey('cancelone');
-      const first = cancellableCall(client, key, 600, 'shared');
-      await sleep(100);
-      const second = client.getOrCompute(key, () => assert.fail('computed twice'));
-      first.cancel(new Error('first gave up'));
-      await assert.rejects(first.call, /first gave up/);
-      assert.equal(await second, 'shared');
-      assert.equal(first.computeAborted(), false);
     });
 
     test('invalidate, refresh, enqueue, enqueueMany, and invalidate/refresh on a cached wrapper', async () => {

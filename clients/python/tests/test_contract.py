@@ -246,22 +246,6 @@ def test_a_failing_fail_key_never_replaces_the_callers_error(clients, key):
         client.get_or_compute(key, compute, lease=1)
 
 
-def test_a_timeout_of_one_waiter_does_not_cancel_the_others(setup, key):
-    """X1: a coalesced caller's own wait ends its wait only."""
-    async def main():
-        async with setup.async_client() as client:
-            async def compute():
-                await asyncio.sleep(0.8)
-                return "done"
-            first = asyncio.create_task(client.get_or_compute(key, compute))
-            await asyncio.sleep(0.05)
-            with pytest.raises(TimeoutError):
-                async with asyncio.timeout(0.2):
-                    await client.get_or_compute(key, compute)
-            assert await first == "done"
-    asyncio.run(main())
-
-
 def test_enqueue_many_answers_each_key_in_order(clients, key, admin):
     client = clients()
     queue = "py-batch-" + key.rsplit("/", 1)[-1]
