@@ -3,10 +3,10 @@ import { describe, test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
 import {
-  setups, makeClient, closeClient, freshKey, sleep, announced, admin, BOUNCER_DSN, DSN,
+  setups, makeClient, closeClient, freshKey, sleep, admin, BOUNCER_DSN, DSN,
 } from './helpers.js';
 import {
-  ClaimLost, NotSerializable, OnceFailed,
+  ClaimLost, NotSerializable,
 } from '../src/index.mjs';
 
 const dateSerializer = {
@@ -37,20 +37,6 @@ for (const setup of setups) {
       assert.ok(mine.when instanceof Date && theirs.when instanceof Date);
       assert.deepEqual(mine, theirs);
       assert.notEqual(mine.when, when, 'a copy, as the others read it, not the computed object');
-    });
-
-    test('a value JSON cannot round-trip: NotSerializable for the computer, the same failure for a waiter, computed once', async () => {
-      const key = freshKey('notjson');
-      let computed = 0;
-      const { started, compute } = announced(async () => { computed += 1; await sleep(300); return { at: new Date() }; });
-      const computing = client.getOrCompute(key, compute);
-      await started;
-      const waiting = other.getOrCompute(key, () => { computed += 1; return 'recomputed'; });
-      await Promise.all([ // both at once: either may settle first
-        assert.rejects(computing, (err) => err instanceof NotSerializable && /a Date at \$\.at/.test(err.message)),
-        assert.rejects(waiting, (err) => err instanceof OnceFailed && /NotSerializable/.test(err.error)),
-      ]);
-      assert.equal(computed, 1);
     });
 
     test('a lost claim throws ClaimLost; the result is neither stored nor computed again', async () => {
