@@ -243,30 +243,6 @@ for (const setup of setups) {
       }
     });
 
-    test('the listener connection dies: waiters are answered, and it comes back with a new owner pid', async () => {
-      const owner = makeClient(setup);
-      const a = await admin();
-      try {
-        await client.ready();
-        const before = client.ownerPid;
-        assert.ok(before > 0);
-        const key = freshKey('relisten');
-        const computing = owner.getOrCompute(key, async () => { await sleep(1200); return 'v'; });
-        await sleep(100);
-        const waiting = client.getOrCompute(key, () => assert.fail('the owner is alive'));
-        await sleep(200);
-        await a.query('SELECT pg_terminate_backend($1)', [before]);
-        assert.equal(await waiting, 'v');
-        assert.equal(await computing, 'v');
-        for (let i = 0; i < 40 && !(client.ownerPid > 0); i += 1) await sleep(50);
-        assert.ok(client.ownerPid > 0 && client.ownerPid !== before, `owner pid ${before} -> ${client.ownerPid}`);
-        assert.equal(await client.getOrCompute(freshKey('after'), () => 'again'), 'again');
-      } finally {
-        await a.end();
-        await closeClient(owner);
-      }
-    });
-
     test('cached() keys a function by its arguments', async () => {
       const prefix = freshKey('cached');
       const calls = [];

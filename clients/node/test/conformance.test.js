@@ -151,6 +151,8 @@ async function runScenario(setup, admin, scenario) {
   const running = new Map();
   // Each background call's AbortController, for a `cancel` step.
   const cancellers = new Map();
+  // The pid of each client's LISTEN connection a `kill_listener` step terminated.
+  const killed = new Map();
   // `listen: "pool"`: the LISTEN connection goes where the pool does (README).
   const listenDsn = scenario.listen === 'pool' ? setup.poolDsn : setup.listenDsn;
   // Each client's outcome hook events (docs/clients.md, O1), in order.
@@ -246,6 +248,18 @@ async function runScenario(setup, admin, scenario) {
         } else {
           await check(promise, step.expect, started, step.within_ms, step);
         }
+      } else if (step.kill_listener !== undefined) {
+        const pid = clients[step.kill_listener].ownerPid;
+        assert.ok(pid > 0, 'the client listens');
+        killed.set(step.kill_listener, pid);
+        await admin.query('SELECT pg_terminate_backend($1)', [pid]);
+      } else if (step.expect?.new_listener !== undefined) {
+        // The client listens again, on another backend: waited for, up to 10 s.
+        const n = step.expect.new_listener;
+        const deadline = Date.now() + 10_000;
+        const moved = () => clients[n].ownerPid > 0 && clients[n].ownerPid !== killed.get(n);
+        while (!moved() && Date.now() < deadline) await sleep(20);
+        assert.ok(moved(), `client ${n} listens as ${clients[n].ownerPid}, killed ${killed.get(n)}`);
       } else if (step.cancel) {
         // The call rejects with the abort's reason: the error kind Cancelled.
         cancellers.get(step.cancel).abort(Object.assign(new Error('cancelled by the scenario'), { kind: 'Cancelled' }));

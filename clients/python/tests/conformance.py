@@ -97,6 +97,7 @@ class Scenario:
         self.prefix = f"conformance/{uuid.uuid4().hex[:10]}/"
         self.counters: Dict[str, int] = {}
         self.running: Dict[str, asyncio.Task] = {}
+        self.killed: Dict[int, int] = {}   # client -> the LISTEN pid kill_listener ended
 
     def key(self, k: str) -> str:
         return self.prefix + k
@@ -180,6 +181,18 @@ class Scenario:
             await asyncio.sleep(step["sleep_ms"] / 1000)
         elif "sql" in step:
             await self.sql(step["sql"], expect)
+        elif "kill_listener" in step:
+            n = step["kill_listener"]
+            self.killed[n] = await self.owner_pid(n)
+            await self.admin.execute("SELECT pg_terminate_backend(%s)", (self.killed[n],))
+        elif "new_listener" in expect:
+            # The client listens again, on another backend: waited for, up to 10 s.
+            n, deadline = expect["new_listener"], time.monotonic() + 10
+            pid = await self.owner_pid(n)
+            while pid == self.killed[n] and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+                pid = await self.owner_pid(n)
+            assert pid and pid != self.killed[n], f"client {n} listens as {pid}, killed {self.killed[n]}"
         elif "cancel" in step:
             self.running[step["cancel"]][1].cancel()
         elif "await" in step:
@@ -211,6 +224,12 @@ class Scenario:
             assert self.counters.get(name, 0) == count, f"counter {name}: {self.counters.get(name, 0)} != {count}"
         else:
             raise AssertionError(f"a step this runner does not know: {step}")
+
+    async def owner_pid(self, n: int) -> int:
+        client = self.clients[n]
+        if self.flavor == "async":
+            return await client.owner_pid()
+        return await asyncio.to_thread(client.owner_pid)
 
     async def sql(self, sql: str, expect: dict) -> None:
         cur = await self.admin.execute(self.sql_text(sql).encode())

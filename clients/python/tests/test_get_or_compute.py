@@ -240,27 +240,6 @@ def test_a_lost_claim_is_not_stored(clients, key, admin):
     assert state(admin, key) != "done"
 
 
-def test_waiters_survive_the_listen_connection_dropping(clients, key, admin):
-    owner, waiter = clients(), clients()
-    started = threading.Event()
-
-    def slow():
-        started.set()
-        time.sleep(1.5)
-        return "v"
-
-    t = threading.Thread(target=lambda: owner.get_or_compute(key, slow))
-    t.start()
-    started.wait(5)
-    old = waiter.owner_pid()
-    threading.Timer(0.3, lambda: admin.execute("SELECT pg_terminate_backend(%s)", (old,))).start()
-    t0 = time.monotonic()
-    assert waiter.get_or_compute(key, lambda: "computed twice") == "v"
-    assert time.monotonic() - t0 < 2.5
-    assert waiter._listener.reconnects == 1 and waiter.owner_pid() != old
-    t.join()
-
-
 def test_a_waiter_for_a_namespace_key_is_woken_by_its_digest(admin, key):
     # A namespace that announces digests (the default) sends encode(once.key_hash(key),
     # 'hex') instead of the key: the listener must wake the key's waiters on it.

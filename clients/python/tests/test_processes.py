@@ -122,18 +122,6 @@ def test_owner_whose_pooled_connections_are_closed_keeps_its_claim(setup, client
         pool.close()
 
 
-def test_listener_reconnects_with_a_new_owner_pid(clients, key, admin):
-    client = clients()
-    old = client.owner_pid()
-    admin.execute("SELECT pg_terminate_backend(%s)", (old,))
-    deadline = time.monotonic() + 10
-    while client._listener.reconnects == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    new = client.owner_pid()
-    assert new != old and new > 0
-    assert client.get_or_compute(key, lambda: "after reconnect") == "after reconnect"
-
-
 @pytest.mark.serial    # RECONNECT recycles every client's server connections
 def test_owner_keeps_its_claim_across_pgbouncer_reconnect(setup, clients, key):
     if setup.name != "bouncer":

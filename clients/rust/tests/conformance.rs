@@ -128,6 +128,8 @@ struct Run<'a> {
     outcomes: Vec<Seen>,
     counters: HashMap<String, Arc<AtomicUsize>>,
     background: HashMap<String, Call>,
+    /// The pid of each client's LISTEN connection a `kill_listener` step terminated.
+    killed: HashMap<usize, i32>,
     admin: tokio_postgres::Client,
 }
 
@@ -447,6 +449,27 @@ impl Run<'_> {
                     .await
                     .unwrap_or_else(|e| panic!("{what}: {sql}: {e}")),
             }
+        } else if let Some(n) = step.get("kill_listener").and_then(Value::as_u64) {
+            let n = n as usize;
+            let pid = self.clients[n].owner_pid().expect("the client listens");
+            self.killed.insert(n, pid);
+            self.admin
+                .execute("SELECT pg_terminate_backend($1)", &[&pid])
+                .await
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+        } else if let Some(n) = expect.get("new_listener").and_then(Value::as_u64) {
+            // The client listens again, on another backend: waited for, up to 10 s.
+            let (n, deadline) = (n as usize, Instant::now() + Duration::from_secs(10));
+            let killed = self.killed[&n];
+            let moved = || matches!(self.clients[n].owner_pid(), Some(p) if p > 0 && p != killed);
+            while !moved() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert!(
+                moved(),
+                "{what}: client {n} listens as {:?}, killed {killed}",
+                self.clients[n].owner_pid()
+            );
         } else if let Some(name) = step.get("cancel").and_then(Value::as_str) {
             self.background[name].handle.abort();
         } else if let Some(name) = step.get("await").and_then(Value::as_str) {
@@ -535,6 +558,7 @@ async fn scenarios_pass_in_every_setup() {
                 outcomes: Vec::new(),
                 counters: HashMap::new(),
                 background: HashMap::new(),
+                killed: HashMap::new(),
                 admin: setup.admin().await,
             };
             for i in 0..case["clients"].as_u64().unwrap_or(1) {
