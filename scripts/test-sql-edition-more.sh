@@ -453,9 +453,8 @@ else
     say "SQL edition: the Node suite took $((SECONDS - suite_started)) s"
     say "SQL edition: the Rust client's suite, as the owner"
     suite_started=$SECONDS
-    # Two tests say they are skipped (in their output, shown with -- --nocapture): contract's
-    # an_empty_notification_wakes_every_waiter needs a superuser (SET
-    # session_replication_role), and old_server a role that may create databases.
+    # One test says it is skipped (in its output, shown with -- --nocapture): old_server
+    # needs a role that may create databases.
     (cd "$REPO_ROOT" && "${direct_only[@]}" PG_ONCE_DSN="$dsn" ./scripts/suite.sh rust)
     say "SQL edition: the Rust suite took $((SECONDS - suite_started)) s"
 fi

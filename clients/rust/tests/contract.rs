@@ -3,73 +3,11 @@
 
 mod common;
 
-use common::{fresh, role_has, setups, with_param};
-use pg_once_client::raw::{self, Owner};
+use common::{fresh, setups, with_param};
 use pg_once_client::{CallOptions, Client, Error, Options};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// C3: an empty payload on channel `once` (a transaction that resolved very many keys)
-/// wakes every waiter at once, well before its recheck. The key is made claimable by
-/// deleting its row with triggers off, so that nothing but the empty NOTIFY announces it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_empty_notification_wakes_every_waiter() {
-    let setups = setups();
-    if !role_has(&setups[0].admin().await, "rolsuper").await {
-        eprintln!("not a superuser (SET session_replication_role needs one): skipped");
-        return;
-    }
-    for setup in setups {
-        let admin = setup.admin().await;
-        let key = fresh("empty-notify");
-        let held = raw::claim_key(
-            &admin,
-            &key,
-            Duration::from_secs(3600),
-            Duration::ZERO,
-            Owner::LeaseOnly,
-        )
-        .await
-        .unwrap();
-        assert!(held.is("claimed"), "{held:?}");
-        let options = Options {
-            recheck: Duration::from_secs(30),
-            ..Options::default()
-        };
-        let client = setup.client("rust-empty-notify", options).await;
-        client.ready(Duration::from_secs(5)).await.unwrap();
-        let waiter = {
-            let (client, key) = (client.clone(), key.clone());
-            tokio::spawn(async move {
-                let opts = CallOptions {
-                    wait: Some(Duration::from_secs(10)),
-                    ..CallOptions::default()
-                };
-                client
-                    .get_or_compute(&key, || async { Ok::<_, std::io::Error>(7) }, opts)
-                    .await
-            })
-        };
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let notified = Instant::now();
-        admin
-            .batch_execute(&format!(
-                "BEGIN; SET LOCAL session_replication_role = replica; \
-                 DELETE FROM once.entries WHERE key = '{key}'; NOTIFY once, ''; COMMIT"
-            ))
-            .await
-            .unwrap();
-        let got: i32 = waiter.await.unwrap().unwrap();
-        assert_eq!(got, 7, "[{}]", setup.name);
-        let took = notified.elapsed();
-        assert!(
-            took < Duration::from_secs(3),
-            "[{}] woken after {took:?}",
-            setup.name
-        );
-    }
-}
 
 /// R3: a claim made just as the LISTEN connection died (its pid refused with 22023) is
 /// asked again with the new connection's pid, not returned to the caller.
