@@ -249,6 +249,7 @@ async function runScenario(setup, admin, scenario) {
           await check(promise, step.expect, started, step.within_ms, step);
         }
       } else if (step.kill_listener !== undefined) {
+        await clients[step.kill_listener].ready();
         const pid = clients[step.kill_listener].ownerPid;
         assert.ok(pid > 0, 'the client listens');
         killed.set(step.kill_listener, pid);

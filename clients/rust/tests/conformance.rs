@@ -451,6 +451,10 @@ impl Run<'_> {
             }
         } else if let Some(n) = step.get("kill_listener").and_then(Value::as_u64) {
             let n = n as usize;
+            self.clients[n]
+                .ready(Duration::from_secs(10))
+                .await
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
             let pid = self.clients[n].owner_pid().expect("the client listens");
             self.killed.insert(n, pid);
             self.admin

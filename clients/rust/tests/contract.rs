@@ -9,33 +9,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// R3: a claim made just as the LISTEN connection died (its pid refused with 22023) is
-/// asked again with the new connection's pid, not returned to the caller.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_just_dead_owner_pid_is_replaced_not_returned() {
-    for setup in setups() {
-        let admin = setup.admin().await;
-        let client = setup.client("rust-dead-owner", Options::default()).await;
-        for round in 0..10 {
-            client.ready(Duration::from_secs(5)).await.unwrap();
-            let pid = client.owner_pid().expect("connected");
-            admin
-                .execute("SELECT pg_terminate_backend($1)", &[&pid])
-                .await
-                .unwrap();
-            let key = fresh("dead-owner");
-            let got = client
-                .get_or_compute(
-                    &key,
-                    move || async move { Ok::<_, std::io::Error>(round) },
-                    CallOptions::default(),
-                )
-                .await;
-            assert_eq!(got.unwrap(), round, "[{}] round {round}", setup.name);
-        }
-    }
-}
-
 /// N6: getting a pooled connection waits at most `connect_timeout`, even when every
 /// connection of the pool is taken (it used to wait for ever).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
