@@ -143,9 +143,13 @@ for (const setup of scenarios.length ? [...setups, ...standbyFirstSetups] : []) 
 const OPTION_NAMES = { listen_conninfo: 'listenConnectionString' };
 
 async function runScenario(setup, admin, scenario) {
-  const prefix = `conf/${randomUUID()}/`;
+  const run = randomUUID();
+  const prefix = `conf/${run}/`;
   const keyed = (k) => `${prefix}${k}`;
-  const sqlText = (s) => s.replace(/\{key:((?:[^}"]|"[^"]*")*)\}/g, (_, k) => keyed(k).replace(/'/g, "''"));
+  // A queue of the run's own (README, {queue:q}): a queue name allows no '/'.
+  const queueOf = (q) => `${q}_${run.slice(0, 8)}`;
+  const sqlText = (s) => s.replace(/\{queue:(\w+)\}/g, (_, q) => queueOf(q))
+    .replace(/\{key:((?:[^}"]|"[^"]*")*)\}/g, (_, k) => keyed(k).replace(/'/g, "''"));
   const counters = new Map();
   const count = (name) => counters.set(name, (counters.get(name) ?? 0) + 1);
   const running = new Map();
@@ -191,6 +195,21 @@ async function runScenario(setup, admin, scenario) {
       case 'invalidate': return step.name ? wrapper().invalidate(...fromVector(step.args)) : client.invalidate(keyed(step.key));
       case 'refresh': return step.name ? wrapper().refresh(...fromVector(step.args)) : client.refresh(keyed(step.key), optionsOf(step.options));
       case 'enqueue': return client.enqueue(keyed(step.key), optionsOf(step.options));
+      case 'work': {
+        // The handler returns the job's payload, or raises its `raises`; the worker stops
+        // once it has run max_jobs handlers.
+        let handled = 0;
+        let worker;
+        const handler = async ({ payload }) => {
+          if (step.handler?.counts) count(step.handler.counts);
+          handled += 1;
+          if (handled >= step.max_jobs) worker.stop();
+          if (payload && typeof payload === 'object' && 'raises' in payload) throw new Error(payload.raises);
+          return payload ?? null;
+        };
+        worker = client.work(queueOf(step.queue), handler, { handleSignals: false, idleWait: 0.2 });
+        return worker.done.then(() => handled);
+      }
       case 'enqueue_many': return client.enqueueMany(
         step.jobs.map((j) => ({ key: keyed(j.key), payload: fromVector(j.payload ?? null) })), optionsOf(step.options),
       ).then((answered) => [...answered.values()]);

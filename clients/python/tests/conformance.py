@@ -102,7 +102,12 @@ class Scenario:
     def key(self, k: str) -> str:
         return self.prefix + k
 
+    def queue(self, q: str) -> str:
+        """A queue of the run's own ({queue:q}): a queue name allows no '/'."""
+        return f"{q}_{self.prefix.split('/')[1][:8]}"
+
     def sql_text(self, sql: str) -> str:
+        sql = re.sub(r"\{queue:(\w+)\}", lambda m: self.queue(m.group(1)), sql)
         return re.sub(r"\{key:(.*?)\}", lambda m: self.prefix + m.group(1), sql)
 
     # -- compute functions -----------------------------------------------------------------
@@ -265,6 +270,8 @@ class Scenario:
                     return getattr(client, what)(self.key(step["key"]), **options)
                 wrapped = client.cached(name=self.key(step["name"]))(self.compute({}))
                 return getattr(wrapped, what)(*value(step["args"]))
+            if what == "work":
+                return self.work(client, step)
             if what == "enqueue_many":
                 jobs = {self.key(j["key"]): value(j.get("payload")) for j in step["jobs"]}
                 answered = client.enqueue_many(jobs, **options)
@@ -286,6 +293,35 @@ class Scenario:
         kinds = [o.kind for o in self.outcomes[step.get("client", 0)]
                  if "key" in step and o.key == self.key(step["key"])]
         return answer + (kinds[-1] if kinds else None,)
+
+    def work(self, client, step: dict):
+        """A worker on the run's queue whose handler returns the job's payload, or raises
+        its `raises`; it stops once it has run max_jobs handlers. Answers how many ran."""
+        spec, handled, workers = step.get("handler", {}), [], []
+
+        def effect(job):
+            if "counts" in spec:
+                self.counters[spec["counts"]] = self.counters.get(spec["counts"], 0) + 1
+            handled.append(job.key)
+            if len(handled) >= step["max_jobs"]:
+                workers[0].stop()
+            if isinstance(job.payload, dict) and "raises" in job.payload:
+                raise RuntimeError(job.payload["raises"])
+            return job.payload
+
+        if self.flavor == "async":
+            async def handler(job):
+                return effect(job)
+        else:
+            handler = effect
+        workers.append(client.worker(self.queue(step["queue"]), handler, signals=False, idle_wait=0.2))
+        if self.flavor == "async":
+            async def run():
+                await workers[0].run()
+                return len(handled)
+            return run()
+        workers[0].run()
+        return len(handled)
 
     def check(self, outcome, expect: dict, step: dict, started: float) -> None:
         got, error, kind = outcome

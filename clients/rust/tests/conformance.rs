@@ -7,7 +7,7 @@
 mod common;
 
 use common::{fresh, setups, standby_first_setups, Setup};
-use pg_once_client::{CallOptions, Client, Error, Options, OutcomeHook};
+use pg_once_client::{CallOptions, Client, Error, Job, Options, OutcomeHook, WorkOptions};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -151,10 +151,21 @@ impl Run<'_> {
         format!("{}/{k}", self.prefix)
     }
 
+    /// A queue of the run's own (`{queue:q}`): the prefix, which a queue name allows.
+    fn queue(&self, q: &str) -> String {
+        format!("{q}_{}", self.prefix.trim_start_matches("conformance-"))
+    }
+
     /// `{key:k}` in SQL becomes the run's key, quoted for a literal.
     fn sql(&self, text: &str) -> String {
+        let mut text = text.to_owned();
+        while let Some(start) = text.find("{queue:") {
+            let end = start + text[start..].find('}').expect("{queue:...} is closed");
+            let queue = self.queue(&text[start + 7..end]);
+            text.replace_range(start..=end, &queue);
+        }
         let mut out = String::new();
-        let mut rest = text;
+        let mut rest = text.as_str();
         while let Some(start) = rest.find("{key:") {
             out.push_str(&rest[..start]);
             let after = &rest[start + 5..];
@@ -254,6 +265,8 @@ impl Run<'_> {
             (None, _, _) if step.get("jobs").is_some() => {
                 self.key(step["jobs"][0]["key"].as_str().expect("key"))
             }
+            // A worker: no key of its own.
+            (None, _, _) if step["call"] == "work" => String::new(),
             (None, Some(name), Some(args)) => {
                 pg_once_client::key::derive(name, args).expect("a default key")
             }
@@ -317,9 +330,58 @@ impl Run<'_> {
                         ))
                     })
                 }
+                "work" => self.work(client, step),
                 other => return Err(Skip(format!("call {other}"))),
             };
         Ok((call, key))
+    }
+
+    /// A worker on the run's queue whose handler returns the job's payload, or fails with
+    /// its `raises`; it stops once it has run `max_jobs` handlers. Answers how many ran.
+    fn work(
+        &mut self,
+        client: Client,
+        step: &Value,
+    ) -> futures_util::future::BoxFuture<'static, Outcome> {
+        let queue = self.queue(step["queue"].as_str().expect("queue"));
+        let counter = step["handler"]["counts"].as_str().map(|c| self.counter(c));
+        let max_jobs = step["max_jobs"].as_u64().expect("max_jobs") as usize;
+        let handled = Arc::new(AtomicUsize::new(0));
+        let enough = Arc::new(tokio::sync::Notify::new());
+        let handler = {
+            let (handled, enough) = (handled.clone(), enough.clone());
+            move |job: Job| {
+                let (handled, enough, counter) = (handled.clone(), enough.clone(), counter.clone());
+                async move {
+                    if let Some(c) = counter {
+                        c.fetch_add(1, Ordering::SeqCst);
+                    }
+                    if handled.fetch_add(1, Ordering::SeqCst) + 1 >= max_jobs {
+                        enough.notify_one();
+                    }
+                    let payload = job.payload.unwrap_or(Value::Null);
+                    match payload.get("raises").and_then(Value::as_str) {
+                        Some(message) => Err(std::io::Error::other(message.to_owned())),
+                        None => Ok(payload),
+                    }
+                }
+            }
+        };
+        let opts = WorkOptions {
+            idle_wait: Duration::from_millis(200),
+            ..WorkOptions::default()
+        };
+        Box::pin(async move {
+            client
+                .work(
+                    &queue,
+                    handler,
+                    opts,
+                    async move { enough.notified().await },
+                )
+                .await?;
+            Ok(Value::from(handled.load(Ordering::SeqCst)))
+        })
     }
 
     /// Check a step's `expect` against a call's outcome.
