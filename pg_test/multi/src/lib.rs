@@ -243,3 +243,60 @@ pub mod roles {
         (db.code().code().to_owned(), db.message().to_owned())
     }
 }
+
+/// claim_key with `wait => 0` while another session holds a lock that passes in moments
+/// (`lock`: a BEGIN and the lock): held for good, the claim looks again for 100 ms, and
+/// not much longer, then answers `wait`; released while it looks, it claims. `key` gives
+/// the key of each claim. The lock is released as soon as `under_way` (SQL: whether the
+/// claiming backend, $1, is at it) says so; that must come within those 100 ms, which a
+/// loaded machine may miss, so the release is tried up to ten times.
+pub async fn claims_once_a_lock_passes(
+    lock: &str,
+    key: impl Fn() -> String,
+    under_way: &str,
+) -> Result<()> {
+    const LEASE: Duration = Duration::from_secs(30);
+    // How late a call may answer on a loaded machine: a round trip and the scheduler.
+    const SLACK: Duration = Duration::from_secs(2);
+    let admin = admin().await?;
+    let holder = session().await?;
+    let mut claimer = session().await?;
+
+    holder.batch_execute(lock).await?;
+    let started = Instant::now();
+    let answer = once::claim_key(&claimer, &key(), LEASE, Duration::ZERO).await?;
+    let took = started.elapsed();
+    holder.batch_execute("ROLLBACK").await?;
+    anyhow::ensure!(answer.is("wait"), "held for good: {answer:?}");
+    anyhow::ensure!(
+        took >= Duration::from_millis(100) && took < Duration::from_millis(100) + SLACK,
+        "held for good, the claim answered after {took:?}"
+    );
+
+    let claimer_pid = once::backend_pid(&claimer).await?;
+    for _ in 0..10 {
+        holder.batch_execute(lock).await?;
+        let claiming = {
+            let key = key();
+            tokio::spawn(async move {
+                let answer = once::claim_key(&claimer, &key, LEASE, Duration::ZERO).await;
+                (answer, claimer)
+            })
+        };
+        while !claiming.is_finished()
+            && !admin
+                .query_one(under_way, &[&claimer_pid])
+                .await?
+                .get::<_, bool>(0)
+        {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        holder.batch_execute("COMMIT").await?;
+        let (answer, back) = claiming.await?;
+        claimer = back;
+        if answer?.is("claimed") {
+            return Ok(());
+        }
+    }
+    anyhow::bail!("no claim was claimed once the lock passed, in ten tries")
+}
