@@ -209,12 +209,13 @@ class Scenario:
             self.check(outcome, expect, step, started)
         elif "call" in step:
             started = time.monotonic()
-            task = asyncio.create_task(self.call(step))
             if step.get("background"):
-                self.running[step["as"]] = (started, task)
+                self.running[step["as"]] = (started, asyncio.create_task(self.call(step)))
                 await asyncio.sleep(0.02)   # let it reach the server before the next step
             else:
-                self.check(await task, expect, step, started)
+                # In this task, at once: a step right after another (a call just after
+                # kill_listener, R3) meets the client as the previous step left it.
+                self.check(await self.call(step), expect, step, started)
         elif "outcomes" in expect:
             number, kinds = expect["outcomes"]
             got = sorted(o.kind for o in self.outcomes[number])

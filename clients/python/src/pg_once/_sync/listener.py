@@ -68,12 +68,23 @@ class Listener:
     def owner_pid(self) -> Optional[int]:
         """P, waiting for a reconnect if the connection is down; None on a server
         without owner_session() (claims then belong to the pooled connection)."""
-        if not A.wait_event(self._connected, self._connect_timeout):
-            raise psycopg.OperationalError(
-                f"pg_once: the LISTEN connection has been down for {self._connect_timeout:g} s")
-        if self._closed:
-            raise psycopg.OperationalError("pg_once: the client is closed")
-        return self._pid
+        # Looked at again after each wake-up: a reconnect may clear the event between its
+        # being set and this caller running again, and the pid is never None while it is
+        # set (but on a legacy server). The pid is read before the event, so that a
+        # reconnect in between hands out the old, dead P (refused with 22023: R3), never
+        # None, which would make the pooled connection the claim's owner.
+        deadline = time.monotonic() + self._connect_timeout
+        while True:
+            if self._closed:
+                raise psycopg.OperationalError("pg_once: the client is closed")
+            pid = self._pid
+            if self._connected.is_set() and (pid is not None or self.legacy):
+                return pid
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise psycopg.OperationalError(
+                    f"pg_once: the LISTEN connection has been down for {self._connect_timeout:g} s")
+            A.wait_event(self._connected, left)
 
     def replaced(self, pid: Optional[int], patience: float) -> bool:
         """Whether the LISTEN connection whose P was `pid` has been replaced (or is being
