@@ -470,14 +470,23 @@ class OnceClient {
       pending.then((late) => late.release(), () => {});
       throw err;
     }
+    // A connection that ends also emits 'error' on its client, besides failing the query:
+    // pool.query listens for it, and so must we while the client is ours, or the process
+    // gets an uncaught exception (a failover in a loaded test run did). The query's rejection
+    // carries the error. (A pool other than pg's may lend clients that emit nothing.)
+    const ended = () => {};
+    client.on?.('error', ended);
+    let result;
     try {
-      const result = await client.query(text, values);
-      client.release();
-      return result;
+      result = await client.query(text, values);
     } catch (err) {
+      client.removeListener?.('error', ended);
       client.release(err); // as pool.query does: a client whose query failed is not lent again
       throw err;
     }
+    client.removeListener?.('error', ended);
+    client.release();
+    return result;
   }
 
   async #claim(key, lease, serveStale, fingerprint = null, deadline = undefined) {

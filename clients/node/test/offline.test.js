@@ -2,6 +2,7 @@
 // retried, the heartbeat's schedule. (The conformance vectors run in conformance.test.js.)
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { EventEmitter } from 'node:events';
 import pg from 'pg';
 import { defaultKey, MAX_KEY_BYTES, OnceClient, NotSerializable } from '../src/index.mjs';
 import { encode } from '../src/keys.cjs';
@@ -143,6 +144,37 @@ describe('retry budget (R2)', () => {
     const took = Date.now() - started;
     assert.ok(pool.sent.length > 2, `${pool.sent.length} attempts`);
     assert.ok(took <= 1500 + SLACK_MS, `${took} ms`);
+  });
+});
+
+describe("a retry's connection that ends during its statement (R2)", () => {
+  test('is an error of the call, retried, never an uncaught exception of the process', async () => {
+    // pg emits 'error' on a client whose connection ends, besides failing its query:
+    // pool.query listens for it, a client checked out with pool.connect() must.
+    let attempts = 0;
+    const lost = () => Object.assign(new Error('Connection terminated unexpectedly'), {});
+    const checkedOut = () => {
+      const client = new EventEmitter();
+      client.query = () => new Promise((resolve, reject) => {
+        attempts += 1;
+        setImmediate(() => {
+          const err = lost();
+          client.emit('error', err);
+          reject(err);
+        });
+      });
+      client.release = () => {};
+      return client;
+    };
+    const pool = {
+      options: {},
+      on() {},
+      query: async () => { attempts += 1; throw lost(); },
+      connect: async () => checkedOut(),
+    };
+    const client = new OnceClient({ pool, listen: false, connectTimeout: 0.5, onError: () => {} });
+    await assert.rejects(client.invalidate('k'), /Connection terminated/);
+    assert.ok(attempts > 2, `${attempts} attempts`);
   });
 });
 
