@@ -97,6 +97,11 @@ case $suite in
         # A virtualenv made before the test extra had pytest-xdist gets it too.
         "$venv/bin/python" -c "import pg_once, xdist" 2>/dev/null ||
             "$venv/bin/pip" install --quiet --disable-pip-version-check "./clients/python[test]" "psycopg[binary]"
+        # The client as this tree has it: a virtualenv kept from an earlier run would
+        # otherwise test the client installed then.
+        installed=$("$venv/bin/python" -c "import os, pg_once; print(os.path.dirname(pg_once.__file__))")
+        diff -rq -x __pycache__ "$installed" clients/python/src/pg_once >/dev/null ||
+            "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall ./clients/python
         # Four at a time (PG_ONCE_PY_WORKERS): the tests mostly wait (on leases, ttls,
         # NOTIFY), so this takes a third of the time. The ones marked serial close or fail
         # over servers under the others' feet, and run alone after them. Exit 5: the
