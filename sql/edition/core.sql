@@ -96,8 +96,11 @@ BEGIN
     months := extract(year FROM value) * 12 + extract(month FROM value);
     IF months <> 0 THEN
         days := extract(day FROM value);
+        -- The time part: what is left without the months and days.
         IF sign(days) = -sign(months)
-           OR sign(extract(epoch FROM value - make_interval(months => months::integer, days => days::integer))) = -sign(months) THEN
+           OR sign(extract(epoch FROM value - make_interval(months => months::integer,
+                                                            days => days::integer)))
+              = -sign(months) THEN
             RAISE EXCEPTION '% must not mix months with days or time of the other sign, got %', name, value
                 USING ERRCODE = 'invalid_parameter_value', HINT = hint;
         END IF;
