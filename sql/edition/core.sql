@@ -361,8 +361,22 @@ BEGIN
     PERFORM set_config('lock_timeout', greatest(extract(epoch FROM budget) * 1000, 1)::bigint::text, true);
     <<look>>
     LOOP
-        SELECT * INTO e FROM once.entries WHERE once.entries.key_hash = param.key_hash;
-        found_row := FOUND;
+        BEGIN
+            SELECT * INTO e FROM once.entries WHERE once.entries.key_hash = param.key_hash;
+            found_row := FOUND;
+        EXCEPTION WHEN lock_not_available THEN
+            -- The table is locked whole (VACUUM truncating it, DDL): as the table lock an
+            -- insert meets below, looked at once more for up to 100 ms with wait => 0,
+            -- then answered wait, as the extension's read that finds the table locked.
+            -- Costs a subtransaction a look: about 1.5 us.
+            IF budget = '0' AND NOT table_waited THEN
+                table_waited := true;
+                PERFORM set_config('lock_timeout', '100', true);
+                CONTINUE look;
+            END IF;
+            PERFORM set_config('lock_timeout', old_timeout, true);
+            RETURN once_internal.claim_answer('busy', NULL, NULL, param.owner, serve_stale);
+        END;
         -- Entry::fresh, Entry::servable_stale, Entry::retry_later, Seen::of.
         fresh := e.result IS NOT NULL AND (e.expires_at IS NULL OR e.expires_at > clock_timestamp());
         servable_stale := e.result IS NOT NULL AND NOT fresh AND e.stale_until IS NOT NULL
@@ -400,16 +414,20 @@ BEGIN
                     {{sql:insert_claim}}
                     INTO c.token, c.lease_expires_at, c.attempts;
                 EXCEPTION WHEN lock_not_available THEN
-                    -- A wait for another transaction's row names the row, "(block,item)",
-                    -- in a context line of its own, above the statement's, in every
-                    -- language: another transaction is inserting the key, uncommitted, and
-                    -- is answered at once, as the extension (which reads the row's header)
-                    -- does. Any other lock is the table's (its extension by a concurrent
-                    -- insert, a LOCK TABLE): it passes in moments, and with wait => 0 the
-                    -- insert is tried once more for up to 100 ms (PASSING_LOCK_MICROS), as
-                    -- the extension's first look waits.
+                    -- A wait for another transaction's row (it is inserting the key,
+                    -- uncommitted) puts a line naming the row above the statement's in the
+                    -- error's context; that line is translated, the statement's text and
+                    -- this function's name are not. So when the first line is the
+                    -- statement's or the function's, the wait was the table's (its
+                    -- extension by a concurrent insert, a LOCK TABLE): it passes in
+                    -- moments, and with wait => 0 the insert is tried once more for up to
+                    -- 100 ms (PASSING_LOCK_MICROS), as the extension's first look waits.
+                    -- Otherwise (a row, or a speculative insertion, which has no context)
+                    -- the key is answered at once, as the extension, which reads the
+                    -- row's header, does.
                     GET STACKED DIAGNOSTICS lock_context = PG_EXCEPTION_CONTEXT;
-                    IF split_part(lock_context, E'\n', 1) !~ '^[^"]*\(\d+,\d+\)'
+                    IF split_part(lock_context, E'\n', 1)
+                           ~ '(INSERT INTO once\.entries|once_internal\.claim_attempt\()'
                        AND budget = '0' AND NOT table_waited THEN
                         table_waited := true;
                         PERFORM set_config('lock_timeout', '100', true);
