@@ -400,7 +400,11 @@ impl Run<'_> {
                 .rev()
                 .find(|(k, _, _)| k == call.1)
                 .map(|(_, kind, _)| *kind);
-            assert_eq!(last, Some(kind), "{what}: the outcome hook");
+            assert_eq!(
+                last,
+                Some(kind),
+                "{what}: the outcome hook; the call: {outcome:?}"
+            );
         }
         if let Some(ms) = expect.get("within_ms").and_then(Value::as_u64) {
             assert!(
