@@ -267,6 +267,12 @@ async function runScenario(setup, admin, scenario) {
         } else {
           await check(promise, step.expect, started, step.within_ms, step);
         }
+      } else if (step.until?.counter) {
+        // Waited for, up to 10 s: a counter reaching a count.
+        const [name, n] = step.until.counter;
+        const deadline = Date.now() + 10_000;
+        while ((counters.get(name) ?? 0) < n && Date.now() < deadline) await sleep(5);
+        assert.ok((counters.get(name) ?? 0) >= n, `counter ${name} never reached ${n}`);
       } else if (step.kill_listener !== undefined) {
         await clients[step.kill_listener].ready();
         const pid = clients[step.kill_listener].ownerPid;

@@ -113,26 +113,32 @@ class Scenario:
     # -- compute functions -----------------------------------------------------------------
 
     def compute(self, spec: dict):
+        def count(name):
+            self.counters[name] = self.counters.get(name, 0) + 1
+
         def effect():
-            if "counts" in spec:
-                self.counters[spec["counts"]] = self.counters.get(spec["counts"], 0) + 1
             if "raises" in spec:
                 raise RuntimeError(spec["raises"])
             return value(spec.get("returns"))
 
+        # `counts` when it starts, as the other runners count.
         if self.flavor == "async":
             async def acompute(*_args):
+                if "counts" in spec:
+                    count(spec["counts"])
                 try:
                     await asyncio.sleep(spec.get("sleep_ms", 0) / 1000)
                 except asyncio.CancelledError:
                     # `counts_stop`: counted when the call's cancellation stops it.
                     if "counts_stop" in spec:
-                        self.counters[spec["counts_stop"]] = self.counters.get(spec["counts_stop"], 0) + 1
+                        count(spec["counts_stop"])
                     raise
                 return effect()
             return acompute
 
         def compute(*_args):
+            if "counts" in spec:
+                count(spec["counts"])
             time.sleep(spec.get("sleep_ms", 0) / 1000)
             return effect()
         return compute
@@ -186,6 +192,13 @@ class Scenario:
             await asyncio.sleep(step["sleep_ms"] / 1000)
         elif "sql" in step:
             await self.sql(step["sql"], expect)
+        elif "until" in step:
+            # Waited for, up to 10 s: a counter reaching a count.
+            name, n = step["until"]["counter"]
+            deadline = time.monotonic() + 10
+            while self.counters.get(name, 0) < n and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
+            assert self.counters.get(name, 0) >= n, f"counter {name} never reached {n}"
         elif "kill_listener" in step:
             n = step["kill_listener"]
             self.killed[n] = await self.owner_pid(n)

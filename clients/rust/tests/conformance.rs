@@ -515,6 +515,21 @@ impl Run<'_> {
                     .await
                     .unwrap_or_else(|e| panic!("{what}: {sql}: {e}")),
             }
+        } else if let Some([name, n]) = step
+            .pointer("/until/counter")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+        {
+            // Waited for, up to 10 s: a counter reaching a count.
+            let (counter, n) = (self.counter(name.as_str().unwrap()), n.as_u64().unwrap());
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while (counter.load(Ordering::SeqCst) as u64) < n && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert!(
+                counter.load(Ordering::SeqCst) as u64 >= n,
+                "{what}: counter {name} never reached {n}"
+            );
         } else if let Some(n) = step.get("kill_listener").and_then(Value::as_u64) {
             let n = n as usize;
             self.clients[n]
