@@ -88,9 +88,22 @@ case $suite in
     isolation)
         pgxs isolation pg_isolation_regress pg_once_isolation "${PG_ISOLATION_REGRESS:-}" ;;
     multi)
-        cargo test -p pg_once_multi --quiet --test protocol --test wakeups --test queue \
-            --test pooling --test namespaces --test freshness --test announcements \
-            --test attacks --test sweep --test counts --test argument_rules --test held_rows "$@" ;;
+        multi() {
+            cargo test -p pg_once_multi --quiet --test protocol --test wakeups --test queue \
+                --test pooling --test namespaces --test freshness --test announcements \
+                --test attacks --test sweep --test counts --test argument_rules --test held_rows "$@"
+        }
+        # pooling.rs's owner-session test sends RECONNECT to PgBouncer's console, which
+        # ends the server logins under way, and PgBouncer then refuses every client for
+        # server_login_retry (15 s): the others failed with that in a loaded run. It runs
+        # alone, after them, unless ARGUMENTS choose the tests.
+        reconnects=an_owner_session_keeps_a_pooled_claim_until_its_process_goes
+        if [ $# -eq 0 ]; then
+            multi -- --skip "$reconnects"
+            cargo test -p pg_once_multi --quiet --test pooling "$reconnects"
+        else
+            multi "$@"
+        fi ;;
     python)
         venv=${PG_ONCE_PY_VENV:-${PG_ONCE_WORK:-/var/tmp/pg_once}/py-venv}
         [ -x "$venv/bin/python" ] || python3 -m venv "$venv"

@@ -378,6 +378,8 @@ async fn server_pids(client: &Client) -> Result<Vec<String>> {
     Ok(pids)
 }
 
+// `scripts/suite.sh multi` runs this one alone, after the others: its RECONNECT makes
+// PgBouncer refuse every client for a while (server_login_retry).
 #[tokio::test(flavor = "multi_thread")]
 async fn an_owner_session_keeps_a_pooled_claim_until_its_process_goes() -> Result<()> {
     let admin = admin().await?;
