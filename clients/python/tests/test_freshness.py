@@ -264,9 +264,10 @@ def test_async_stale_window_and_background_refresh_task(setup, key, admin):
 def test_async_close_cancels_a_refresh_still_running_and_gives_its_claim_back(setup, key, admin):
     async def main():
         await async_expire_into_stale_window(setup, key)
-        cancelled = []
+        cancelled, started = [], asyncio.Event()
 
         async def hang():
+            started.set()
             try:
                 await asyncio.sleep(30)
             except asyncio.CancelledError:
@@ -276,6 +277,9 @@ def test_async_close_cancels_a_refresh_still_running_and_gives_its_claim_back(se
 
         client = setup.async_client()
         assert await client.get_or_compute(key, hang, ttl=60, stale=60) == "v1"
+        # The refresh runs in the background: closed before it has started, it would be
+        # cancelled before hang() could see it (a loaded run did so).
+        await asyncio.wait_for(started.wait(), 10)
         t0 = time.monotonic()
         await client.close(refresh_timeout=0.5)
         assert time.monotonic() - t0 < 2.5 and cancelled == [1]
