@@ -7,11 +7,13 @@ import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { randomUUID } from 'node:crypto';
+import { isDeepStrictEqual } from 'node:util';
 import pg from 'pg';
 import { defaultKey, OnceClient } from '../src/index.mjs';
 import { serializer, toText } from '../src/values.cjs';
 import { isConnectionError } from '../src/util.cjs';
 import { DSN, setups, standbyFirstSetups, makeClient, closeClient, sleep } from './helpers.js';
+import { startProxy, throughProxy } from './proxy.js';
 
 const DIR = process.env.PG_ONCE_CONFORMANCE_DIR
   ?? fileURLToPath(new URL('../../conformance', import.meta.url));
@@ -142,7 +144,19 @@ for (const setup of scenarios.length ? [...setups, ...standbyFirstSetups] : []) 
 // The scenarios' option names (docs/clients.md's) as this client spells them.
 const OPTION_NAMES = { listen_conninfo: 'listenConnectionString' };
 
+/** A query's rows as arrays of its columns' values, as a scenario writes them. */
+const rowsOf = (result) => result.rows.map((r) => result.fields.map((f) => r[f.name]));
+
 async function runScenario(setup, admin, scenario) {
+  // `proxy`: each client's pool through a proxy of ours to PG_ONCE_DSN's server (README).
+  let proxied = null;
+  if (scenario.proxy) {
+    if ((setup.kind ?? setup.name) !== 'direct') {
+      throw new NotApplicable(`a case with "proxy" runs in the direct setup only (its pool would bypass ${setup.name})`);
+    }
+    proxied = throughProxy(setup.poolDsn);
+    if (!proxied) throw new NotApplicable(`"proxy" needs PG_ONCE_DSN as a postgresql:// URL of one TCP host, not ${setup.poolDsn}`);
+  }
   const run = randomUUID();
   const prefix = `conf/${run}/`;
   const keyed = (k) => `${prefix}${k}`;
@@ -161,7 +175,12 @@ async function runScenario(setup, admin, scenario) {
   const listenDsn = scenario.listen === 'pool' ? setup.poolDsn : setup.listenDsn;
   // Each client's outcome hook events (docs/clients.md, O1), in order.
   const outcomes = Array.from({ length: scenario.clients ?? 1 }, () => []);
-  const clients = outcomes.map((seen) => makeClient({ ...setup, listenDsn }, { onOutcome: (e) => seen.push(e) }));
+  // One proxy per client, started before the clients that connect through them.
+  const proxies = proxied ? await Promise.all(outcomes.map(() => startProxy(proxied.target))) : [];
+  const clients = outcomes.map((seen, n) => makeClient(
+    { ...setup, poolDsn: proxied ? proxied.dsnFor(proxies[n]) : setup.poolDsn, listenDsn },
+    { onOutcome: (e) => seen.push(e) },
+  ));
   const computeOf = (spec = {}) => async ({ signal } = {}) => {
     if (spec.counts) count(spec.counts);
     // `counts_stop`: counted when the call's cancellation stops the computation.
@@ -219,11 +238,21 @@ async function runScenario(setup, admin, scenario) {
   const check = async (promise, expect = {}, started, within, step = {}) => {
     let value;
     let error;
+    // A call bounded by within_ms is not awaited much past it: one that never settles (its
+    // answer held by a paused proxy, say) fails the case instead of hanging the run.
+    const late = Symbol('still running');
+    let timer;
+    const bound = within === undefined ? promise : Promise.race([promise, new Promise((resolve) => {
+      timer = setTimeout(() => resolve(late), Math.max(0, started + within + 100 - Date.now()));
+    })]);
     try {
-      value = await promise;
+      value = await bound;
     } catch (err) {
       error = err;
+    } finally {
+      clearTimeout(timer);
     }
+    assert.ok(value !== late, `still running ${Date.now() - started} ms after it started, more than ${within}`);
     if (within !== undefined) assert.ok(Date.now() - started <= within, `took ${Date.now() - started} ms, more than ${within}`);
     if (expect.outcome) {
       // The last event of that client for that key.
@@ -254,10 +283,7 @@ async function runScenario(setup, admin, scenario) {
       if (step.sql !== undefined) {
         let result = await admin.query(sqlText(step.sql));
         if (Array.isArray(result)) result = result[result.length - 1];
-        if (step.expect?.rows) {
-          const rows = result.rows.map((r) => result.fields.map((f) => r[f.name]));
-          assert.deepEqual(rows, step.expect.rows);
-        }
+        if (step.expect?.rows) assert.deepEqual(rowsOf(result), step.expect.rows);
       } else if (step.call) {
         const started = Date.now();
         const promise = call(step);
@@ -273,6 +299,22 @@ async function runScenario(setup, admin, scenario) {
         const deadline = Date.now() + 10_000;
         while ((counters.get(name) ?? 0) < n && Date.now() < deadline) await sleep(5);
         assert.ok((counters.get(name) ?? 0) >= n, `counter ${name} never reached ${n}`);
+      } else if (step.until?.sql !== undefined) {
+        // Waited for, up to 10 s: the SQL's rows becoming those (a claim reached the server).
+        const text = sqlText(step.until.sql);
+        const deadline = Date.now() + 10_000;
+        let rows = rowsOf(await admin.query(text));
+        while (!isDeepStrictEqual(rows, step.until.rows) && Date.now() < deadline) {
+          await sleep(20);
+          rows = rowsOf(await admin.query(text));
+        }
+        assert.deepEqual(rows, step.until.rows, `${text} never answered these rows within 10 s`);
+      } else if (step.pause !== undefined) {
+        assert.ok(proxies[step.pause], `pause: client ${step.pause} has no proxy (the case needs "proxy": true)`);
+        proxies[step.pause].pause();
+      } else if (step.resume !== undefined) {
+        assert.ok(proxies[step.resume], `resume: client ${step.resume} has no proxy (the case needs "proxy": true)`);
+        proxies[step.resume].resume();
       } else if (step.kill_listener !== undefined) {
         await clients[step.kill_listener].ready();
         const pid = clients[step.kill_listener].ownerPid;
@@ -311,7 +353,11 @@ async function runScenario(setup, admin, scenario) {
       }
     }
   } finally {
+    // Nothing held any more: a call, or a client's end, waiting for an answer a failed case
+    // left in a paused proxy gets it.
+    for (const proxy of proxies) proxy.resume();
     await Promise.allSettled([...running.values()].map((r) => r.promise));
     await Promise.all(clients.map(closeClient));
+    await Promise.all(proxies.map((proxy) => proxy.close()));
   }
 }
