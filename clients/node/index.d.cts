@@ -212,7 +212,9 @@ export declare class OnceClient {
    * One claim_key for code that computes and stores by itself (the idempotency
    * middleware): the stored value, the claim (heartbeated until complete or release),
    * 'mismatch' (held for another fingerprint), the shared failure, or 'wait' when someone
-   * else still holds it after `wait` seconds (default 0: ask once).
+   * else still holds it after `wait` seconds (default 0: ask once). Rejects with OnceTimeout
+   * when its own claim_key is still unanswered at the end of a `wait` above 0, or with the
+   * signal's reason: a claim that late answer makes is given back.
    */
   claim(key: string, options?: ClaimOptions): Promise<ClaimAnswer>;
   /** once.invalidate_key: forget the key's result or failure; false if it was absent. */

@@ -89,6 +89,7 @@ class OnceClient {
   #caps = null; // the row, once known
   #inflight = new Map(); // key -> the promise every caller in this process awaits
   #refreshes = new Map(); // key -> the background refresh running here (at most one per key)
+  #lateClaims = new Set(); // claim_key answers whose callers left, released when they come
   #workers = new Set();
   #closed = false;
   #connectTimeoutMs;
@@ -365,7 +366,11 @@ class OnceClient {
     if (this.#closed) return;
     seconds('refreshTimeout', refreshTimeout, { allowZero: true });
     this.#closed = true;
-    await Promise.all([...[...this.#workers].map((w) => w.stop().catch(() => {})), this.#endRefreshes(refreshTimeout)]);
+    await Promise.all([
+      ...[...this.#workers].map((w) => w.stop().catch(() => {})),
+      this.#endRefreshes(refreshTimeout),
+      this.#endLateClaims(refreshTimeout),
+    ]);
     await this.#listener?.close();
     if (this.#ownsPool) await this.#pool.end();
   }
@@ -489,10 +494,15 @@ class OnceClient {
     return result;
   }
 
-  async #claim(key, lease, serveStale, fingerprint = null, deadline = undefined) {
+  /**
+   * One claim_key. `left` (a signal) aborts when its caller stopped waiting for it before it
+   * was sent (while the owner pid was awaited): then nothing is sent, and it answers null.
+   */
+  async #claim(key, lease, serveStale, fingerprint = null, deadline = undefined, left = undefined) {
     const fp = fingerprint === null ? [] : [fingerprint];
     for (let retried = false; ; retried = true) {
       const owner = await this.#owner();
+      if (left?.aborted) return null;
       try {
         const { rows: [claim] } = owner === null
           ? await this.#query(claimSql(false, false, fp.length > 0), [key, lease, ...fp], deadline)
@@ -504,6 +514,64 @@ class OnceClient {
         if (retried || err.code !== '22023' || !owner) throw err;
         await this.#listener.verify(owner);
       }
+    }
+  }
+
+  /**
+   * #claim within its caller's bounds (X2, N6, R2): it rejects as soon as `o.signal` aborts,
+   * and, for a caller with a wait, with its Timeout at `deadline`, even while the statement
+   * is on its way. That statement is not abandoned: a claim_key already sent may have
+   * claimed the key for us, and nobody else could give that claim back before its lease
+   * runs out. Its answer is taken when it comes, and a claim it made is released.
+   * A call with wait 0, or whose deadline passed before its first ask (a loaded machine),
+   * asks once and takes the answer, however long it takes to come: bounding that ask by a
+   * deadline already gone would make the call fail without a chance.
+   */
+  #claimWithin(key, o, deadline) {
+    const left = new AbortController();
+    const answer = this.#claim(key, o.lease, o.serveStale, o.fingerprint ?? null, deadline, left.signal);
+    let timedOut = null;
+    const bounds = { signal: o.signal };
+    if (o.wait > 0 && deadline > Date.now()) {
+      bounds.ms = deadline - Date.now();
+      bounds.onTimeout = () => {
+        timedOut = Object.assign(new OnceTimeout(key, o.wait), { [OWN_DEADLINE]: true });
+        return timedOut;
+      };
+    }
+    return bounded(answer, bounds).catch((err) => {
+      const gaveUp = err === timedOut || (o.signal?.aborted && err === o.signal.reason);
+      if (gaveUp) {
+        left.abort();
+        this.#releaseWhenAnswered(key, answer);
+      }
+      throw err;
+    });
+  }
+
+  /**
+   * The answer of a claim_key whose caller has left: a claim it made ('claimed', or
+   * 'refresh', C5) is released when it comes. end() waits for these (#endLateClaims).
+   */
+  #releaseWhenAnswered(key, answer) {
+    const late = answer.then(async (row) => {
+      if (row?.outcome === 'claimed' || row?.outcome === 'refresh') await this.#release(key, row.token);
+    }, () => {}) // a claim_key that failed: its error was nobody's any more, and it gave us no token
+      .finally(() => this.#lateClaims.delete(late));
+    this.#lateClaims.add(late);
+  }
+
+  /** end(): wait up to `timeout` seconds for the answers of claims whose callers left. */
+  async #endLateClaims(timeout) {
+    if (this.#lateClaims.size === 0) return;
+    let timer;
+    await Promise.race([
+      Promise.all(this.#lateClaims),
+      new Promise((resolve) => { timer = setTimeout(resolve, timeout * 1000); }),
+    ]);
+    clearTimeout(timer);
+    if (this.#lateClaims.size > 0) {
+      this.#onError(new OnceError(`pg-once: ending: ${this.#lateClaims.size} claim_key answer(s) still on their way after ${timeout} s; a claim they made ends with its lease`));
     }
   }
 
@@ -632,7 +700,7 @@ class OnceClient {
       for (;;) {
         o.signal?.throwIfAborted();
         interest?.arm();
-        const claim = await this.#claim(key, o.lease, o.serveStale, o.fingerprint ?? null, deadline);
+        const claim = await this.#claimWithin(key, o, deadline);
         if (claim.outcome !== 'wait') return claim;
         onWait();
         // claim.token is NULL here (or, from older servers, the owner's): never used.
@@ -717,7 +785,11 @@ class OnceClient {
     o.signal?.addEventListener('abort', cancel, { once: true });
     let text;
     try {
-      if (o.signal?.aborted) cancel();
+      if (o.signal?.aborted) {
+        // Every caller left as the claim came: nobody wants the result, so compute nothing.
+        await this.#release(key, token);
+        throw o.signal.reason;
+      }
       const running = Promise.resolve().then(() => o.observed.inSpan(() => compute({ signal: stop.signal })));
       running.catch(() => {}); // it may settle after we stopped waiting for it
       let value;
