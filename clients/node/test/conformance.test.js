@@ -152,7 +152,7 @@ async function runScenario(setup, admin, scenario) {
   let proxied = null;
   if (scenario.proxy) {
     if ((setup.kind ?? setup.name) !== 'direct') {
-      throw new NotApplicable(`a case with "proxy" runs in the direct setup only (its pool would bypass ${setup.name})`);
+      throw new NotApplicable(`a case with "proxy" runs in the direct setup only (its proxies forward to the server itself, not through ${setup.name})`);
     }
     proxied = throughProxy(setup.poolDsn);
     if (!proxied) throw new NotApplicable(`"proxy" needs PG_ONCE_DSN as a postgresql:// URL of one TCP host, not ${setup.poolDsn}`);
