@@ -438,9 +438,11 @@ class OnceClient {
    * pg_once call is safe to repeat with the same token, and a recycled pooled connection,
    * or a failover to another host (N7), is no reason to fail the caller while the budget
    * lasts. A pooled connection that failed is not lent again: pg.Pool drops a client
-   * whose query failed on a broken connection.
+   * whose query failed on a broken connection. `progress.failed` is kept at the last
+   * connection error, for a caller that stops waiting for the statement at its deadline
+   * (#claimWithin): R2 gives it that error.
    */
-  async #query(text, values, deadline = Date.now() + this.#connectTimeoutMs) {
+  async #query(text, values, deadline = Date.now() + this.#connectTimeoutMs, progress = {}) {
     let pause = 50;
     let failed = null;
     for (let attempt = 1; ; attempt += 1) {
@@ -448,6 +450,7 @@ class OnceClient {
         return failed === null ? await this.#pool.query(text, values) : await this.#retry(text, values, deadline, failed);
       } catch (err) {
         if (this.#closed || !isConnectionError(err)) throw err;
+        progress.failed = err;
         if (attempt > 1) {
           const wait = jitter(pause);
           if (Date.now() + wait >= deadline) throw err;
@@ -497,16 +500,17 @@ class OnceClient {
   /**
    * One claim_key. `left` (a signal) aborts when its caller stopped waiting for it before it
    * was sent (while the owner pid was awaited): then nothing is sent, and it answers null.
+   * `progress`: #query's.
    */
-  async #claim(key, lease, serveStale, fingerprint = null, deadline = undefined, left = undefined) {
+  async #claim(key, lease, serveStale, fingerprint = null, deadline = undefined, left = undefined, progress = {}) {
     const fp = fingerprint === null ? [] : [fingerprint];
     for (let retried = false; ; retried = true) {
       const owner = await this.#owner();
       if (left?.aborted) return null;
       try {
         const { rows: [claim] } = owner === null
-          ? await this.#query(claimSql(false, false, fp.length > 0), [key, lease, ...fp], deadline)
-          : await this.#query(claimSql(true, serveStale, fp.length > 0), [key, lease, owner, ...fp], deadline);
+          ? await this.#query(claimSql(false, false, fp.length > 0), [key, lease, ...fp], deadline, progress)
+          : await this.#query(claimSql(true, serveStale, fp.length > 0), [key, lease, owner, ...fp], deadline, progress);
         return claim;
       } catch (err) {
         // 22023 naming our owner pid: the listener connection died a moment ago and we
@@ -526,16 +530,19 @@ class OnceClient {
    * A call with wait 0, or whose deadline passed before its first ask (a loaded machine),
    * asks once and takes the answer, however long it takes to come: bounding that ask by a
    * deadline already gone would make the call fail without a chance.
+   * A claim whose connection failed on the way and that is still being retried at the
+   * deadline gives the caller that connection error, as R2 says, rather than Timeout.
    */
   #claimWithin(key, o, deadline) {
     const left = new AbortController();
-    const answer = this.#claim(key, o.lease, o.serveStale, o.fingerprint ?? null, deadline, left.signal);
+    const progress = { failed: null };
+    const answer = this.#claim(key, o.lease, o.serveStale, o.fingerprint ?? null, deadline, left.signal, progress);
     let timedOut = null;
     const bounds = { signal: o.signal };
     if (o.wait > 0 && deadline > Date.now()) {
       bounds.ms = deadline - Date.now();
       bounds.onTimeout = () => {
-        timedOut = Object.assign(new OnceTimeout(key, o.wait), { [OWN_DEADLINE]: true });
+        timedOut = progress.failed ?? Object.assign(new OnceTimeout(key, o.wait), { [OWN_DEADLINE]: true });
         return timedOut;
       };
     }
