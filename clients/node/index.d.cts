@@ -232,8 +232,9 @@ export declare class OnceClient {
   work<P = Json>(queue: string, handler: (job: Job<P>) => unknown, options?: WorkOptions): Worker;
   /**
    * Stop workers, let background refreshes finish for up to `refreshTimeout` seconds (default
-   * 10) and give back the claims of those still running, close the listener, and the pool if
-   * connect() made it.
+   * 10) and give back the claims of those still running, wait as long for the claim_key
+   * answers whose callers left (to give back a claim they made), close the listener, and the
+   * pool if connect() made it.
    */
   end(options?: { refreshTimeout?: number }): Promise<void>;
 }

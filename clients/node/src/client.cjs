@@ -360,7 +360,8 @@ class OnceClient {
   /**
    * Stop the workers (finishing or releasing their jobs), let background refreshes store
    * their results for up to `refreshTimeout` seconds and give back the claims of those still
-   * running, then close the listener, and the pool if it is ours.
+   * running, wait as long for the late claim_key answers whose callers left (#lateClaims),
+   * then close the listener, and the pool if it is ours.
    */
   async end({ refreshTimeout = 10 } = {}) {
     if (this.#closed) return;
