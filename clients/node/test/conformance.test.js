@@ -320,7 +320,10 @@ async function runScenario(setup, admin, scenario) {
         const pid = clients[step.kill_listener].ownerPid;
         assert.ok(pid > 0, 'the client listens');
         killed.set(step.kill_listener, pid);
-        await admin.query('SELECT pg_terminate_backend($1)', [pid]);
+        // Waited for until the backend has exited (up to 10 s): a claim made with its pid
+        // while it is still exiting would be accepted, then lost with it, where the
+        // scenario means a claim refused for a dead pid (R3).
+        await admin.query('SELECT pg_terminate_backend($1, 10000)', [pid]);
       } else if (step.expect?.new_listener !== undefined) {
         // The client listens again, on another backend: waited for, up to 10 s.
         const n = step.expect.new_listener;
