@@ -6,7 +6,8 @@
 
 mod common;
 
-use common::{fresh, setups, standby_first_setups, Setup};
+use common::proxy::{HoldingProxy, Server};
+use common::{at_server, fresh, setups, standby_first_setups, Setup};
 use pg_once_client::{CallOptions, Client, Error, Job, Options, OutcomeHook, WorkOptions};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -131,6 +132,9 @@ struct Run<'a> {
     /// The pid of each client's LISTEN connection a `kill_listener` step terminated.
     killed: HashMap<usize, i32>,
     admin: tokio_postgres::Client,
+    /// `"proxy": true`: client N's pool goes through `proxies[N]`. Dropped with the run,
+    /// at the end of the case, they close every connection they made.
+    proxies: Vec<HoldingProxy>,
 }
 
 type Outcome = Result<Value, Error>;
@@ -479,6 +483,30 @@ impl Run<'_> {
         );
     }
 
+    /// The rows `sql` answers on the test's own connection (of its last statement), each
+    /// row a JSON array of its columns, in order.
+    async fn rows(&self, what: &str, sql: &str) -> Value {
+        let wrapped = format!(
+            "SELECT (SELECT json_agg(value) FROM json_each(row_to_json(q)))::text FROM ({sql}) q"
+        );
+        let got = self
+            .admin
+            .query(&wrapped, &[])
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {sql}: {e}"))
+            .iter()
+            .map(|r| serde_json::from_str(r.get::<_, &str>(0)).unwrap())
+            .collect();
+        Value::Array(got)
+    }
+
+    /// Client `n`'s proxy, for `pause` and `resume` steps.
+    fn proxy(&self, what: &str, n: u64) -> &HoldingProxy {
+        self.proxies.get(n as usize).unwrap_or_else(|| {
+            panic!("{what}: client {n} has no proxy (the case needs \"proxy\": true)")
+        })
+    }
+
     async fn step(&mut self, what: &str, step: &Value) -> Result<(), Skip> {
         let expect = step.get("expect").cloned().unwrap_or(Value::Null);
         let expect = match step.get("within_ms") {
@@ -494,21 +522,7 @@ impl Run<'_> {
         } else if let Some(sql) = step.get("sql").and_then(Value::as_str) {
             let sql = self.sql(sql);
             match expect.get("rows") {
-                Some(rows) => {
-                    // Each row as a JSON array of its columns, in order.
-                    let wrapped = format!(
-                        "SELECT (SELECT json_agg(value) FROM json_each(row_to_json(q)))::text FROM ({sql}) q"
-                    );
-                    let got: Vec<Value> = self
-                        .admin
-                        .query(&wrapped, &[])
-                        .await
-                        .unwrap_or_else(|e| panic!("{what}: {sql}: {e}"))
-                        .iter()
-                        .map(|r| serde_json::from_str(r.get::<_, &str>(0)).unwrap())
-                        .collect();
-                    assert_eq!(Value::Array(got), *rows, "{what}: {sql}");
-                }
+                Some(rows) => assert_eq!(self.rows(what, &sql).await, *rows, "{what}: {sql}"),
                 None => self
                     .admin
                     .batch_execute(&sql)
@@ -530,6 +544,24 @@ impl Run<'_> {
                 counter.load(Ordering::SeqCst) as u64 >= n,
                 "{what}: counter {name} never reached {n}"
             );
+        } else if let Some(until) = step.pointer("/until/sql").and_then(Value::as_str) {
+            // Waited for, up to 10 s: the SQL's rows becoming those (a claim has reached
+            // the server, say).
+            let (sql, want) = (self.sql(until), &step["until"]["rows"]);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut got = self.rows(what, &sql).await;
+            while got != *want && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                got = self.rows(what, &sql).await;
+            }
+            assert_eq!(
+                got, *want,
+                "{what}: {sql} never answered those rows in 10 s"
+            );
+        } else if let Some(n) = step.get("pause").and_then(Value::as_u64) {
+            self.proxy(what, n).pause();
+        } else if let Some(n) = step.get("resume").and_then(Value::as_u64) {
+            self.proxy(what, n).resume();
         } else if let Some(n) = step.get("kill_listener").and_then(Value::as_u64) {
             let n = n as usize;
             self.clients[n]
@@ -636,6 +668,15 @@ async fn scenarios_pass_in_every_setup() {
                 continue;
             }
             let what = format!("[{}] {file}: {}", setup.name, case["name"]);
+            // The proxy stands in front of PG_ONCE_DSN's server: through PgBouncer, over TLS
+            // or to a standby, its pause would hold what the case does not mean to hold.
+            let proxied = case["proxy"] == true;
+            if proxied && setup.name != "direct" {
+                skipped.push(format!(
+                    "{what} (a proxy case runs in the direct setup only)"
+                ));
+                continue;
+            }
             let mut run = Run {
                 setup: &setup,
                 prefix: fresh("conformance"),
@@ -645,6 +686,7 @@ async fn scenarios_pass_in_every_setup() {
                 background: HashMap::new(),
                 killed: HashMap::new(),
                 admin: setup.admin().await,
+                proxies: Vec::new(),
             };
             for i in 0..case["clients"].as_u64().unwrap_or(1) {
                 let seen: Seen = Arc::default();
@@ -664,7 +706,16 @@ async fn scenarios_pass_in_every_setup() {
                 };
                 // `listen: "pool"`: the LISTEN connection goes where the pool does (README).
                 let tag = format!("rust-conformance-{i}");
-                let client = if case["listen"] == "pool" {
+                let client = if proxied {
+                    // The pool through a proxy of its own; the LISTEN connection direct.
+                    let proxy = HoldingProxy::start(Server::of(&setup.direct_dsn)).await;
+                    let through = Setup {
+                        pool_dsn: at_server(&setup.pool_dsn, "127.0.0.1", proxy.port),
+                        ..setup.clone()
+                    };
+                    run.proxies.push(proxy);
+                    through.client(&tag, options).await
+                } else if case["listen"] == "pool" {
                     let pool = run.setup.pool_dsn.clone();
                     run.setup.client_listening_at(&tag, &pool, options).await
                 } else {
@@ -682,4 +733,46 @@ async fn scenarios_pass_in_every_setup() {
         }
     }
     eprintln!("{} scenario runs; skipped: {skipped:#?}", cases.len());
+}
+
+/// The proxy cases' connection strings: every host, `hostaddr` and port of the string
+/// replaced by the proxy's, in either form, and nothing else changed.
+#[test]
+fn a_connection_string_is_pointed_at_the_proxy_alone() {
+    assert_eq!(
+        at_server(
+            "host=db1,db2 port=5432,5433 user=app password='a b\\'c' dbname=x",
+            "127.0.0.1",
+            40000
+        ),
+        "user='app' password='a b\\'c' dbname='x' host=127.0.0.1 port=40000"
+    );
+    assert_eq!(
+        at_server(
+            "hostaddr = 10.0.0.1 host=db sslmode=disable",
+            "127.0.0.1",
+            40000
+        ),
+        "sslmode='disable' host=127.0.0.1 port=40000"
+    );
+    assert_eq!(
+        at_server(
+            "postgresql://u:p@db1:5432,db2/app?host=db3&sslmode=prefer",
+            "127.0.0.1",
+            40000
+        ),
+        "postgresql://u:p@127.0.0.1:40000/app?sslmode=prefer"
+    );
+    assert_eq!(
+        at_server("postgres://db1", "127.0.0.1", 40000),
+        "postgres://127.0.0.1:40000"
+    );
+    for dsn in [
+        at_server("host=db1 port=1 user=app", "127.0.0.1", 40000),
+        at_server("postgresql://db1:1,db2:2/app", "127.0.0.1", 40000),
+    ] {
+        let parsed = pg_once_client::Conninfo::parse(&dsn).unwrap();
+        assert_eq!(parsed.config().get_hosts().len(), 1, "{dsn}");
+        assert_eq!(parsed.config().get_ports(), [40000], "{dsn}");
+    }
 }

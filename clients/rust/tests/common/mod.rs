@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod proxy;
+
 use pg_once_client::{Client, Options};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -198,4 +200,79 @@ pub fn with_param(dsn: &str, key: &str, value: &str) -> String {
         .collect();
     out.push(format!("{key}={value}"));
     out.join(" ")
+}
+
+/// `dsn` (either libpq form) pointed at one server, `host` and `port`, and nowhere else: the
+/// hosts, ports and `hostaddr` it named are taken out (tokio-postgres reads a repeated
+/// `host` as one more host to try, so appending would not replace them), the rest kept.
+pub fn at_server(dsn: &str, host: &str, port: u16) -> String {
+    const SERVER_KEYS: [&str; 3] = ["host", "hostaddr", "port"];
+    if let Some((scheme, rest)) = dsn
+        .split_once("://")
+        .filter(|(scheme, _)| matches!(*scheme, "postgres" | "postgresql"))
+    {
+        // postgresql://[userinfo@]hosts[/dbname][?params]: the hosts end at '/' or '?'.
+        let end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(end);
+        let userinfo = authority.rfind('@').map_or("", |at| &authority[..=at]);
+        let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
+        let params: Vec<&str> = query
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .filter(|p| !SERVER_KEYS.contains(&p.split('=').next().unwrap_or("")))
+            .collect();
+        let query = if params.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", params.join("&"))
+        };
+        return format!("{scheme}://{userinfo}{host}:{port}{path}{query}");
+    }
+    let mut kept: Vec<String> = keyword_values(dsn)
+        .into_iter()
+        .filter(|(k, _)| !SERVER_KEYS.contains(&k.as_str()))
+        .map(|(k, v)| format!("{k}='{}'", v.replace('\\', "\\\\").replace('\'', "\\'")))
+        .collect();
+    kept.push(format!("host={host}"));
+    kept.push(format!("port={port}"));
+    kept.join(" ")
+}
+
+/// A libpq key/value string's pairs, as libpq reads them: `key = value`, the value
+/// single-quoted when it holds spaces, with `\\` and `\'` escapes.
+fn keyword_values(dsn: &str) -> Vec<(String, String)> {
+    let mut pairs = Vec::new();
+    let mut chars = dsn.chars().peekable();
+    loop {
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        let key: String =
+            std::iter::from_fn(|| chars.next_if(|c| *c != '=' && !c.is_whitespace())).collect();
+        if key.is_empty() {
+            return pairs;
+        }
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        assert_eq!(chars.next(), Some('='), "{dsn}: {key} has no value");
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        let mut value = String::new();
+        if chars.next_if_eq(&'\'').is_some() {
+            loop {
+                match chars
+                    .next()
+                    .unwrap_or_else(|| panic!("{dsn}: an unclosed quote"))
+                {
+                    '\'' => break,
+                    '\\' => value.extend(chars.next()),
+                    c => value.push(c),
+                }
+            }
+        } else {
+            while let Some(c) = chars.next_if(|c| !c.is_whitespace()) {
+                match c {
+                    '\\' => value.extend(chars.next()),
+                    c => value.push(c),
+                }
+            }
+        }
+        pairs.push((key, value));
+    }
 }
