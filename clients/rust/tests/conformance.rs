@@ -145,6 +145,8 @@ type Seen = Arc<Mutex<Vec<(String, &'static str, Duration)>>>;
 /// A call under way: its task, when it started, which client made it, and its key.
 struct Call {
     handle: JoinHandle<Outcome>,
+    /// How its task ended, once a `cancel` step has waited for that.
+    ended: Option<Result<Outcome, tokio::task::JoinError>>,
     started: Instant,
     client: usize,
     key: String,
@@ -235,6 +237,7 @@ impl Run<'_> {
         };
         Ok(Call {
             handle,
+            ended: None,
             started,
             client: step["client"].as_u64().unwrap_or(0) as usize,
             key,
@@ -463,9 +466,27 @@ impl Run<'_> {
         }
     }
 
-    /// Wait for a call to end and check it against `expect`.
-    async fn finish(&self, what: &str, call: Call, expect: &Value) {
-        let outcome = match call.handle.await {
+    /// Wait for a call to end and check it against `expect`. A call bounded by
+    /// `within_ms` is waited for that long only: one that would end only after a later
+    /// step (a `resume`) fails the case rather than hang it.
+    async fn finish(&self, what: &str, mut call: Call, expect: &Value) {
+        let ended = match call.ended.take() {
+            Some(ended) => ended,
+            None => match expect.get("within_ms").and_then(Value::as_u64) {
+                Some(ms) => {
+                    let bound = call.started + Duration::from_millis(ms);
+                    match tokio::time::timeout_at(bound.into(), &mut call.handle).await {
+                        Ok(ended) => ended,
+                        Err(_) => {
+                            call.handle.abort();
+                            panic!("{what}: still running after {ms} ms");
+                        }
+                    }
+                }
+                None => call.handle.await,
+            },
+        };
+        let outcome = match ended {
             Ok(outcome) => outcome,
             // A `cancel` step's: its future was dropped (X2), the error kind Cancelled.
             Err(e) if e.is_cancelled() => {
@@ -588,7 +609,15 @@ impl Run<'_> {
                 self.clients[n].owner_pid()
             );
         } else if let Some(name) = step.get("cancel").and_then(Value::as_str) {
-            self.background[name].handle.abort();
+            // Cancelled once its future has been dropped, not when abort() returns: the
+            // steps after it (a `resume` that lets the claim's answer through) come after
+            // the cancellation, as the case says.
+            let call = self
+                .background
+                .get_mut(name)
+                .expect("a background call of that name");
+            call.handle.abort();
+            call.ended = Some((&mut call.handle).await);
         } else if let Some(name) = step.get("await").and_then(Value::as_str) {
             let call = self
                 .background
