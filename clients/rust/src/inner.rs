@@ -30,13 +30,29 @@ use std::time::{Duration, Instant, SystemTime};
 /// waits at most `connect_timeout`), the second at once, and a later one only if its
 /// pause ends before the deadline; a retry's wait for a connection stops there; the
 /// connection error is returned then. A statement already sent is never abandoned: a
-/// claim it made would be held by nobody.
+/// claim it made would be held by nobody (a claim whose caller may leave while it is on
+/// its way runs on a task of its own, `claim_task`, given the connection with `owned`).
 macro_rules! with_conn {
     ($inner:expr, |$c:ident| $call:expr) => {{
         let inner: &$crate::inner::Inner = &$inner;
         with_conn!(inner, until std::time::Instant::now() + inner.options.connect_timeout, |$c| $call)
     }};
-    ($inner:expr, until $deadline:expr, |$c:ident| $call:expr) => {{
+    ($inner:expr, until $deadline:expr, |$c:ident| $call:expr) => {
+        with_conn!(@retry $inner, $deadline, |conn| {
+            let $c: &tokio_postgres::Client = &conn;
+            $call.await
+        })
+    };
+    // `owned`: `$c` is the pooled connection itself (a `deadpool_postgres::Object`), for a
+    // statement that must outlive its caller (see `claim_task`).
+    ($inner:expr, owned |$c:ident| $call:expr) => {{
+        let inner: &$crate::inner::Inner = &$inner;
+        with_conn!(inner, until std::time::Instant::now() + inner.options.connect_timeout, owned |$c| $call)
+    }};
+    ($inner:expr, until $deadline:expr, owned |$c:ident| $call:expr) => {
+        with_conn!(@retry $inner, $deadline, |$c| $call.await)
+    };
+    (@retry $inner:expr, $deadline:expr, |$conn:ident| $use:expr) => {{
         let inner: &$crate::inner::Inner = &$inner;
         let deadline: std::time::Instant = $deadline;
         let mut attempt: u32 = 0;
@@ -54,10 +70,7 @@ macro_rules! with_conn {
                 None => inner.pool.get().await.map_err($crate::Error::from),
             };
             let result: $crate::Result<_> = match conn {
-                Ok(conn) => {
-                    let $c: &tokio_postgres::Client = &conn;
-                    $call.await
-                }
+                Ok($conn) => $use,
                 Err(e) => Err(e),
             };
             match result {

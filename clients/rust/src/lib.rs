@@ -42,6 +42,7 @@
 // First: its with_conn! macro is used by the modules after it.
 #[macro_use]
 mod inner;
+mod claim_task;
 mod client;
 mod coalesce;
 mod conninfo;

@@ -2,6 +2,7 @@
 //! outcome, and when this process holds the claim, compute while heartbeating it, then
 //! complete or fail the key (docs/clients.md, rules C, H, F and V).
 
+use crate::claim_task;
 use crate::error::{Error, Result};
 use crate::inner::Inner;
 use crate::listener::Interest;
@@ -93,6 +94,42 @@ async fn claim(c: &tokio_postgres::Client, key: &str, s: &Resolved, owner: Owner
     }
 }
 
+/// [`claim`] on `conn`, on a task of its own (`claim_task`), its answer waited for until
+/// the caller's `deadline` (N6): past it, the caller gets `Timeout` and the claim goes on.
+/// A key it claims (`claimed`, or `refresh`, whose previous result nobody will serve) is
+/// then given back when the answer comes, as it is when the caller's future is dropped
+/// meanwhile (every caller cancelled, X2): a statement already sent is never abandoned (R2).
+async fn claim_for_caller(
+    inner: &Arc<Inner>,
+    conn: deadpool_postgres::Object,
+    key: &str,
+    s: &Resolved,
+    owner: Owner,
+    deadline: Instant,
+    started: Instant,
+) -> Result<Claim> {
+    let statement = {
+        let (key, s) = (key.to_owned(), s.clone());
+        async move { claim(&conn, &key, &s, owner).await }
+    };
+    let claimed_in = {
+        let key = key.to_owned();
+        move |claim: Claim| match (claim.outcome.as_str(), claim.token) {
+            ("claimed" | "refresh", Some(token)) => vec![(key, token)],
+            _ => Vec::new(),
+        }
+    };
+    let answer_by = claim_task::answer_by(inner, deadline);
+    claim_task::claim_on_its_own_task(inner, statement, claimed_in, Some(answer_by))
+        .await
+        .unwrap_or_else(|| {
+            Err(Error::Timeout {
+                key: key.to_owned(),
+                waited: started.elapsed(),
+            })
+        })
+}
+
 /// X2: every caller stopped waiting while this process held the claim: give it back, so
 /// that another caller, here or elsewhere, computes the key at once.
 pub(crate) async fn release_abandoned(inner: &Inner, key: &str, token: i64) {
@@ -128,7 +165,9 @@ pub(crate) async fn resolve(
         let owner = inner
             .owner(deadline.saturating_duration_since(Instant::now()))
             .await?;
-        let claim = match with_conn!(inner, until deadline, |c| claim(c, key, s, owner)) {
+        let claim = match with_conn!(inner, until deadline, owned |conn| {
+            claim_for_caller(inner, conn, key, s, owner, deadline, started)
+        }) {
             Ok(claim) => claim,
             Err(e) => {
                 let left = deadline.saturating_duration_since(Instant::now());
