@@ -235,12 +235,13 @@ impl Client {
             let (inner, key) = (self.inner.clone(), key.to_owned());
             let compute_span = tracing::info_span!(parent: &span, "pg_once.resolve");
             // Once every caller has stopped, the claim is given back rather than computed
-            // for nobody.
+            // for nobody. Biased, so that once they have, nothing more of the resolution
+            // runs: a claim's answer that comes after they left does not start the
+            // computation (its claim is released, see `claim_task`).
             async move {
                 let claimed = Mutex::new(None);
                 tokio::select! {
-                    result = resolve(&inner, &key, compute, &settings, &claimed)
-                        .instrument(compute_span) => result,
+                    biased;
                     _ = async { drop(abandoned.wait_for(|gone| *gone).await) } => {
                         let token = claimed.lock().unwrap().take();
                         if let Some(token) = token {
@@ -248,6 +249,8 @@ impl Client {
                         }
                         Err(Error::Cancelled { key })
                     }
+                    result = resolve(&inner, &key, compute, &settings, &claimed)
+                        .instrument(compute_span) => result,
                 }
             }
         });
