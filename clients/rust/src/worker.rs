@@ -1,8 +1,9 @@
 //! [`Client::work`]: the queue worker loop.
 
+use crate::claim_task;
 use crate::error::{Error, Result};
 use crate::inner::Inner;
-use crate::raw::{self, Job};
+use crate::raw::{self, Job, Owner};
 use crate::run::{compute_with_heartbeat, ComputeError, Ran};
 use crate::Client;
 use futures_util::FutureExt;
@@ -148,19 +149,16 @@ impl Client {
                 } else {
                     Duration::ZERO
                 };
-                // The claim is not raced against shutdown: a claim_next dropped mid-flight
-                // could claim keys nobody handles. Shutdown is noticed when it returns.
+                // The claim is not raced against shutdown: the keys it claims are handled.
+                // Shutdown is noticed when it returns.
                 let claimed = match inner.owner(opts.lease).await {
                     Ok(owner) => {
-                        let claimed = with_conn!(inner, |c| raw::claim_next(
-                            c,
-                            queue,
-                            opts.lease,
-                            opts.worker.as_deref(),
-                            free as i32,
-                            wait,
-                            owner,
-                        ));
+                        let claimed = with_conn!(
+                            inner,
+                            owned | conn | {
+                                claim_jobs(&inner, conn, queue, &opts, free as i32, wait, owner)
+                            }
+                        );
                         match claimed {
                             // R3: the owner pid died under the call; ask again as the new one.
                             Err(e) if inner.owner_died(&e, owner, opts.lease).await => continue,
@@ -250,6 +248,29 @@ impl Client {
         }
         Ok(report)
     }
+}
+
+/// `claim_next` on `conn`, on a task of its own (`claim_task`): when the loop's future is
+/// dropped while it is on its way (its caller stopped it some other way than `shutdown`),
+/// the jobs it claims are released when its answer comes, rather than held by nobody
+/// until their lease runs out (R2).
+async fn claim_jobs(
+    inner: &Arc<Inner>,
+    conn: deadpool_postgres::Object,
+    queue: &str,
+    opts: &WorkOptions,
+    n: i32,
+    wait: Duration,
+    owner: Owner,
+) -> Result<Vec<Job>> {
+    let statement = {
+        let (queue, worker, lease) = (queue.to_owned(), opts.worker.clone(), opts.lease);
+        async move { raw::claim_next(&conn, &queue, lease, worker.as_deref(), n, wait, owner).await }
+    };
+    let claims_in = |jobs: Vec<Job>| jobs.into_iter().map(|j| (j.key, j.token)).collect();
+    claim_task::claim_on_its_own_task(inner, statement, claims_in, None)
+        .await
+        .expect("a claim waited for without a bound is answered")
 }
 
 async fn release(inner: &Inner, job: &Job) -> End {

@@ -3,7 +3,8 @@
 
 mod common;
 
-use common::{fresh, setups};
+use common::proxy::{HoldingProxy, Server};
+use common::{at_server, fresh, setups, Setup};
 use pg_once_client::{raw, Options, WorkOptions};
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -213,6 +214,87 @@ async fn workers_complete_every_job_once_and_stop_on_shutdown() {
 
 /// enqueue_many: one statement for many keys, each answered as enqueue would, in order,
 /// each with its own payload; a batch the server refuses changes nothing.
+/// The state of `key` in once.entries, waited for (up to 10 s) to be other than `from`.
+async fn state_after(
+    admin: &tokio_postgres::Client,
+    key: &str,
+    from: Option<&str>,
+) -> Option<String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let state: Option<String> = admin
+            .query_opt(
+                "SELECT state::text FROM once.entries WHERE key = $1",
+                &[&key],
+            )
+            .await
+            .unwrap()
+            .map(|row| row.get(0));
+        if state.as_deref() != from || Instant::now() >= deadline {
+            return state;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// R2: a worker loop whose future is dropped while its `claim_next` is on its way (the
+/// server has claimed a job; the answer, held by a proxy, has not come) gives the job back
+/// when the answer comes, rather than leave it held by nobody for its 60 s lease. Direct
+/// only: the proxy stands before PG_ONCE_DSN's server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_dropped_while_claiming_gives_back_what_it_claimed() {
+    let setup = &setups()[0];
+    let admin = setup.admin().await;
+    let queue = fresh_queue(&admin, "rust-q-dropped").await;
+    let key = format!("{queue}/job");
+    raw::enqueue_key(&admin, &key, None, &queue, 0)
+        .await
+        .unwrap();
+    let queued = state_after(&admin, &key, None).await;
+    let proxy = HoldingProxy::start(Server::of(&setup.direct_dsn)).await;
+    let through = Setup {
+        pool_dsn: at_server(&setup.pool_dsn, "127.0.0.1", proxy.port),
+        ..setup.clone()
+    };
+    let client = through
+        .client(&fresh("rust-worker-dropped"), Options::default())
+        .await;
+    client.ready(Duration::from_secs(10)).await.unwrap();
+    // A pooled connection made before the pause, for claim_next to go out on.
+    client.invalidate(&fresh("warm")).await.unwrap();
+    proxy.pause();
+    let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let worker = {
+        let (client, queue, handled) = (client.clone(), queue.clone(), handled.clone());
+        tokio::spawn(async move {
+            let handler = move |_job| {
+                handled.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async { Ok::<_, std::io::Error>(Value::Null) }
+            };
+            let opts = WorkOptions {
+                lease: Duration::from_secs(60),
+                ..WorkOptions::default()
+            };
+            client
+                .work(&queue, handler, opts, std::future::pending())
+                .await
+        })
+    };
+    assert_eq!(
+        state_after(&admin, &key, queued.as_deref())
+            .await
+            .as_deref(),
+        Some("running"),
+        "claim_next never reached the server"
+    );
+    worker.abort();
+    assert!(worker.await.unwrap_err().is_cancelled());
+    proxy.resume();
+    let after = state_after(&admin, &key, Some("running")).await;
+    assert_eq!(after, queued, "the job was not given back");
+    assert_eq!(handled.load(std::sync::atomic::Ordering::SeqCst), 0);
+}
+
 #[tokio::test]
 async fn enqueue_many_answers_each_key_in_order() {
     for setup in setups() {
