@@ -53,8 +53,8 @@ impl Client {
             let owner = inner
                 .owner(deadline.saturating_duration_since(Instant::now()))
                 .await?;
-            let claim = match with_conn!(inner, until deadline, |c| {
-                raw::claim_request_key(c, key, lease, Duration::ZERO, owner, fingerprint)
+            let claim = match with_conn!(inner, until deadline, owned |conn| {
+                claim_on_its_own_task(inner, conn, key, fingerprint, lease, owner)
             }) {
                 Ok(claim) => claim,
                 Err(e) => {
@@ -93,6 +93,37 @@ impl Client {
             });
         }
     }
+}
+
+/// `claim_key` for one request on `conn`, on a task of its own (`claim_task`): a request
+/// whose future is dropped while the claim is on its way (its client went away) releases
+/// the key the server claimed for it when the answer comes, so that a retry runs it at
+/// once rather than after the lease (R2).
+async fn claim_on_its_own_task(
+    inner: &Arc<Inner>,
+    conn: deadpool_postgres::Object,
+    key: &str,
+    fingerprint: Option<&[u8]>,
+    lease: Duration,
+    owner: raw::Owner,
+) -> Result<raw::Claim> {
+    let statement = {
+        let (key, fingerprint) = (key.to_owned(), fingerprint.map(<[u8]>::to_vec));
+        async move {
+            let fingerprint = fingerprint.as_deref();
+            raw::claim_request_key(&conn, &key, lease, Duration::ZERO, owner, fingerprint).await
+        }
+    };
+    let claimed_in = {
+        let key = key.to_owned();
+        move |claim: raw::Claim| match (claim.outcome.as_str(), claim.token) {
+            ("claimed", Some(token)) => vec![(key, token)],
+            _ => Vec::new(),
+        }
+    };
+    crate::claim_task::claim_on_its_own_task(inner, statement, claimed_in, None)
+        .await
+        .expect("a claim waited for without a bound is answered")
 }
 
 /// Where a held claim stands.
