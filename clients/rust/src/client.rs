@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::inner::Inner;
 use crate::key;
 use crate::listener::Listener;
-use crate::options::{CallOptions, Options};
+use crate::options::{CallOptions, Options, Resolved};
 use crate::outcome::{Outcome, OutcomeEvent};
 use crate::raw;
 use crate::refresh::Refreshes;
@@ -215,7 +215,6 @@ impl Client {
     {
         key::check(key)?;
         let settings = self.inner.resolve(&opts)?;
-        let own_wait = settings.wait;
         let started = Instant::now();
         let span = tracing::info_span!(
             "pg_once.get_or_compute",
@@ -231,41 +230,56 @@ impl Client {
             }
             .boxed()
         });
-        let joined = self.inflight.join_or_start(key, &span, |mut abandoned| {
-            let (inner, key) = (self.inner.clone(), key.to_owned());
-            let compute_span = tracing::info_span!(parent: &span, "pg_once.resolve");
-            // Once every caller has stopped, the claim is given back rather than computed
-            // for nobody. Biased, so that once they have, nothing more of the resolution
-            // runs: a claim's answer that comes after they left does not start the
-            // computation (its claim is released, see `claim_task`).
-            async move {
-                let claimed = Mutex::new(None);
-                tokio::select! {
-                    biased;
-                    _ = async { drop(abandoned.wait_for(|gone| *gone).await) } => {
-                        let token = claimed.lock().unwrap().take();
-                        if let Some(token) = token {
-                            release_abandoned(&inner, &key, token).await;
+        let deadline = started + settings.wait;
+        let mut compute = Some(compute);
+        let (answer, coalesced) = loop {
+            // A caller that leads the key's resolution gives it what is left of its wait.
+            let leading = Resolved {
+                wait: deadline.saturating_duration_since(Instant::now()),
+                ..settings.clone()
+            };
+            let joined = self.inflight.join_or_start(key, &span, |mut abandoned| {
+                let (inner, key) = (self.inner.clone(), key.to_owned());
+                let compute = compute
+                    .take()
+                    .expect("a caller leads one resolution at most");
+                let compute_span = tracing::info_span!(parent: &span, "pg_once.resolve");
+                // Once every caller has stopped, the claim is given back rather than
+                // computed for nobody. Biased, so that once they have, nothing more of the
+                // resolution runs: a claim's answer that comes after they left does not
+                // start the computation (its claim is released, see `claim_task`).
+                async move {
+                    let claimed = Mutex::new(None);
+                    tokio::select! {
+                        biased;
+                        _ = async { drop(abandoned.wait_for(|gone| *gone).await) } => {
+                            let token = claimed.lock().unwrap().take();
+                            if let Some(token) = token {
+                                release_abandoned(&inner, &key, token).await;
+                            }
+                            Err(Error::Cancelled { key })
                         }
-                        Err(Error::Cancelled { key })
+                        result = resolve(&inner, &key, compute, &leading, &claimed)
+                            .instrument(compute_span) => result,
                     }
-                    result = resolve(&inner, &key, compute, &settings, &claimed)
-                        .instrument(compute_span) => result,
                 }
+            });
+            let answer = joined.answer.clone().instrument(span.clone());
+            if !joined.coalesced {
+                break (answer.await, false);
             }
-        });
-        let (answer, coalesced) = (joined.answer.clone(), joined.coalesced);
-        let answer = if coalesced {
             // X1: a caller that joined another's computation keeps its own bound.
-            let waited = tokio::time::timeout(own_wait, answer.instrument(span.clone())).await;
-            waited.unwrap_or_else(|_| {
-                Err(Error::Timeout {
-                    key: key.to_owned(),
-                    waited: started.elapsed(),
-                })
-            })
-        } else {
-            answer.instrument(span.clone()).await
+            match tokio::time::timeout_at(deadline.into(), answer).await {
+                Err(_) => {
+                    let waited = started.elapsed();
+                    let key = key.to_owned();
+                    break (Err(Error::Timeout { key, waited }), true);
+                }
+                // The resolution ran out of the wait of the caller that led it, not of
+                // this one's (X1): ask again, for what is left of this caller's wait.
+                Ok(Err(Error::Timeout { .. })) if Instant::now() < deadline => continue,
+                Ok(answer) => break (answer, true),
+            }
         };
         let outcome = match &answer {
             Ok(_) if coalesced => Outcome::Coalesced,
