@@ -45,10 +45,6 @@ macro_rules! with_conn {
     };
     // `owned`: `$c` is the pooled connection itself (a `deadpool_postgres::Object`), for a
     // statement that must outlive its caller (see `claim_task`).
-    ($inner:expr, owned |$c:ident| $call:expr) => {{
-        let inner: &$crate::inner::Inner = &$inner;
-        with_conn!(inner, until std::time::Instant::now() + inner.options.connect_timeout, owned |$c| $call)
-    }};
     ($inner:expr, until $deadline:expr, owned |$c:ident| $call:expr) => {
         with_conn!(@retry $inner, $deadline, |$c| $call.await)
     };

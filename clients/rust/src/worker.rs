@@ -10,7 +10,7 @@ use futures_util::FutureExt;
 use serde::Serialize;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -153,12 +153,12 @@ impl Client {
                 // Shutdown is noticed when it returns.
                 let claimed = match inner.owner(opts.lease).await {
                     Ok(owner) => {
-                        let claimed = with_conn!(
-                            inner,
-                            owned | conn | {
-                                claim_jobs(&inner, conn, queue, &opts, free as i32, wait, owner)
-                            }
-                        );
+                        // R2: a worker's claim has no caller's wait; its budget is any
+                        // statement's.
+                        let budget = Instant::now() + inner.options.connect_timeout;
+                        let claimed = with_conn!(inner, until budget, owned |conn| {
+                            claim_jobs(&inner, conn, queue, &opts, free as i32, wait, owner)
+                        });
                         match claimed {
                             // R3: the owner pid died under the call; ask again as the new one.
                             Err(e) if inner.owner_died(&e, owner, opts.lease).await => continue,
