@@ -591,8 +591,11 @@ impl Run<'_> {
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
             let pid = self.clients[n].owner_pid().expect("the client listens");
             self.killed.insert(n, pid);
+            // Waited for until the backend has exited (up to 10 s): a claim made with its
+            // pid while it is still exiting would be accepted, then lost with it, where the
+            // scenario means a claim refused for a dead pid (R3).
             self.admin
-                .execute("SELECT pg_terminate_backend($1)", &[&pid])
+                .execute("SELECT pg_terminate_backend($1, 10000)", &[&pid])
                 .await
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
         } else if let Some(n) = expect.get("new_listener").and_then(Value::as_u64) {
