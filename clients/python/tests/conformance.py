@@ -13,10 +13,11 @@ import re
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Set
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pg_once import (AsyncClient, ClaimLost, Client, ConfigurationError, NotSerializable,
                      OnceFailed, OnceTimeout)
@@ -89,6 +90,83 @@ ERRORS = {
 }
 
 
+class HoldingProxy:
+    """A TCP proxy of the runner's own between one client's pool and the server (a case's
+    `"proxy": true`): while paused it holds every byte the server sends, on its connections
+    open or new, and forwards them on resume; what the client sends always flows. So a
+    statement sent while paused is run by the server, and its answer is on its way."""
+
+    def __init__(self, dsn: str):
+        target = conninfo_to_dict(dsn)
+        if "," in target.get("host", "") or "," in str(target.get("port", "")):
+            raise AssertionError(f"the proxy forwards to one server, not to {dsn!r}")
+        self.target = dsn
+        self.upstream = (target.get("hostaddr") or target.get("host") or "localhost",
+                         int(target.get("port") or 5432))
+        self.flowing = asyncio.Event()
+        self.flowing.set()
+        self.server: Optional[asyncio.AbstractServer] = None
+        self.pumps: Set[asyncio.Task] = set()
+        self.writers: List[asyncio.StreamWriter] = []
+
+    async def start(self) -> "HoldingProxy":
+        self.server = await asyncio.start_server(self.accept, "127.0.0.1", 0)
+        return self
+
+    def dsn(self) -> str:
+        """The client's connection string: the server's, its host and port the proxy's
+        (replaced, not appended: libpq would take the first of two host keywords)."""
+        params = conninfo_to_dict(self.target)
+        params.pop("hostaddr", None)
+        params["host"], params["port"] = "127.0.0.1", str(self.server.sockets[0].getsockname()[1])
+        return make_conninfo(**params)
+
+    def pause(self) -> None:
+        self.flowing.clear()
+
+    def resume(self) -> None:
+        self.flowing.set()
+
+    async def accept(self, client_reader: asyncio.StreamReader,
+                     client_writer: asyncio.StreamWriter) -> None:
+        try:
+            server_reader, server_writer = await asyncio.open_connection(*self.upstream)
+        except OSError:
+            client_writer.close()
+            return
+        self.writers += [client_writer, server_writer]
+        for pump in (self.pump(client_reader, server_writer, held=False),
+                     self.pump(server_reader, client_writer, held=True)):
+            task = asyncio.create_task(pump)
+            self.pumps.add(task)
+            task.add_done_callback(self.pumps.discard)
+
+    async def pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                   held: bool) -> None:
+        """Copy one direction until its end, then close the other side's writer too: a
+        connection either peer ends is ended for both."""
+        try:
+            while data := await reader.read(65536):
+                if held:
+                    await self.flowing.wait()
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    async def close(self) -> None:
+        self.resume()   # what it still holds goes on, so that no client waits on it
+        self.server.close()
+        for task in list(self.pumps):
+            task.cancel()
+        await asyncio.gather(*self.pumps, return_exceptions=True)
+        for writer in self.writers:
+            writer.close()
+        await self.server.wait_closed()
+
+
 class Scenario:
     """One scenario case against one setup, with the sync or the async client."""
 
@@ -98,6 +176,7 @@ class Scenario:
         self.counters: Dict[str, int] = {}
         self.running: Dict[str, asyncio.Task] = {}
         self.killed: Dict[int, int] = {}   # client -> the LISTEN pid kill_listener ended
+        self.proxies: List[HoldingProxy] = []   # `"proxy": true`: each client's, by number
 
     def key(self, k: str) -> str:
         return self.prefix + k
@@ -148,6 +227,16 @@ class Scenario:
     async def run(self) -> None:
         if self.flavor == "sync" and any("cancel" in step for step in self.case["steps"]):
             pytest.skip("the sync client's calls cannot be cancelled (docs/clients.md, X2)")
+        if self.case.get("proxy") and self.setup.name != "direct":
+            pytest.skip("a case with a proxy of the runner's own runs in the direct setup only "
+                        "(clients/conformance/README.md)")
+        try:
+            await self.play()
+        finally:
+            for proxy in self.proxies:
+                await proxy.close()
+
+    async def play(self) -> None:
         n = self.case.get("clients", 1)
         self.outcomes: List[list] = [[] for _ in range(n)]   # each client's Outcome events
         # `listen: "pool"`: the LISTEN connection goes where the pool does (README).
@@ -156,14 +245,19 @@ class Scenario:
         # AsyncClient in open) answers every call of the scenario with that refusal.
         self.clients: List[Any] = []
         for i in range(n):
+            dsn = self.setup.dsn
+            if self.case.get("proxy"):   # the pool through a proxy, LISTEN directly
+                self.proxies.append(await HoldingProxy(dsn).start())
+                dsn = self.proxies[i].dsn()
             try:
                 if self.flavor == "async":
-                    c = AsyncClient(self.setup.dsn, listen_conninfo=listen,
+                    c = AsyncClient(dsn, listen_conninfo=listen,
                                     on_outcome=self.outcomes[i].append)
                     await c.open()
                 else:
-                    c = Client(self.setup.dsn, listen_conninfo=listen,
-                               on_outcome=self.outcomes[i].append)
+                    c = await asyncio.to_thread(   # connects in its constructor: the
+                        Client, dsn, listen_conninfo=listen,   # proxy needs the loop
+                        on_outcome=self.outcomes[i].append)
             except ConfigurationError as refused:
                 c = refused
             self.clients.append(c)
@@ -192,6 +286,14 @@ class Scenario:
             await asyncio.sleep(step["sleep_ms"] / 1000)
         elif "sql" in step:
             await self.sql(step["sql"], expect)
+        elif "until" in step and "sql" in step["until"]:
+            # Waited for, up to 10 s: the SQL's rows, on the test's own connection.
+            want, deadline = value(step["until"]["rows"]), time.monotonic() + 10
+            rows = await self.rows(step["until"]["sql"])
+            while rows != want and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+                rows = await self.rows(step["until"]["sql"])
+            assert rows == want, f"rows {rows!r}, never {step['until']['rows']!r} within 10 s"
         elif "until" in step:
             # Waited for, up to 10 s: a counter reaching a count.
             name, n = step["until"]["counter"]
@@ -213,8 +315,20 @@ class Scenario:
             assert pid and pid != self.killed[n], f"client {n} listens as {pid}, killed {self.killed[n]}"
         elif "cancel" in step:
             self.running[step["cancel"]][1].cancel()
+        elif "pause" in step:
+            self.proxies[step["pause"]].pause()
+        elif "resume" in step:
+            self.proxies[step["resume"]].resume()
         elif "await" in step:
             started, task = self.running.pop(step["await"])
+            if "within_ms" in step:
+                # Bounded: a call that overstays fails here rather than hang the case (the
+                # answer it waits for may come only at a later step, a proxy's resume).
+                left = started + step["within_ms"] / 1000 - time.monotonic()
+                await asyncio.wait({task}, timeout=max(0.0, left))
+                if not task.done():
+                    self.running[step["await"]] = started, task   # cancelled at the end
+                    raise AssertionError(f"still running after {step['within_ms']} ms")
             try:
                 outcome = await task
             except asyncio.CancelledError:   # a `cancel` step's: the error kind Cancelled
@@ -251,12 +365,17 @@ class Scenario:
         return await asyncio.to_thread(client.owner_pid)
 
     async def sql(self, sql: str, expect: dict) -> None:
+        rows = await self.rows(sql)
+        if "rows" in expect:
+            assert rows == value(expect["rows"]), f"rows {rows!r} != {expect['rows']!r}"
+
+    async def rows(self, sql: str) -> Optional[List[list]]:
+        """The last statement's rows of `sql` (several statements: one simple query),
+        run on the test's own connection; None if it returns none."""
         cur = await self.admin.execute(self.sql_text(sql).encode())
         while cur.nextset():
             pass
-        if "rows" in expect:
-            rows = [list(r) for r in await cur.fetchall()]
-            assert rows == value(expect["rows"]), f"rows {rows!r} != {expect['rows']!r}"
+        return [list(r) for r in await cur.fetchall()] if cur.description else None
 
     async def call(self, step: dict):
         """(value, None) or (None, exception) of one client call."""
