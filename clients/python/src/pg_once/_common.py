@@ -116,6 +116,9 @@ WAKE_EVERYONE = ""
 # second, jittered so that many waiters do not ask in lockstep. A dead owner is noticed by
 # the server on the next look, so this bounds the takeover time of a killed process.
 RECHECK_SECONDS = 1.0
+# What a claim answers when the caller's wait ran out before claim_key's answer came: as
+# 'wait', no token of ours (the late answer is given back, rule X2).
+WAITED_OUT = ("wait", None, None, None, None, None)
 # listen=False: poll with jittered back-off from 50 ms doubling to 1 s.
 POLL_FIRST, POLL_MAX = 0.05, 1.0
 

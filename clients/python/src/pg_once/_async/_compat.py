@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import signal
-from typing import Any, Awaitable, Callable, Iterable, List, Optional, Tuple
+from typing import Any, Awaitable, Callable, Iterable, List, Optional, Set, Tuple
 
 Event = asyncio.Event
 CancelledError = asyncio.CancelledError
@@ -61,6 +61,58 @@ async def join(tasks: Iterable[asyncio.Task], timeout: Optional[float]) -> List[
 async def settle(tasks: Iterable[asyncio.Task]) -> None:
     """Wait for cancelled tasks to end, whatever they raise."""
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# run_detachable's tasks whose caller left: the event loop keeps only weak references to
+# tasks, and these must run to their end.
+_detached: Set["asyncio.Task[Any]"] = set()
+
+
+def _keep(task: "asyncio.Task[Any]") -> None:
+    _detached.add(task)
+    task.add_done_callback(_detached.discard)
+
+
+async def run_detachable(fn: Callable[..., Awaitable[Any]], *args: Any,
+                         timeout: Optional[float],
+                         orphaned: Callable[[Any], Awaitable[None]]) -> Tuple[bool, Any]:
+    """(True, fn(*args)), or (False, None) once `timeout` seconds (None: no bound) have
+    passed without its answer. fn, a statement already sent, is never abandoned (rule R2):
+    it runs as a task of its own that neither the timeout nor the caller's cancellation
+    stops (psycopg, cancelled inside a statement, would cancel it on the server and wait
+    for its answer all the same), and when the caller has left before its answer,
+    `orphaned(answer)` gets it, in that task: a claim the server made is given back."""
+    caller_left = False
+
+    async def run() -> Any:
+        try:
+            answer = await fn(*args)
+        except Exception:
+            if caller_left:
+                return None   # nobody to tell; the client logged its retries
+            raise
+        if caller_left:
+            await orphaned(answer)
+        return answer
+
+    def leave(task: "asyncio.Task[Any]") -> None:
+        nonlocal caller_left
+        if not task.done():
+            caller_left = True   # run() hands its answer to orphaned()
+            _keep(task)
+        elif not task.cancelled() and task.exception() is None:
+            _keep(asyncio.ensure_future(orphaned(task.result())))   # answered as it left
+
+    task = asyncio.ensure_future(run())
+    try:
+        await asyncio.wait({task}, timeout=timeout)
+    except BaseException:   # the caller cancelled: it goes now, the statement goes on
+        leave(task)
+        raise
+    if task.done():
+        return True, task.result()
+    leave(task)
+    return False, None
 
 
 class Stopped(Exception):

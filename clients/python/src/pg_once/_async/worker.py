@@ -4,6 +4,7 @@ fail each, stop gracefully on a signal."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -120,16 +121,24 @@ class AsyncWorker:
         client = self.client
         owner = await client.owner_pid()
         if owner is None:
-            rows = await client._execute("claim_next", C.CLAIM_NEXT_LEGACY,
-                                         (self.queue, self.lease, self.name, n), many=True)
-            if not rows:
-                return None
+            statement = functools.partial(client._execute, "claim_next", C.CLAIM_NEXT_LEGACY,
+                                          (self.queue, self.lease, self.name, n), many=True)
         else:
-            rows = await client._execute(
-                "claim_next", C.CLAIM_NEXT,
+            statement = functools.partial(
+                client._execute, "claim_next", C.CLAIM_NEXT,
                 (self.queue, self.lease, self.name, n, self.idle_wait, owner), many=True)
+        # The worker cancelled (its task, with asyncio) while claim_next is on its way: the
+        # statement is not abandoned (R2), and the keys it claims go back (X2).
+        _, rows = await A.run_detachable(statement, timeout=None, orphaned=self._give_back)
+        if owner is None and not rows:
+            return None
         return [Job(key, token, client.load_payload(payload), attempt, self.queue)
                 for key, token, payload, attempt in rows]
+
+    async def _give_back(self, rows) -> None:
+        """claim_next's answer after the worker was cancelled: release what it claimed."""
+        for key, token, _payload, _attempt in rows:
+            await self.client._quietly(self.client._release, key, token)
 
     # -- handling one job -------------------------------------------------------------------
 

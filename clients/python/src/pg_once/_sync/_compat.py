@@ -3,6 +3,8 @@ docstring), for threads. Written by hand; the rest of `pg_once._sync` is generat
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextvars
 import heapq
 import itertools
 import os
@@ -129,6 +131,64 @@ def join(tasks: Iterable[Task], timeout: Optional[float]) -> List[Task]:
 
 def settle(tasks: Iterable[Task]) -> None:
     """Cancelled threads stop at their next sleep; nothing to wait for here."""
+
+
+def run_detachable(fn: Callable[..., Any], *args: Any, timeout: Optional[float],
+                   orphaned: Callable[[Any], None]) -> Tuple[bool, Any]:
+    """(True, fn(*args)), or (False, None) once `timeout` seconds have passed without its
+    answer: then fn, a statement already sent, goes on in its thread (never abandoned,
+    rule R2) and hands its answer to orphaned(). A thread blocked in a statement cannot
+    stop at a deadline, so with a timeout fn runs in a thread of a shared pool while the
+    caller waits for it; without one (nothing can make a thread's caller leave) in the
+    caller's thread."""
+    if timeout is None:
+        return True, fn(*args)
+    lock = threading.Lock()
+    state = {"answered": False, "left": False}
+
+    def run() -> Any:
+        try:
+            answer = fn(*args)
+        except Exception:
+            with lock:
+                state["answered"] = True
+                if state["left"]:
+                    return None   # nobody to tell; the client logged its retries
+            raise
+        with lock:
+            state["answered"] = True
+            left = state["left"]
+        if left:
+            orphaned(answer)
+        return answer
+
+    future = _statements().submit(contextvars.copy_context().run, run)
+    try:
+        return True, future.result(timeout)
+    except concurrent.futures.TimeoutError:
+        with lock:
+            if future.cancel():   # never started (every thread busy): nothing was sent
+                return False, None
+            if not state["answered"]:
+                state["left"] = True   # run() hands its answer to orphaned()
+                return False, None
+        return True, future.result()   # answered as the caller was leaving: take it
+
+
+_statement_threads: Optional[concurrent.futures.ThreadPoolExecutor] = None
+_statement_threads_pid = 0
+
+
+def _statements() -> concurrent.futures.ThreadPoolExecutor:
+    """run_detachable's threads: one pool per process (a forked child has none of its
+    parent's threads, and a pool copied with the fork would wait for them forever)."""
+    global _statement_threads, _statement_threads_pid
+    with _later_lock:
+        if _statement_threads is None or _statement_threads_pid != os.getpid():
+            _statement_threads = concurrent.futures.ThreadPoolExecutor(
+                max_workers=64, thread_name_prefix="pg_once-statement")
+            _statement_threads_pid = os.getpid()
+        return _statement_threads
 
 
 class Stopped(Exception):

@@ -430,9 +430,12 @@ class Client:
     def _ask(self, key: str, lease: float, wait: float, serve_stale: bool = False,
                    fingerprint: Optional[bytes] = None):
         """(claim_key's row, whether it waited): the first answer that is not 'wait', or
-        the last 'wait' once `wait` seconds have run out (at once for wait=0). While
-        someone else computes the key it sleeps holding no connection until the key's
-        notification, the owner's lease expiry, or a jittered recheck (C2)."""
+        a 'wait' once `wait` seconds have run out (at once for wait=0). While someone else
+        computes the key it sleeps holding no connection until the key's notification,
+        the owner's lease expiry, or a jittered recheck (C2). No answer is waited for past
+        the wait (N6), nor abandoned (R2): one that comes after it, or after the caller
+        was cancelled, is given back if it is a claim (X2). A wait of 0 asks once and
+        takes the answer, however long it takes (within R2's retry budget)."""
         deadline = time.monotonic() + wait
         delays = C.poll_delays()
         listener = self._listener
@@ -443,8 +446,10 @@ class Client:
             try:
                 owner = self.owner_pid()
                 try:
-                    row = self._claim(key, lease, owner, serve_stale, fingerprint,
-                                            deadline)
+                    answered, row = A.run_detachable(
+                        self._claim, key, lease, owner, serve_stale, fingerprint, deadline,
+                        timeout=deadline - time.monotonic() if wait > 0 else None,
+                        orphaned=functools.partial(self._give_back, key))
                 except psycopg.errors.InvalidParameterValue:
                     # owner_pid refused (22023): our LISTEN backend went away between reading
                     # P and the claim (a failover: P was the old primary's). Ask again with
@@ -453,6 +458,8 @@ class Client:
                     if listener is None or owner is None or not listener.replaced(owner, patience):
                         raise
                     continue
+                if not answered:   # the wait ran out with the claim on its way
+                    return C.WAITED_OUT, waited
                 if row[0] != "wait":
                     return row, waited
                 remaining = deadline - time.monotonic()
@@ -462,13 +469,28 @@ class Client:
                 lease_expires_at = row[4]
                 pause = C.jittered(C.RECHECK_SECONDS) if event is not None else next(delays)
                 pause = min(pause, remaining, max(0.02, C.until(lease_expires_at)))
+                woken = False
                 if event is not None:
-                    A.wait_event(event, pause)
+                    woken = A.wait_event(event, pause)
                 else:
                     A.sleep(pause)
+                if (pause >= remaining and not woken) or time.monotonic() >= deadline:
+                    # The wait is over: a claim sent now could not be answered within it,
+                    # it would only be made and given back.
+                    return row, waited
             finally:
                 if event is not None:
                     listener.unwatch(key, event)
+
+    def _give_back(self, key: str, row) -> None:
+        """claim_key's answer after its caller left (cancelled, or its wait ran out): a
+        claim it made is this process's alone to end, so it is released at once rather
+        than left to its lease, and another caller computes the key (rule X2)."""
+        outcome, token = row[0], row[1]
+        if outcome in ("claimed", "refresh"):
+            log.info("pg_once: the claim on %r was answered after its caller left; "
+                     "giving it back", key)
+            self._quietly(self._release, key, token)
 
     def _refresh_in_background(self, key, token, compute, opts) -> None:
         with self._flights_lock:

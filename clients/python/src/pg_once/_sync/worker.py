@@ -6,6 +6,7 @@ fail each, stop gracefully on a signal."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -122,16 +123,24 @@ class Worker:
         client = self.client
         owner = client.owner_pid()
         if owner is None:
-            rows = client._execute("claim_next", C.CLAIM_NEXT_LEGACY,
-                                         (self.queue, self.lease, self.name, n), many=True)
-            if not rows:
-                return None
+            statement = functools.partial(client._execute, "claim_next", C.CLAIM_NEXT_LEGACY,
+                                          (self.queue, self.lease, self.name, n), many=True)
         else:
-            rows = client._execute(
-                "claim_next", C.CLAIM_NEXT,
+            statement = functools.partial(
+                client._execute, "claim_next", C.CLAIM_NEXT,
                 (self.queue, self.lease, self.name, n, self.idle_wait, owner), many=True)
+        # The worker cancelled (its task, with asyncio) while claim_next is on its way: the
+        # statement is not abandoned (R2), and the keys it claims go back (X2).
+        _, rows = A.run_detachable(statement, timeout=None, orphaned=self._give_back)
+        if owner is None and not rows:
+            return None
         return [Job(key, token, client.load_payload(payload), attempt, self.queue)
                 for key, token, payload, attempt in rows]
+
+    def _give_back(self, rows) -> None:
+        """claim_next's answer after the worker was cancelled: release what it claimed."""
+        for key, token, _payload, _attempt in rows:
+            self.client._quietly(self.client._release, key, token)
 
     # -- handling one job -------------------------------------------------------------------
 
