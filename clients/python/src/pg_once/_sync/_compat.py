@@ -162,7 +162,10 @@ def run_detachable(fn: Callable[..., Any], *args: Any, timeout: Optional[float],
             orphaned(answer)
         return answer
 
-    future = _statements().submit(contextvars.copy_context().run, run)
+    try:
+        future = _statements().submit(contextvars.copy_context().run, run)
+    except RuntimeError:   # the interpreter is exiting and starts no threads: wait here
+        return True, fn(*args)
     try:
         return True, future.result(timeout)
     except concurrent.futures.TimeoutError:
