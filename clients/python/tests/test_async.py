@@ -122,3 +122,53 @@ def test_async_lost_claim_cancels_the_computation(setup, key, admin):
                 await client.get_or_compute(key, compute, lease=0.6)
             assert time.monotonic() - t0 < 2 and finished == []
     run(main())
+
+
+def test_async_worker_cancelled_with_its_claim_on_the_way_gives_the_job_back(admin, key):
+    """X2 and R2 for claim_next: the worker's task cancelled while the server's answer is
+    held on its way; the job it claimed goes back to the queue at once, not after the
+    lease. Direct only: the pool goes through the conformance runner's proxy."""
+    from conformance import HoldingProxy
+    from conftest import DIRECT
+    from pg_once import AsyncClient
+    queue = f"py-c{abs(hash(key)) % 10**8}"
+    admin.execute("SELECT once.create_queue(%s)", (queue,))
+
+    def job_state():
+        return admin.execute("SELECT state::text FROM once.entries WHERE key = %s",
+                             (f"{key}/job",)).fetchone()
+
+    async def until(predicate, seconds):
+        deadline = time.monotonic() + seconds
+        while not predicate() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return predicate()
+
+    async def main():
+        proxy = await HoldingProxy(DIRECT).start()
+        try:
+            async with AsyncClient(proxy.dsn(), listen_conninfo=DIRECT) as client:
+                await client.get_or_compute(f"{key}/warm", lambda: 0)   # a pooled connection
+                handled = []
+
+                async def handler(job):
+                    handled.append(job.key)
+                worker = client.worker(queue, handler, lease=60, idle_wait=0.2, signals=False)
+                proxy.pause()
+                admin.execute("SELECT once.enqueue_key(%s, NULL, %s)", (f"{key}/job", queue))
+                running = asyncio.create_task(worker.run())
+                assert await until(lambda: job_state() == ("running",), 10)
+                running.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await running
+                proxy.resume()
+                assert await until(lambda: job_state() != ("running",), 5), \
+                    "the job is still claimed: it waits for its 60 s lease"
+                assert job_state() == ("queued",) and handled == []
+        finally:
+            await proxy.close()
+    try:
+        run(main())
+    finally:
+        admin.execute("SELECT once.invalidate_keys(queue => %s)", (queue,))
+        admin.execute("SELECT once.drop_queue(%s)", (queue,))
