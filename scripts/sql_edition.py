@@ -5,9 +5,11 @@ servers that load no C library. Run through scripts/sql-edition.sh DIR.
 The script is assembled, never written by hand as a whole, so that the rules exist once:
 - the tables, types, indexes and their COMMENTs are taken from sql/schema.sql, made
   re-runnable (IF NOT EXISTS), so that the edition's tables are the extension's;
-- the rules of interval and integer arguments are src/api/argument_rules.json's, written
-  in where `{{interval_rules}}` and `{{integer_rules}}` stand (once_internal.usable_interval,
-  usable_integer), as args.rs reads them;
+- the rules of interval, integer and text arguments are src/api/argument_rules.json's,
+  written in where `{{interval_rules}}` and `{{integer_rules}}` stand
+  (once_internal.usable_interval, usable_integer), and where `{{text_check:RULE VALUE
+  [SHOWN]}}` stands (the checks of the text VALUE by RULE, called SHOWN in errors: an SQL
+  expression, the rule's name by default), as args.rs reads them;
 - the control flow is sql/edition/*.sql (PL/pgSQL), where `{{sql:NAME}}` stands for the
   statement src/protocol/sql/NAME.sql, spliced with its rules by the extension's own
   splicer (the pg_once_splice crate in splice/, run as `splice-statements`: comment lines
@@ -84,6 +86,42 @@ def integer_rules():
             for r in argument_rules()["integers"]]
 
 
+def text_check(rule_name, value, shown=None):
+    """The checks of text argument `value` (an SQL expression without spaces) by its rule
+    of argument_rules.json, as args::text makes them: an IF statement raising the rule's
+    SQLSTATE, message and hint. `shown` (SQL) names the argument in messages. Operators
+    and functions are schema-qualified: the SECURITY INVOKER functions that hold such a
+    check run with the caller's search_path."""
+    literal = sql_edition_tle.sql_literal
+    rules = {r["name"]: r for r in argument_rules()["texts"]}
+    if rule_name not in rules:
+        raise SystemExit(f"{{{{text_check:{rule_name} ...}}}}: argument_rules.json has no text rule {rule_name}")
+    rule = rules[rule_name]
+    shown = shown or literal(rule_name)
+    hint = lambda which: literal(rule.get(which) or rule["hint"])
+    arms = []
+    if rule["null"] == "refused":
+        arms.append((f"{value} IS NULL",
+                     f"RAISE EXCEPTION '% must not be NULL', {shown}\n"
+                     f"    USING ERRCODE = 'null_value_not_allowed', HINT = {hint('hint')};"))
+    if rule["empty"] == "refused":
+        arms.append((f"{value} OPERATOR(pg_catalog.=) ''",
+                     f"RAISE EXCEPTION '% must not be empty', {shown}\n"
+                     f"    USING ERRCODE = 'invalid_parameter_value', HINT = {hint('empty_hint')};"))
+    if rule["most_bytes"] is not None:
+        most = int(rule["most_bytes"])
+        arms.append((f"pg_catalog.octet_length({value}) OPERATOR(pg_catalog.>) {most}",
+                     f"RAISE EXCEPTION '% is % bytes long; the limit is {most} bytes', {shown}, "
+                     f"pg_catalog.octet_length({value})\n"
+                     f"    USING ERRCODE = 'string_data_right_truncation', HINT = {hint('long_hint')};"))
+    lines = []
+    for i, (condition, action) in enumerate(arms):
+        lines.append(f"{'IF' if i == 0 else 'ELSIF'} {condition} THEN")
+        lines.extend("    " + line for line in action.split("\n"))
+    lines.append("END IF;")
+    return "\n".join(lines)
+
+
 def expand(text):
     def one(m):
         indent = m.group(1)
@@ -93,6 +131,9 @@ def expand(text):
         indent, arms = m.group(1), {"interval": interval_rules, "integer": integer_rules}[m.group(2)]()
         return "\n".join(indent + arm.replace("\n", "\n" + indent) for arm in arms)
     text = re.sub(r"^([ \t]*)\{\{(interval|integer)_rules\}\}", rules, text, flags=re.M)
+    text = re.sub(r"^([ \t]*)\{\{text_check:([a-z_]+) (\S+)(?: (.+?))?\}\}$",
+                  lambda m: m.group(1) + text_check(m.group(2), m.group(3), m.group(4))
+                  .replace("\n", "\n" + m.group(1)), text, flags=re.M)
     return re.sub(r"^([ \t]*)\{\{sql:([a-z_]+)\}\}", one, text, flags=re.M)
 
 

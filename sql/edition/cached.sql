@@ -41,17 +41,7 @@ DECLARE
     schemas text;
     role_oid pg_catalog.oid;
 BEGIN
-    IF key IS NULL THEN
-        RAISE EXCEPTION 'key must not be NULL' USING ERRCODE = 'null_value_not_allowed',
-            HINT = 'Pass the cache key as text, e.g. a URL.';
-    ELSIF key OPERATOR(pg_catalog.=) '' THEN
-        RAISE EXCEPTION 'key must not be empty' USING ERRCODE = 'invalid_parameter_value',
-            HINT = 'Use a non-empty string that names what is being computed.';
-    ELSIF pg_catalog.octet_length(key) OPERATOR(pg_catalog.>) 7500 THEN
-        RAISE EXCEPTION 'key is % bytes long; the limit is 7500 bytes', pg_catalog.octet_length(key)
-            USING ERRCODE = 'string_data_right_truncation',
-            HINT = 'Keys are sent as NOTIFY payloads. Use a digest of long input as the key, e.g. encode(sha256(convert_to(url, ''UTF8'')), ''hex'').';
-    END IF;
+    {{text_check:key key}}
     IF query IS NULL THEN
         RAISE EXCEPTION 'query must not be NULL' USING ERRCODE = 'null_value_not_allowed',
             HINT = 'Pass the query whose rows are to be cached, e.g. ''SELECT ... FROM ...''.';

@@ -19,17 +19,7 @@ CREATE OR REPLACE FUNCTION once_internal.usable_key(key text, function text) RET
     SET search_path = pg_catalog, pg_temp
     AS $$
 BEGIN
-    IF key IS NULL THEN
-        RAISE EXCEPTION 'key must not be NULL' USING ERRCODE = 'null_value_not_allowed',
-            HINT = 'Pass the cache key as text, e.g. a URL.';
-    ELSIF key = '' THEN
-        RAISE EXCEPTION 'key must not be empty' USING ERRCODE = 'invalid_parameter_value',
-            HINT = 'Use a non-empty string that names what is being computed.';
-    ELSIF octet_length(key) > 7500 THEN
-        RAISE EXCEPTION 'key is % bytes long; the limit is 7500 bytes', octet_length(key)
-            USING ERRCODE = 'string_data_right_truncation',
-            HINT = 'Keys are sent as NOTIFY payloads. Use a digest of long input as the key, e.g. encode(sha256(convert_to(url, ''UTF8'')), ''hex'').';
-    END IF;
+    {{text_check:key key}}
     PERFORM once_internal.require_key(key, function);
     RETURN key;
 END

@@ -234,17 +234,8 @@ CREATE OR REPLACE FUNCTION once_internal.usable_prefix(prefix text) RETURNS text
     LANGUAGE plpgsql IMMUTABLE
     SET search_path = pg_catalog, pg_temp
     AS $$
-DECLARE
-    hint constant text := 'Pass the key prefix the namespace owns, e.g. ''tenant2/''.';
 BEGIN
-    IF prefix IS NULL THEN
-        RAISE EXCEPTION 'prefix must not be NULL' USING ERRCODE = 'null_value_not_allowed', HINT = hint;
-    ELSIF prefix = '' THEN
-        RAISE EXCEPTION 'prefix must not be empty' USING ERRCODE = 'invalid_parameter_value', HINT = hint;
-    ELSIF octet_length(prefix) > 7500 THEN
-        RAISE EXCEPTION 'prefix is % bytes long; keys, and so prefixes, are at most 7500 bytes', octet_length(prefix)
-            USING ERRCODE = 'string_data_right_truncation', HINT = hint;
-    END IF;
+    {{text_check:prefix prefix}}
     RETURN prefix;
 END
 $$;

@@ -48,14 +48,9 @@ CREATE OR REPLACE FUNCTION once_internal.require_queue(name text, function text)
     SET search_path = pg_catalog, pg_temp
     AS $$
 DECLARE
-    hint constant text := 'Name a queue created with once.create_queue, e.g. ''default''.';
     q once.queues;
 BEGIN
-    IF name IS NULL THEN
-        RAISE EXCEPTION 'queue must not be NULL' USING ERRCODE = 'null_value_not_allowed', HINT = hint;
-    ELSIF name = '' THEN
-        RAISE EXCEPTION 'queue must not be empty' USING ERRCODE = 'invalid_parameter_value', HINT = hint;
-    END IF;
+    {{text_check:queue name}}
     SELECT * INTO q FROM once.queues WHERE once.queues.name = require_queue.name;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'queue "%" does not exist', name
@@ -331,17 +326,7 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value', HINT = 'Split the keys into batches of at most 1000.';
     END IF;
     FOR i IN 1 .. n LOOP
-        IF keys[i] IS NULL THEN
-            RAISE EXCEPTION 'keys[%] must not be NULL', i USING ERRCODE = 'null_value_not_allowed',
-                HINT = 'Pass the cache key as text, e.g. a URL.';
-        ELSIF keys[i] = '' THEN
-            RAISE EXCEPTION 'keys[%] must not be empty', i USING ERRCODE = 'invalid_parameter_value',
-                HINT = 'Use a non-empty string that names what is being computed.';
-        ELSIF octet_length(keys[i]) > 7500 THEN
-            RAISE EXCEPTION 'keys[%] is % bytes long; the limit is 7500 bytes', i, octet_length(keys[i])
-                USING ERRCODE = 'string_data_right_truncation',
-                      HINT = 'Keys are sent as NOTIFY payloads. Use a digest of long input as the key, e.g. encode(sha256(convert_to(url, ''UTF8'')), ''hex'').';
-        END IF;
+        {{text_check:key keys[i] pg_catalog.format('keys[%s]', i)}}
     END LOOP;
     IF payloads IS NOT NULL THEN
         IF coalesce(cardinality(payloads), 0) <> n THEN
@@ -466,11 +451,7 @@ DECLARE
 BEGIN
     PERFORM once_internal.require_queue(queue, 'claim_next');
     PERFORM once_internal.usable_interval(lease, 'lease');
-    IF octet_length(worker) > 256 THEN
-        RAISE EXCEPTION 'worker name is % bytes long; the limit is 256 bytes', octet_length(worker)
-            USING ERRCODE = 'string_data_right_truncation',
-                  HINT = 'Name the worker briefly, e.g. its host and process: ''thumbnailer-7f9c:1234''.';
-    END IF;
+    {{text_check:worker worker}}
     PERFORM once_internal.usable_integer(n, 'n');
     PERFORM once_internal.usable_interval(wait, 'wait');
     SELECT o.pid, o.started, o.lease_only INTO pid, started, only_lease

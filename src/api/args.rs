@@ -12,38 +12,20 @@ use crate::storage::jsonb::Jsonb;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::GucSetting;
 
-/// Longest key, in bytes. A key is also the NOTIFY payload, which must stay under 8,000
-/// bytes; 7,500 leaves room.
-pub const MAX_KEY_BYTES: usize = 7500;
-
 const SECOND: i128 = 1_000_000;
 const DAY: i128 = 86_400 * SECOND;
 /// Interval lengths are compared the way PostgreSQL compares intervals: a month is 30 days.
 const YEAR: i128 = 360 * DAY;
 
-/// A cache key: not empty, at most MAX_KEY_BYTES.
+/// A cache key, checked by its rule (not empty, at most 7,500 bytes: a key is also the
+/// NOTIFY payload, which must stay under 8,000 bytes).
 pub fn key(key: Option<&str>) -> &str {
     named_key(key, "key")
 }
 
 /// A key that errors call `name` (an element of an array: `keys[3]`).
 pub fn named_key<'a>(key: Option<&'a str>, name: &str) -> &'a str {
-    let Some(text) = key else {
-        errors::null_argument(name, "Pass the cache key as text, e.g. a URL.");
-    };
-    if text.is_empty() {
-        errors::invalid_argument(
-            format!("{name} must not be empty"),
-            "Use a non-empty string that names what is being computed.",
-        );
-    }
-    if text.len() > MAX_KEY_BYTES {
-        errors::too_long(
-            format!("{name} is {} bytes long; the limit is {MAX_KEY_BYTES} bytes", text.len()),
-            "Keys are sent as NOTIFY payloads. Use a digest of long input as the key, e.g. encode(sha256(convert_to(url, 'UTF8')), 'hex').",
-        );
-    }
-    text
+    text("key", name, key).expect("the rule refuses NULL")
 }
 
 /// A fencing token handed out by claim_key or claim_next (its rule: positive, never NULL).
@@ -97,12 +79,27 @@ pub fn ttl(ttl: Option<Interval>) -> Option<Interval> {
     interval("ttl", ttl)
 }
 
-/// The rules of interval arguments: src/api/argument_rules.json, which the SQL edition's
-/// once_internal.usable_interval is written from too (scripts/sql_edition.py).
+/// The rules of interval, integer and text arguments: src/api/argument_rules.json, which
+/// the SQL edition's checks are written from too (scripts/sql_edition.py).
 #[derive(serde::Deserialize)]
 struct ArgumentRules {
     intervals: Vec<IntervalRule>,
     integers: Vec<IntegerRule>,
+    texts: Vec<TextRule>,
+}
+
+#[derive(serde::Deserialize)]
+struct TextRule {
+    name: String,
+    null: Null,
+    /// Whether '' is refused (22023) or allowed, spelt as `null` is.
+    empty: Null,
+    /// The most bytes (22001 past it), or None for no bound.
+    most_bytes: Option<usize>,
+    hint: String,
+    /// The hints of an empty and of a too long value, where they differ from `hint`.
+    empty_hint: Option<String>,
+    long_hint: Option<String>,
 }
 
 #[derive(serde::Deserialize)]
@@ -172,6 +169,10 @@ fn integer_rule(name: &str) -> &'static IntegerRule {
     named(&rules().integers, name, |rule| &rule.name)
 }
 
+fn text_rule(name: &str) -> &'static TextRule {
+    named(&rules().texts, name, |rule| &rule.name)
+}
+
 /// The rule of argument `name` among `rules` (a missing one is this crate's bug).
 fn named<'a, R>(rules: &'a [R], name: &str, name_of: impl Fn(&R) -> &str) -> &'a R {
     rules
@@ -206,6 +207,29 @@ fn integer(name: &str, value: Option<i64>) -> Option<i64> {
         }
         _ => Some(value),
     }
+}
+
+/// The text argument of rule `rule`, called `shown` in errors (`keys[3]` for an element of
+/// an array of keys), checked by its rule of argument_rules.json.
+fn text<'a>(rule: &str, shown: &str, value: Option<&'a str>) -> Option<&'a str> {
+    let rule = text_rule(rule);
+    let value = present(shown, value, &rule.null, &rule.hint)?;
+    if value.is_empty() && rule.empty == Null::Refused {
+        errors::invalid_argument(
+            format!("{shown} must not be empty"),
+            rule.empty_hint.as_deref().unwrap_or(&rule.hint),
+        );
+    }
+    if let Some(most) = rule.most_bytes.filter(|most| value.len() > *most) {
+        errors::too_long(
+            format!(
+                "{shown} is {} bytes long; the limit is {most} bytes",
+                value.len()
+            ),
+            rule.long_hint.as_deref().unwrap_or(&rule.hint),
+        );
+    }
+    Some(value)
 }
 
 /// The interval argument `name`, checked by its rule of argument_rules.json.
@@ -384,14 +408,7 @@ pub fn required<T>(value: Option<T>, name: &str, hint: &str) -> T {
 
 /// A queue's name (whether the queue exists is protocol::queue::require).
 pub fn queue(queue: Option<&str>) -> &str {
-    let hint = "Name a queue created with once.create_queue, e.g. 'default'.";
-    let Some(queue) = queue else {
-        errors::null_argument("queue", hint)
-    };
-    if queue.is_empty() {
-        errors::invalid_argument("queue must not be empty".into(), hint);
-    }
-    queue
+    text("queue", "queue", queue).expect("the rule refuses NULL")
 }
 
 /// A name for a new queue: 1 to 63 letters, digits, `_ . : -`.
@@ -424,19 +441,9 @@ pub fn batch_size(n: Option<i32>) -> i32 {
 /// that one call's statement, its locks and its answer stay small.
 pub const MAX_ENQUEUE_BATCH: usize = 1000;
 
-/// A worker's name, as recorded with its claims and attempts: at most 256 bytes.
+/// A worker's name, as recorded with its claims and attempts (its rule: at most 256 bytes).
 pub fn worker(worker: Option<&str>) -> Option<&str> {
-    let worker = worker?;
-    if worker.len() > 256 {
-        errors::too_long(
-            format!(
-                "worker name is {} bytes long; the limit is 256 bytes",
-                worker.len()
-            ),
-            "Name the worker briefly, e.g. its host and process: 'thumbnailer-7f9c:1234'.",
-        );
-    }
-    Some(worker)
+    text("worker", "worker", worker)
 }
 
 /// A queue's first retry delay and its cap: more than zero, at most 1 year, cap >= delay.
@@ -478,25 +485,10 @@ pub fn run_at(run_at: Option<TimestampWithTimeZone>) -> Option<TimestampWithTime
     Some(t)
 }
 
-/// A namespace's prefix: not empty, at most MAX_KEY_BYTES (keys start with it).
+/// A namespace's prefix (its rule: not empty, at most as long as a key, as keys start
+/// with it).
 pub fn namespace_prefix(prefix: Option<&str>) -> &str {
-    let hint = "Pass the key prefix the namespace owns, e.g. 'tenant2/'.";
-    let Some(prefix) = prefix else {
-        errors::null_argument("prefix", hint)
-    };
-    if prefix.is_empty() {
-        errors::invalid_argument("prefix must not be empty".into(), hint);
-    }
-    if prefix.len() > MAX_KEY_BYTES {
-        errors::too_long(
-            format!(
-                "prefix is {} bytes long; keys, and so prefixes, are at most {MAX_KEY_BYTES} bytes",
-                prefix.len()
-            ),
-            hint,
-        );
-    }
-    prefix
+    text("prefix", "prefix", prefix).expect("the rule refuses NULL")
 }
 
 /// What create_namespace does with keys already under the prefix: 'refuse', 'purge' or
@@ -545,5 +537,15 @@ mod tests {
             // Without a bound above the message says "positive": only right from 1.
             assert!(rule.most.is_some() || rule.least == 1, "{name}");
         }
+        for name in ["key", "prefix", "queue", "worker"] {
+            super::text_rule(name);
+        }
+        // A key is a NOTIFY payload (under 8,000 bytes), and the relay stores its length in
+        // two bytes (runtime/shmem/relay.rs); a prefix is at most as long as a key.
+        let key = super::text_rule("key")
+            .most_bytes
+            .expect("keys have a limit");
+        assert!(key < 8000 && key <= u16::MAX as usize, "{key}");
+        assert_eq!(super::text_rule("prefix").most_bytes, Some(key));
     }
 }

@@ -1,7 +1,7 @@
-//! The rules of interval and integer arguments (src/api/argument_rules.json), in both
-//! editions: each call refuses what its argument's rule refuses, with the rule's SQLSTATE,
-//! message and hint, the extension's args.rs and the SQL edition's usable_interval and
-//! usable_integer alike, both read from that one table.
+//! The rules of interval, integer and text arguments (src/api/argument_rules.json), in
+//! both editions: each call refuses what its argument's rule refuses, with the rule's
+//! SQLSTATE, message and hint, the extension's args.rs and the SQL edition's
+//! usable_interval, usable_integer and text checks alike, all read from that one table.
 
 use anyhow::{ensure, Context, Result};
 use pg_once_multi::{admin, fresh_key};
@@ -147,6 +147,98 @@ async fn every_integer_argument_is_refused_as_its_rule_says() -> Result<()> {
                             db.message(),
                             db.hint()
                         ));
+                    }
+                }
+            }
+        }
+    }
+    ensure!(wrong.is_empty(), "{}", wrong.join("\n"));
+    Ok(())
+}
+
+/// The calls that take a text argument of rule `name`, each with `{}` where its value goes
+/// and the name its errors give the argument.
+fn calls_taking_text(name: &str, key: &str) -> Vec<(String, &'static str)> {
+    match name {
+        "key" => vec![
+            (
+                "SELECT * FROM once.claim_key({}, owner_pid => 0)".into(),
+                "key",
+            ),
+            ("SELECT once.cached_key({}, 'SELECT 1')".into(), "key"),
+            (
+                format!("SELECT once.enqueue_keys(ARRAY['{key}', {{}}])"),
+                "keys[2]",
+            ),
+        ],
+        "prefix" => vec![("SELECT once.drop_namespace({})".into(), "prefix")],
+        "queue" => vec![(
+            format!("SELECT once.enqueue_key('{key}', NULL, {{}})"),
+            "queue",
+        )],
+        "worker" => vec![(
+            "SELECT * FROM once.claim_next('default', worker => {})".into(),
+            "worker",
+        )],
+        other => panic!("no call taking {other}: add one here"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_text_argument_is_refused_as_its_rule_says() -> Result<()> {
+    let client = admin().await?;
+    let rules: Value = serde_json::from_str(RULES)?;
+    let rules = rules["texts"].as_array().context("texts")?;
+    ensure!(rules.len() >= 4, "{} rules", rules.len());
+    let mut wrong = Vec::new();
+    for rule in rules {
+        let name = rule["name"].as_str().context("name")?;
+        let hint = rule["hint"].as_str().context("hint")?;
+        let hint_of = |which: &str| rule[which].as_str().unwrap_or(hint).to_owned();
+        for (call, shown) in calls_taking_text(name, &fresh_key("argument-rules")) {
+            // (value, SQLSTATE, message, hint)
+            let mut cases = Vec::new();
+            if rule["null"] == "refused" {
+                cases.push((
+                    "NULL".to_owned(),
+                    "22004",
+                    format!("{shown} must not be NULL"),
+                    hint.to_owned(),
+                ));
+            }
+            if rule["empty"] == "refused" {
+                let message = format!("{shown} must not be empty");
+                cases.push(("''".to_owned(), "22023", message, hint_of("empty_hint")));
+            }
+            if let Some(most) = rule["most_bytes"].as_u64() {
+                cases.push((
+                    format!("repeat('x', {})", most + 1),
+                    "22001",
+                    format!(
+                        "{shown} is {} bytes long; the limit is {most} bytes",
+                        most + 1
+                    ),
+                    hint_of("long_hint"),
+                ));
+            }
+            ensure!(!cases.is_empty(), "rule {name} refuses nothing");
+            for (value, code, message, hint) in cases {
+                let sql = call.replace("{}", &value);
+                match client.simple_query(&sql).await {
+                    Ok(_) => wrong.push(format!("{name}: {sql}: accepted")),
+                    Err(e) => {
+                        let db = e.as_db_error().context("a server error")?;
+                        if db.code().code() != code
+                            || db.message() != message
+                            || db.hint() != Some(hint.as_str())
+                        {
+                            wrong.push(format!(
+                                "{name}: {sql}: {} {} (hint {:?}); the rule says {code} {message} (hint {hint:?})",
+                                db.code().code(),
+                                db.message(),
+                                db.hint()
+                            ));
+                        }
                     }
                 }
             }

@@ -76,7 +76,8 @@ impl<const N: usize> RelayRing<N> {
         debug_assert!(Self::bytes_for(keys) <= reserved && reserved <= self.reserved);
         let was_empty = self.head == self.tail;
         for key in keys {
-            // Keys are at most 7,500 bytes (api::args::MAX_KEY_BYTES): the length fits.
+            // Keys are at most 7,500 bytes (the key rule of api/argument_rules.json, which a
+            // test of args.rs keeps under 65,536): the length fits.
             let len = (key.len() as u16).to_le_bytes();
             for &b in len.iter().chain(key.as_bytes()) {
                 self.data[(self.head % N as u64) as usize] = b;
