@@ -11,7 +11,7 @@
 
 use crate::error::{Error, Result};
 use crate::inner::Inner;
-use crate::run::release_abandoned;
+use crate::raw;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
@@ -111,5 +111,19 @@ pub(crate) fn answer_by(inner: &Inner, deadline: Instant) -> Instant {
         deadline
     } else {
         now + inner.options.connect_timeout
+    }
+}
+
+/// X2: every caller stopped waiting while this process held the claim: give it back, so
+/// that another caller, here or elsewhere, computes the key at once.
+pub(crate) async fn release_abandoned(inner: &Inner, key: &str, token: i64) {
+    match with_conn!(inner, |c| raw::release_key(c, key, token)) {
+        Ok(_) => tracing::debug!(
+            key,
+            "pg_once: every caller stopped waiting; the claim was released"
+        ),
+        Err(e) => {
+            tracing::warn!(key, error = %e, "pg_once: could not release an abandoned claim; it ends with its lease")
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! [`Client`]: get a key's cached result or compute it once across every process, through
 //! a connection pool.
 
+use crate::claim_task::release_abandoned;
 use crate::coalesce::InFlightKeys;
 use crate::conninfo::Conninfo;
 use crate::error::{Error, Result};
@@ -11,7 +12,7 @@ use crate::options::{CallOptions, Options, Resolved};
 use crate::outcome::{Outcome, OutcomeEvent};
 use crate::raw;
 use crate::refresh::Refreshes;
-use crate::run::{release_abandoned, resolve, Compute, ComputeError};
+use crate::run::{resolve, Compute, ComputeError};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::future::FutureExt;
 use serde::de::DeserializeOwned;

@@ -130,20 +130,6 @@ async fn claim_for_caller(
         })
 }
 
-/// X2: every caller stopped waiting while this process held the claim: give it back, so
-/// that another caller, here or elsewhere, computes the key at once.
-pub(crate) async fn release_abandoned(inner: &Inner, key: &str, token: i64) {
-    match with_conn!(inner, |c| raw::release_key(c, key, token)) {
-        Ok(_) => tracing::debug!(
-            key,
-            "pg_once: every caller stopped waiting; the claim was released"
-        ),
-        Err(e) => {
-            tracing::warn!(key, error = %e, "pg_once: could not release an abandoned claim; it ends with its lease")
-        }
-    }
-}
-
 /// Claim, wait or read `key` until it has an outcome (this runs once per key per process).
 /// `claimed` is where the token of a claim this call makes is kept, for the claim to be
 /// given back if every caller stops waiting (see `Client::get_or_compute_checked`).
