@@ -529,8 +529,8 @@ class OnceClient {
    * claimed the key for us, and nobody else could give that claim back before its lease
    * runs out. Its answer is taken when it comes, and a claim it made is released.
    * A call with wait 0, or whose deadline passed before its first ask (a loaded machine),
-   * asks once and takes the answer, however long it takes to come: bounding that ask by a
-   * deadline already gone would make the call fail without a chance.
+   * waits for that answer up to connectTimeout, R2's budget for every other statement:
+   * bounding it by a deadline already gone would make the call fail without a chance.
    * A claim whose connection failed on the way and that is still being retried at the
    * deadline gives the caller that connection error, as R2 says, rather than Timeout.
    */
@@ -540,13 +540,12 @@ class OnceClient {
     const answer = this.#claim(key, o.lease, o.serveStale, o.fingerprint ?? null, deadline, left.signal, progress);
     let timedOut = null;
     const bounds = { signal: o.signal };
-    if (o.wait > 0 && deadline > Date.now()) {
-      bounds.ms = deadline - Date.now();
-      bounds.onTimeout = () => {
-        timedOut = progress.failed ?? Object.assign(new OnceTimeout(key, o.wait), { [OWN_DEADLINE]: true });
-        return timedOut;
-      };
-    }
+    const remaining = deadline - Date.now();
+    bounds.ms = o.wait > 0 && remaining > 0 ? remaining : this.#connectTimeoutMs;
+    bounds.onTimeout = () => {
+      timedOut = progress.failed ?? Object.assign(new OnceTimeout(key, o.wait), { [OWN_DEADLINE]: true });
+      return timedOut;
+    };
     return bounded(answer, bounds).catch((err) => {
       const gaveUp = err === timedOut || (o.signal?.aborted && err === o.signal.reason);
       if (gaveUp) {

@@ -76,6 +76,29 @@ describe('a claim_key on its way', { skip: !proxied && 'PG_ONCE_DSN is not set (
     assert.notEqual(await stateOf(key), 'running', 'the claim made for nobody was released');
   });
 
+  // Bounded, so that a client that waits for the held answer fails here rather than hangs.
+  test('claim() with wait 0 and its answer held: Timeout after connectTimeout, the claim given back', { timeout: 20_000 }, async () => {
+    // No wait to bound the answer by: R2's budget of every other statement bounds it.
+    const quick = makeClient({ poolDsn: proxied.dsnFor(proxy), listenDsn: DSN }, { poolSize: 1, connectTimeout: 1 });
+    await quick.ready();
+    const key = freshKey('late-wait-0');
+    proxy.pause();
+    try {
+      const started = Date.now();
+      const asked = quick.claim(key, { lease: 60, wait: 0 });
+      await untilState(key, 'running');
+      await assert.rejects(asked, (err) => err.kind === 'Timeout');
+      const took = Date.now() - started;
+      assert.ok(took >= 900 && took < 5000, `took ${took} ms for a connectTimeout of 1 s`);
+    } finally {
+      proxy.resume();
+    }
+    const deadline = Date.now() + 5000;
+    while ((await stateOf(key)) === 'running' && Date.now() < deadline) await sleep(20);
+    assert.notEqual(await stateOf(key), 'running', 'the claim made for nobody was released');
+    await closeClient(quick);
+  });
+
   test('end() waits for a late answer and gives back the claim it made', async () => {
     // listen: false, so the claim is the lease's alone: ending the LISTEN connection, which
     // ends the claims it owns, cannot give it back in the client's stead.

@@ -172,3 +172,46 @@ def test_async_worker_cancelled_with_its_claim_on_the_way_gives_the_job_back(adm
     finally:
         admin.execute("SELECT once.invalidate_keys(queue => %s)", (queue,))
         admin.execute("SELECT once.drop_queue(%s)", (queue,))
+
+
+def test_async_claim_with_no_wait_and_its_answer_held_times_out_at_connect_timeout(admin, key):
+    """R2 and N6: a claim told wait=0 has no wait to bound its answer by, so R2's budget of
+    every other statement does: connect_timeout, then Timeout; and the claim the server
+    made meanwhile is given back when its answer comes (X2). Direct only (the proxy)."""
+    from conformance import HoldingProxy
+    from conftest import DIRECT
+    from pg_once import AsyncClient, OnceTimeout
+
+    def state():
+        return admin.execute("SELECT state::text FROM once.entries WHERE key = %s",
+                             (key,)).fetchone()
+
+    async def until(predicate, seconds):
+        deadline = time.monotonic() + seconds
+        while not predicate() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return predicate()
+
+    async def main():
+        proxy = await HoldingProxy(DIRECT).start()
+        try:
+            async with AsyncClient(proxy.dsn(), listen_conninfo=DIRECT,
+                                   connect_timeout=1) as client:
+                await client.get_or_compute(f"{key}/warm", lambda: 0)   # a pooled connection
+                proxy.pause()
+                call = asyncio.create_task(
+                    client.get_or_compute(key, lambda: "computed for nobody", wait=0, lease=60))
+                assert await until(lambda: state() == ("running",), 10)
+                t0 = time.monotonic()
+                # Bounded, so that a client that waits for the held answer fails, not hangs.
+                with pytest.raises(OnceTimeout):
+                    await asyncio.wait_for(call, 15)
+                assert time.monotonic() - t0 < 5
+                proxy.resume()
+                assert await until(lambda: state() != ("running",), 5), \
+                    "the claim made for nobody is still held: it waits for its 60 s lease"
+        finally:
+            proxy.resume()
+            await proxy.close()
+    run(main())
+

@@ -434,8 +434,9 @@ class Client:
         computes the key it sleeps holding no connection until the key's notification,
         the owner's lease expiry, or a jittered recheck (C2). No answer is waited for past
         the wait (N6), nor abandoned (R2): one that comes after it, or after the caller
-        was cancelled, is given back if it is a claim (X2). A wait of 0 asks once and
-        takes the answer, however long it takes (within R2's retry budget)."""
+        was cancelled, is given back if it is a claim (X2). A claim sent with no wait
+        left (a wait of 0, or a first ask after the deadline on a loaded machine) waits
+        for its answer up to connect_timeout, R2's budget for every other statement."""
         deadline = time.monotonic() + wait
         delays = C.poll_delays()
         listener = self._listener
@@ -446,9 +447,10 @@ class Client:
             try:
                 owner = self.owner_pid()
                 try:
+                    left = deadline - time.monotonic()
                     answered, row = A.run_detachable(
                         self._claim, key, lease, owner, serve_stale, fingerprint, deadline,
-                        timeout=deadline - time.monotonic() if wait > 0 else None,
+                        timeout=left if left > 0 else self._connect_timeout,
                         orphaned=functools.partial(self._give_back, key))
                 except psycopg.errors.InvalidParameterValue:
                     # owner_pid refused (22023): our LISTEN backend went away between reading
