@@ -225,8 +225,10 @@ class Scenario:
     # -- running ------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        if self.flavor == "sync" and any("cancel" in step for step in self.case["steps"]):
-            pytest.skip("the sync client's calls cannot be cancelled (docs/clients.md, X2)")
+        if self.flavor == "sync" and any("cancel" in step or "counts_stop" in step.get("compute", {})
+                                         for step in self.case["steps"]):
+            pytest.skip("the sync client's calls and computations cannot be cancelled "
+                        "(docs/clients.md, X2 and L3)")
         if self.case.get("proxy") and self.setup.name != "direct":
             pytest.skip("a case with a proxy of the runner's own runs in the direct setup only "
                         "(clients/conformance/README.md)")
