@@ -169,6 +169,8 @@ async function runScenario(setup, admin, scenario) {
   const running = new Map();
   // Each background call's AbortController, for a `cancel` step.
   const cancellers = new Map();
+  // The workers of `work` steps, by their `as`, for `stop` steps.
+  const workers = new Map();
   // The pid of each client's LISTEN connection a `kill_listener` step terminated.
   const killed = new Map();
   // `listen: "pool"`: the LISTEN connection goes where the pool does (README).
@@ -215,18 +217,35 @@ async function runScenario(setup, admin, scenario) {
       case 'refresh': return step.name ? wrapper().refresh(...fromVector(step.args)) : client.refresh(keyed(step.key), optionsOf(step.options));
       case 'enqueue': return client.enqueue(keyed(step.key), optionsOf(step.options));
       case 'work': {
-        // The handler returns the job's payload, or raises its `raises`; the worker stops
-        // once it has run max_jobs handlers.
+        // The handler sleeps the job's payload's sleep_ms, then returns the payload or
+        // raises its `raises`; the worker stops once it has run max_jobs handlers, or at a
+        // `stop` step naming it. W2's `grace` is this client's stopTimeout.
         let handled = 0;
         let worker;
-        const handler = async ({ payload }) => {
+        const handler = async ({ payload, signal }) => {
           if (step.handler?.counts) count(step.handler.counts);
           handled += 1;
-          if (handled >= step.max_jobs) worker.stop();
-          if (payload && typeof payload === 'object' && 'raises' in payload) throw new Error(payload.raises);
+          if (handled >= (step.max_jobs ?? Infinity)) worker.stop();
+          const object = payload && typeof payload === 'object' ? payload : {};
+          if (object.sleep_ms) {
+            await new Promise((resolve, reject) => {
+              const timer = setTimeout(resolve, object.sleep_ms);
+              signal.addEventListener('abort', () => {
+                clearTimeout(timer);
+                // `counts_stop`: the worker's stop cancelled the handler (W3).
+                if (step.handler?.counts_stop) count(step.handler.counts_stop);
+                reject(signal.reason);
+              }, { once: true });
+            });
+          }
+          if ('raises' in object) throw new Error(object.raises);
           return payload ?? null;
         };
-        worker = client.work(queueOf(step.queue), handler, { handleSignals: false, idleWait: 0.2 });
+        const { grace, ...options } = step.options ?? {};
+        worker = client.work(queueOf(step.queue), handler, {
+          handleSignals: false, idleWait: 0.2, ...options, ...(grace === undefined ? {} : { stopTimeout: grace }),
+        });
+        if (step.as) workers.set(step.as, worker);
         return worker.done.then(() => handled);
       }
       case 'enqueue_many': return client.enqueueMany(
@@ -331,6 +350,8 @@ async function runScenario(setup, admin, scenario) {
         const moved = () => clients[n].ownerPid > 0 && clients[n].ownerPid !== killed.get(n);
         while (!moved() && Date.now() < deadline) await sleep(20);
         assert.ok(moved(), `client ${n} listens as ${clients[n].ownerPid}, killed ${killed.get(n)}`);
+      } else if (step.stop) {
+        workers.get(step.stop).stop(); // gracefully: its grace, then the handlers' signals abort (W3)
       } else if (step.cancel) {
         // The call rejects with the abort's reason: the error kind Cancelled.
         cancellers.get(step.cancel).abort(Object.assign(new Error('cancelled by the scenario'), { kind: 'Cancelled' }));

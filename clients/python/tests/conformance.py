@@ -175,6 +175,7 @@ class Scenario:
         self.prefix = f"conformance/{uuid.uuid4().hex[:10]}/"
         self.counters: Dict[str, int] = {}
         self.running: Dict[str, asyncio.Task] = {}
+        self.workers: Dict[str, Any] = {}   # the workers of `work` steps, by their `as`
         self.killed: Dict[int, int] = {}   # client -> the LISTEN pid kill_listener ended
         self.proxies: List[HoldingProxy] = []   # `"proxy": true`: each client's, by number
 
@@ -226,6 +227,7 @@ class Scenario:
 
     async def run(self) -> None:
         if self.flavor == "sync" and any("cancel" in step or "counts_stop" in step.get("compute", {})
+                                         or "counts_stop" in step.get("handler", {})
                                          for step in self.case["steps"]):
             pytest.skip("the sync client's calls and computations cannot be cancelled "
                         "(docs/clients.md, X2 and L3)")
@@ -320,6 +322,8 @@ class Scenario:
             assert pid and pid != self.killed[n], f"client {n} listens as {pid}, killed {self.killed[n]}"
         elif "cancel" in step:
             self.running[step["cancel"]][1].cancel()
+        elif "stop" in step:
+            self.workers[step["stop"]].stop()   # gracefully: its grace, then cancel (W3)
         elif "pause" in step:
             self.proxies[step["pause"]].pause()
         elif "resume" in step:
@@ -433,26 +437,47 @@ class Scenario:
         return answer + (kinds[-1] if kinds else None,)
 
     def work(self, client, step: dict):
-        """A worker on the run's queue whose handler returns the job's payload, or raises
-        its `raises`; it stops once it has run max_jobs handlers. Answers how many ran."""
+        """A worker on the run's queue, with the step's `options`, whose handler sleeps the
+        job's payload's `sleep_ms`, then returns the payload or raises its `raises`; it
+        stops once it has run `max_jobs` handlers, or at a `stop` step naming it (`as`).
+        Answers how many ran."""
         spec, handled, workers = step.get("handler", {}), [], []
 
-        def effect(job):
+        def count(name):
+            self.counters[name] = self.counters.get(name, 0) + 1
+
+        def started(job):
             if "counts" in spec:
-                self.counters[spec["counts"]] = self.counters.get(spec["counts"], 0) + 1
+                count(spec["counts"])
             handled.append(job.key)
-            if len(handled) >= step["max_jobs"]:
+            if len(handled) >= step.get("max_jobs", float("inf")):
                 workers[0].stop()
+            payload = job.payload if isinstance(job.payload, dict) else {}
+            return payload.get("sleep_ms", 0) / 1000
+
+        def result(job):
             if isinstance(job.payload, dict) and "raises" in job.payload:
                 raise RuntimeError(job.payload["raises"])
             return job.payload
 
         if self.flavor == "async":
             async def handler(job):
-                return effect(job)
+                pause = started(job)
+                try:
+                    await asyncio.sleep(pause)
+                except asyncio.CancelledError:
+                    if "counts_stop" in spec:   # the worker's stop cancelled it (W3)
+                        count(spec["counts_stop"])
+                    raise
+                return result(job)
         else:
-            handler = effect
-        workers.append(client.worker(self.queue(step["queue"]), handler, signals=False, idle_wait=0.2))
+            def handler(job):
+                time.sleep(started(job))
+                return result(job)
+        options = {"idle_wait": 0.2, **step.get("options", {})}
+        workers.append(client.worker(self.queue(step["queue"]), handler, signals=False, **options))
+        if "as" in step:
+            self.workers[step["as"]] = workers[0]
         if self.flavor == "async":
             async def run():
                 await workers[0].run()

@@ -100,8 +100,8 @@ fn call_options(options: &Value) -> CallOptions {
             "stale" => o.stale = Some(seconds(v)),
             "beta" => o.beta = v.as_f64(),
             "jitter" => o.jitter = v.as_f64(),
-            // enqueue_many's, read by its call.
-            "queue" => {}
+            // enqueue_many's and work's, read by their calls.
+            "queue" | "concurrency" | "grace" => {}
             other => panic!("unknown option {other}"),
         }
     }
@@ -131,6 +131,8 @@ struct Run<'a> {
     background: HashMap<String, Call>,
     /// The pid of each client's LISTEN connection a `kill_listener` step terminated.
     killed: HashMap<usize, i32>,
+    /// The stop of each `work` step's worker, by its `as`, for `stop` steps.
+    stops: HashMap<String, Arc<tokio::sync::Notify>>,
     admin: tokio_postgres::Client,
     /// `"proxy": true`: client N's pool goes through `proxies[N]`. Dropped with the run,
     /// at the end of the case, they close every connection they made.
@@ -343,8 +345,10 @@ impl Run<'_> {
         Ok((call, key))
     }
 
-    /// A worker on the run's queue whose handler returns the job's payload, or fails with
-    /// its `raises`; it stops once it has run `max_jobs` handlers. Answers how many ran.
+    /// A worker on the run's queue, with the step's `options` (W2's `grace` is this
+    /// client's `drain`), whose handler sleeps the job's payload's `sleep_ms`, then returns
+    /// the payload or fails with its `raises`; it stops once it has run `max_jobs`
+    /// handlers, or at a `stop` step naming it (`as`). Answers how many ran.
     fn work(
         &mut self,
         client: Client,
@@ -352,13 +356,20 @@ impl Run<'_> {
     ) -> futures_util::future::BoxFuture<'static, Outcome> {
         let queue = self.queue(step["queue"].as_str().expect("queue"));
         let counter = step["handler"]["counts"].as_str().map(|c| self.counter(c));
-        let max_jobs = step["max_jobs"].as_u64().expect("max_jobs") as usize;
+        let stopped = step["handler"]["counts_stop"]
+            .as_str()
+            .map(|c| self.counter(c));
+        let max_jobs = step["max_jobs"].as_u64().map_or(usize::MAX, |n| n as usize);
         let handled = Arc::new(AtomicUsize::new(0));
         let enough = Arc::new(tokio::sync::Notify::new());
+        if let Some(name) = step["as"].as_str() {
+            self.stops.insert(name.to_owned(), enough.clone());
+        }
         let handler = {
             let (handled, enough) = (handled.clone(), enough.clone());
             move |job: Job| {
                 let (handled, enough, counter) = (handled.clone(), enough.clone(), counter.clone());
+                let stopped = stopped.clone();
                 async move {
                     if let Some(c) = counter {
                         c.fetch_add(1, Ordering::SeqCst);
@@ -367,6 +378,12 @@ impl Run<'_> {
                         enough.notify_one();
                     }
                     let payload = job.payload.unwrap_or(Value::Null);
+                    if let Some(ms) = payload.get("sleep_ms").and_then(Value::as_u64) {
+                        // `counts_stop`: the worker's stop dropped the handler (W3).
+                        let unfinished = CountsIfDropped(stopped);
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
+                        std::mem::forget(unfinished);
+                    }
                     match payload.get("raises").and_then(Value::as_str) {
                         Some(message) => Err(std::io::Error::other(message.to_owned())),
                         None => Ok(payload),
@@ -374,10 +391,20 @@ impl Run<'_> {
                 }
             }
         };
-        let opts = WorkOptions {
+        let mut opts = WorkOptions {
             idle_wait: Duration::from_millis(200),
             ..WorkOptions::default()
         };
+        if let Some(options) = step["options"].as_object() {
+            for (name, v) in options {
+                match name.as_str() {
+                    "concurrency" => opts.concurrency = v.as_u64().expect("a count") as usize,
+                    "lease" => opts.lease = seconds(v),
+                    "grace" => opts.drain = seconds(v),
+                    other => panic!("a work option this runner does not know: {other}"),
+                }
+            }
+        }
         Box::pin(async move {
             client
                 .work(
@@ -611,6 +638,9 @@ impl Run<'_> {
                 "{what}: client {n} listens as {:?}, killed {killed}",
                 self.clients[n].owner_pid()
             );
+        } else if let Some(name) = step.get("stop").and_then(Value::as_str) {
+            // Gracefully: the worker's drain (W2's grace), then its handlers dropped (W3).
+            self.stops[name].notify_one();
         } else if let Some(name) = step.get("cancel").and_then(Value::as_str) {
             // Cancelled once its future has been dropped, not when abort() returns: the
             // steps after it (a `resume` that lets the claim's answer through) come after
@@ -717,6 +747,7 @@ async fn scenarios_pass_in_every_setup() {
                 counters: HashMap::new(),
                 background: HashMap::new(),
                 killed: HashMap::new(),
+                stops: HashMap::new(),
                 admin: setup.admin().await,
                 proxies: Vec::new(),
             };
