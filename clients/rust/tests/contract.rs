@@ -3,8 +3,7 @@
 
 mod common;
 
-use common::proxy::{HoldingProxy, Server};
-use common::{at_server, fresh, setups, with_param, Setup};
+use common::{fresh, setups, with_param};
 use pg_once_client::{CallOptions, Client, Error, Options};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -373,52 +372,4 @@ async fn a_listen_connection_that_goes_silent_is_replaced() {
     client.ready(Duration::from_secs(15)).await.unwrap();
     let after = client.owner_pid().expect("reconnected");
     assert_ne!(after, before, "noticed after {noticed:?}");
-}
-
-/// X1 with X2: the first caller's wait runs out while its claim is on its way (the answer
-/// held by a proxy). It gets `Timeout` at its wait; a caller coalesced on it with a longer
-/// wait is not ended with it, but goes on for what is left of its own, and computes the
-/// key once the first claim, released when its answer comes, is given back. Direct only:
-/// the proxy stands before PG_ONCE_DSN's server.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_first_caller_whose_wait_runs_out_leaves_the_others_their_own() {
-    let setup = &setups()[0];
-    let proxy = HoldingProxy::start(Server::of(&setup.direct_dsn)).await;
-    let through = Setup {
-        pool_dsn: at_server(&setup.pool_dsn, "127.0.0.1", proxy.port),
-        ..setup.clone()
-    };
-    let client = through
-        .client(&fresh("rust-x1-held"), Options::default())
-        .await;
-    client.ready(Duration::from_secs(10)).await.unwrap();
-    // A pooled connection made before the pause, for the claim to go out on.
-    client.invalidate(&fresh("warm")).await.unwrap();
-    let key = fresh("x1-held");
-    proxy.pause();
-    let call = |wait: u64, value: &'static str| {
-        let (client, key) = (client.clone(), key.clone());
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let opts = CallOptions {
-                lease: Some(Duration::from_secs(60)),
-                wait: Some(Duration::from_secs(wait)),
-                ..CallOptions::default()
-            };
-            let compute = move || async move { Ok::<_, std::io::Error>(value.to_owned()) };
-            let got = client
-                .get_or_compute::<String, _, _, _>(&key, compute, opts)
-                .await;
-            (got, started.elapsed())
-        })
-    };
-    let first = call(1, "first");
-    setup.until_running(&key).await; // the first claim reached the server
-    let second = call(8, "second");
-    let (got, took) = first.await.unwrap();
-    assert!(matches!(got, Err(Error::Timeout { .. })), "{got:?}");
-    assert!(took < Duration::from_secs(3), "{took:?}");
-    proxy.resume();
-    let (got, took) = second.await.unwrap();
-    assert_eq!(got.unwrap(), "second", "after {took:?}");
 }

@@ -6,6 +6,7 @@ constructor, so that a wrong conninfo fails there."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import threading
@@ -250,27 +251,34 @@ class AsyncClient:
                               stale=stale, beta=beta, jitter=jitter,
                               serializer=serializer or self.serializer)
         started = time.monotonic()
+        deadline, wait = started + opts.wait, opts.wait
         if not self._opened:
             await self.open()
-        with self._flights_lock:   # never held across an await
-            flight = self._flights.get(key)
-            leader = flight is None
-            if leader:
-                flight = self._flights[key] = A.Flight()
+        flight, leader = self._join(key)
         with _tracing.span(key, None if leader else flight.span_context) as span:
-            if leader:
-                flight.span_context = span.context
             try:
-                if leader:
-                    value, kind = await flight.lead(
-                        self._resolve, compute, opts,
-                        landed=functools.partial(self._landed, key, flight))
-                else:
+                while True:
+                    if leader:
+                        flight.span_context = span.context
+                        value, kind = await flight.lead(
+                            self._resolve, compute, opts,
+                            landed=functools.partial(self._landed, key, flight))
+                        break
                     kind = "coalesced"
-                    answered, answer = await flight.follow(opts.wait)
+                    try:
+                        answered, answer = await flight.follow(max(0.0, deadline - time.monotonic()))
+                    except OnceTimeout:
+                        if time.monotonic() >= deadline:
+                            raise
+                        # The leader's wait ran out, not this caller's (X1): go on for the
+                        # rest of its own, leading a call of its own or following another.
+                        opts = dataclasses.replace(opts, wait=deadline - time.monotonic())
+                        flight, leader = self._join(key)
+                        continue
                     if not answered:
-                        raise OnceTimeout(key, opts.wait)
+                        raise OnceTimeout(key, wait)
                     value = answer[0]
+                    break
             except BaseException as exc:
                 span.outcome("failed")
                 C.report(self.on_outcome, "failed", key, started, exc)
@@ -278,6 +286,16 @@ class AsyncClient:
             span.outcome(kind)
         C.report(self.on_outcome, kind, key, started)
         return value
+
+    def _join(self, key: str):
+        """(the call of `key` under way in this client, False) to follow, or (a new one,
+        True) to lead (rule C1)."""
+        with self._flights_lock:   # never held across an await
+            flight = self._flights.get(key)
+            if flight is not None:
+                return flight, False
+            flight = self._flights[key] = A.Flight()
+            return flight, True
 
     def _landed(self, key: str, flight: A.Flight) -> None:
         with self._flights_lock:
