@@ -124,6 +124,15 @@ def test_async_lost_claim_cancels_the_computation(setup, key, admin):
     run(main())
 
 
+async def until(predicate, seconds):
+    """Whether `predicate()` came true within `seconds` (a condition waited for, not a
+    duration)."""
+    deadline = time.monotonic() + seconds
+    while not predicate() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    return predicate()
+
+
 def test_async_worker_cancelled_with_its_claim_on_the_way_gives_the_job_back(admin, key):
     """X2 and R2 for claim_next: the worker's task cancelled while the server's answer is
     held on its way; the job it claimed goes back to the queue at once, not after the
@@ -137,12 +146,6 @@ def test_async_worker_cancelled_with_its_claim_on_the_way_gives_the_job_back(adm
     def job_state():
         return admin.execute("SELECT state::text FROM once.entries WHERE key = %s",
                              (f"{key}/job",)).fetchone()
-
-    async def until(predicate, seconds):
-        deadline = time.monotonic() + seconds
-        while not predicate() and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        return predicate()
 
     async def main():
         proxy = await HoldingProxy(DIRECT).start()
@@ -185,12 +188,6 @@ def test_async_claim_with_no_wait_and_its_answer_held_times_out_at_connect_timeo
     def state():
         return admin.execute("SELECT state::text FROM once.entries WHERE key = %s",
                              (key,)).fetchone()
-
-    async def until(predicate, seconds):
-        deadline = time.monotonic() + seconds
-        while not predicate() and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        return predicate()
 
     async def main():
         proxy = await HoldingProxy(DIRECT).start()
