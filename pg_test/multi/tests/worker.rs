@@ -262,10 +262,21 @@ async fn a_missing_database_is_logged_once_and_gets_its_worker_once_created() ->
     let created = Instant::now();
     let worker = worker_within(&admin, MISSING, None, Duration::from_secs(8)).await?;
     let took = created.elapsed();
-    let workers: Option<i32> = there
-        .query_one("SELECT workers FROM once.stats", &[])
-        .await?
-        .get(0);
+    // The worker shows in pg_stat_activity as soon as it has connected, and serves the
+    // database (once.stats counts it) once it has attached the relay, a moment later: a
+    // loaded run read 0 in between. Waited for, within the same 8 s.
+    let workers = poll(
+        Duration::from_secs(8).saturating_sub(created.elapsed()),
+        || async {
+            let workers: Option<i32> = there
+                .query_one("SELECT workers FROM once.stats", &[])
+                .await?
+                .get(0);
+            Ok(Some(workers).filter(|w| *w == Some(1)))
+        },
+    )
+    .await?
+    .flatten();
     drop(there);
     drop_database(&admin, MISSING).await?;
     assert!(
