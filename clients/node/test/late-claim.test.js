@@ -35,6 +35,12 @@ describe('a claim_key on its way', { skip: !proxied && 'PG_ONCE_DSN is not set (
     while ((await stateOf(key)) !== state && Date.now() < deadline) await sleep(20);
     assert.equal(await stateOf(key), state, `the state of ${key}`);
   };
+  /** Until `key`'s claim, made for a caller that left, is given back, up to 5 s. */
+  const untilReleased = async (key) => {
+    const deadline = Date.now() + 5000;
+    while ((await stateOf(key)) === 'running' && Date.now() < deadline) await sleep(20);
+    assert.notEqual(await stateOf(key), 'running', 'the claim made for nobody was released');
+  };
 
   test('one of two coalesced callers cancelled: the claim and its computation go on for the other', async () => {
     const key = freshKey('late-coalesced');
@@ -71,9 +77,7 @@ describe('a claim_key on its way', { skip: !proxied && 'PG_ONCE_DSN is not set (
       proxy.resume();
     }
     // Once the answer is through, its claim goes back: the key is nobody's.
-    const deadline = Date.now() + 5000;
-    while ((await stateOf(key)) === 'running' && Date.now() < deadline) await sleep(20);
-    assert.notEqual(await stateOf(key), 'running', 'the claim made for nobody was released');
+    await untilReleased(key);
   });
 
   // Bounded, so that a client that waits for the held answer fails here rather than hangs.
@@ -93,9 +97,7 @@ describe('a claim_key on its way', { skip: !proxied && 'PG_ONCE_DSN is not set (
     } finally {
       proxy.resume();
     }
-    const deadline = Date.now() + 5000;
-    while ((await stateOf(key)) === 'running' && Date.now() < deadline) await sleep(20);
-    assert.notEqual(await stateOf(key), 'running', 'the claim made for nobody was released');
+    await untilReleased(key);
     await closeClient(quick);
   });
 
